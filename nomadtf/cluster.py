@@ -1,0 +1,93 @@
+"""Registrations -> ClusterSpec -> TF_CONFIG. Pure functions, no I/O.
+
+TensorFlow's rules (tf.distribute docs, "Multi-worker training" and "Parameter server
+training"):
+- parameter_server: cluster = chief + worker + ps; every task gets the full cluster.
+- multi_worker_mirrored: cluster = worker (+ chief when present).
+- legacy_server: the DC/OS layout; cluster = every training role present.
+- The evaluator reads checkpoints on its own: it gets `task: evaluator` with the training
+  cluster, and is never part of the cluster itself. TensorBoard is not a TF task at all.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+TRAINING_ROLES = ("chief", "worker", "ps")
+# Roles whose members rendezvous before training starts (evaluator waits too, so that it
+# knows the cluster; tensorboard needs nobody).
+RENDEZVOUS_ROLES = ("chief", "worker", "ps", "evaluator")
+
+
+@dataclass(frozen=True, order=True)
+class Member:
+    """One registered task: a role, its unique index, and the address its TF server uses."""
+
+    role: str
+    index: int
+    address: str  # host:port
+    alloc_id: str = ""
+
+
+def expected_members(counts: dict[str, int]) -> list[tuple[str, int]]:
+    """Every (role, index) that must be present before training starts."""
+    return [(role, i) for role in RENDEZVOUS_ROLES for i in range(counts.get(role, 0))]
+
+
+def missing_members(counts: dict[str, int], members: list[Member]) -> list[str]:
+    """Human-readable list of who is not there yet, e.g. ["worker[1]", "ps[0]"]."""
+    present = {(m.role, m.index) for m in members}
+    return [f"{role}[{i}]" for role, i in expected_members(counts) if (role, i) not in present]
+
+
+def build_cluster_spec(strategy: str, counts: dict[str, int], members: list[Member]) -> dict[str, list[str]]:
+    """The `cluster` part of TF_CONFIG. Raises ValueError when a member is missing."""
+    missing = [m for m in missing_members(counts, members) if not m.startswith("evaluator")]
+    if missing:
+        raise ValueError(f"cannot build the cluster spec; missing {', '.join(missing)}")
+    by_slot = {(m.role, m.index): m.address for m in members}
+    roles = ("chief", "worker") if strategy == "multi_worker_mirrored" else TRAINING_ROLES
+    cluster: dict[str, list[str]] = {}
+    for role in roles:
+        count = counts.get(role, 0)
+        if count:
+            cluster[role] = [by_slot[(role, i)] for i in range(count)]
+    return cluster
+
+
+def build_tf_config(cluster: dict[str, list[str]], role: str, index: int) -> dict[str, Any]:
+    """TF_CONFIG for one task. The evaluator gets the cluster but is not listed in it."""
+    return {"cluster": cluster, "task": {"type": role, "index": index}}
+
+
+def tf_config_json(tf_config: dict[str, Any]) -> str:
+    # Sorted and compact, so "did the spec change?" is a string comparison.
+    return json.dumps(tf_config, sort_keys=True, separators=(",", ":"))
+
+
+def placeholder_members(job_id: str, counts: dict[str, int]) -> list[Member]:
+    """Members with placeholder addresses, for `nomadtf render --tf-config` before discovery."""
+    return [
+        Member(role, i, f"<{job_id}-{role}[{i}] address>:<port>")
+        for role, i in expected_members(counts)
+    ]
+
+
+def all_tf_configs(job_id: str, strategy: str, counts: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """"role[i]" -> TF_CONFIG for every task that gets one, with placeholder addresses."""
+    cluster = build_cluster_spec(strategy, counts, placeholder_members(job_id, counts))
+    return {f"{role}[{i}]": build_tf_config(cluster, role, i) for role, i in expected_members(counts)}
+
+
+def runs_user_code(strategy: str, role: str) -> bool:
+    """Who runs the user's entrypoint. Under parameter_server only the chief does: workers
+    and parameter servers run a bare TensorFlow server that nomadtf starts itself."""
+    if role == "tensorboard":
+        return False
+    if strategy == "parameter_server":
+        return role in ("chief", "evaluator")
+    if strategy == "legacy_server":
+        return role in ("chief", "worker", "evaluator")
+    return role in ("chief", "worker", "evaluator")

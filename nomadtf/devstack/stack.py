@@ -1,0 +1,422 @@
+"""The embedded local cluster: Consul, OpenBao and Nomad as `-dev` agents on 127.0.0.1.
+
+Everything lives under one state directory:
+
+    <state>/stack.json     PIDs, binaries and addresses of what `up` started
+    <state>/root-token     the OpenBao root token (0600, random per stack)
+    <state>/nomad.hcl      Nomad agent config (consul + vault wiring)
+    <state>/<name>.log     each server's output
+    <state>/nomad-data/    Nomad's data dir (allocations, task logs)
+
+Usage:
+    stack = DevStack.default()
+    stack.up(progress=print)
+    stack.env()      # NOMAD_ADDR, CONSUL_HTTP_ADDR, VAULT_ADDR, VAULT_TOKEN
+    stack.down()
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from nomadtf.devstack import binaries
+from nomadtf.errors import DevStackError, PortInUseError
+
+Progress = Callable[[str], None]
+
+HOST = "127.0.0.1"
+CONSUL_PORTS = {"consul http": 8500, "consul dns": 8600, "consul server": 8300, "consul serf": 8301}
+VAULT_PORTS = {"openbao http": 8200}
+NOMAD_PORTS = {"nomad http": 4646, "nomad rpc": 4647, "nomad serf": 4648}
+
+NOMAD_ADDR = f"http://{HOST}:4646"
+CONSUL_ADDR = f"{HOST}:8500"
+VAULT_ADDR = f"http://{HOST}:8200"
+
+# The token role and the Nomad server policy, as the Nomad 1.6 Vault integration documents
+# them (legacy token workflow): Nomad holds a periodic token with this policy and derives
+# one token per task from the role.
+NOMAD_SERVER_POLICY = """
+path "auth/token/create/nomad-cluster" { capabilities = ["update"] }
+path "auth/token/roles/nomad-cluster" { capabilities = ["read"] }
+path "auth/token/lookup-self" { capabilities = ["read"] }
+path "auth/token/lookup" { capabilities = ["update"] }
+path "auth/token/revoke-accessor" { capabilities = ["update"] }
+path "sys/capabilities-self" { capabilities = ["update"] }
+path "auth/token/renew-self" { capabilities = ["update"] }
+"""
+NOMAD_CLUSTER_ROLE = {
+    "disallowed_policies": "nomad-server",
+    "token_explicit_max_ttl": 0,
+    "orphan": True,
+    "token_period": 259200,
+    "renewable": True,
+}
+
+
+def default_state_dir() -> Path:
+    explicit = os.environ.get("NOMADTF_DEV_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "nomadtf" / "dev"
+
+
+def port_is_open(port: int, host: str = HOST) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.3)
+        return sock.connect_ex((host, port)) == 0
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still answers kill(0); it is gone for our purposes.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@dataclass
+class Component:
+    name: str
+    pid: int
+    binary: str
+    log: str
+
+
+class DevStack:
+    def __init__(self, state_dir: Path):
+        self.state_dir = state_dir
+        self.record_path = state_dir / "stack.json"
+        self.token_path = state_dir / "root-token"
+
+    @classmethod
+    def default(cls) -> DevStack:
+        return cls(default_state_dir())
+
+    # ---- reading state -------------------------------------------------------------
+
+    def components(self) -> list[Component]:
+        if not self.record_path.is_file():
+            return []
+        data = json.loads(self.record_path.read_text())
+        return [Component(**c) for c in data.get("components", [])]
+
+    def _ours(self, comp: Component) -> bool:
+        """The recorded PID is still the process we started (PIDs get reused)."""
+        return pid_alive(comp.pid) and Path(comp.binary).name in _cmdline(comp.pid)
+
+    def is_up(self) -> bool:
+        comps = self.components()
+        return len(comps) == 3 and all(self._ours(c) for c in comps)
+
+    def root_token(self) -> str:
+        try:
+            return self.token_path.read_text().strip()
+        except OSError as exc:
+            raise DevStackError(f"no local stack at {self.state_dir}; run `nomadtf dev up`") from exc
+
+    def env(self) -> dict[str, str]:
+        return {
+            "NOMAD_ADDR": NOMAD_ADDR,
+            "CONSUL_HTTP_ADDR": CONSUL_ADDR,
+            "VAULT_ADDR": VAULT_ADDR,
+            "VAULT_TOKEN": self.root_token(),
+        }
+
+    def status(self) -> list[dict[str, str]]:
+        """One row per component; never includes the token."""
+        rows = []
+        addresses = {"consul": f"http://{CONSUL_ADDR}", "openbao": VAULT_ADDR, "nomad": NOMAD_ADDR}
+        for comp in self.components():
+            rows.append(
+                {
+                    "component": comp.name,
+                    "pid": str(comp.pid),
+                    "state": "running" if self._ours(comp) else "stopped",
+                    "address": addresses.get(comp.name, ""),
+                    "log": comp.log,
+                }
+            )
+        return rows
+
+    # ---- up --------------------------------------------------------------------------
+
+    def up(self, progress: Progress, timeout: float = 120.0) -> bool:
+        """Start the stack. Returns False when it was already up (a no-op)."""
+        if self.is_up():
+            return False
+        if self.components():
+            progress("a previous stack is partly running; stopping it first")
+            self.down(progress)
+        self._check_ports_free()
+        bins = {name: binaries.find_or_build(name, progress) for name in ("consul", "bao", "nomad")}
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir.chmod(0o700)
+        token = secrets.token_urlsafe(24)
+        _write_private(self.token_path, token)
+        started: list[Component] = []
+        try:
+            started.append(self._start_consul(bins["consul"]))
+            self._record(started)
+            wait_for(lambda: _consul_leader(), timeout, "consul", started[-1].log)
+            progress(f"consul ready at http://{CONSUL_ADDR}")
+
+            started.append(self._start_openbao(bins["bao"], token))
+            self._record(started)
+            wait_for(lambda: _openbao_ready(), timeout, "openbao", started[-1].log)
+            nomad_token = configure_openbao(token)
+            progress(f"openbao ready at {VAULT_ADDR} (KV v2 at secret/, role nomad-cluster)")
+
+            started.append(self._start_nomad(bins["nomad"], nomad_token))
+            self._record(started)
+            wait_for(lambda: _nomad_client_ready(), timeout, "nomad", started[-1].log)
+            progress(f"nomad ready at {NOMAD_ADDR} (UI at {NOMAD_ADDR}/ui/)")
+        except BaseException:
+            self.down(lambda _msg: None)
+            raise
+        return True
+
+    def _check_ports_free(self) -> None:
+        for label, port in {**CONSUL_PORTS, **VAULT_PORTS, **NOMAD_PORTS}.items():
+            if port_is_open(port):
+                raise PortInUseError(
+                    f"port {port} ({label}) on {HOST} is already taken by another process; "
+                    f"stop it (e.g. `ss -ltnp 'sport = :{port}'` shows which) and retry"
+                )
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> Component:
+        log = self.state_dir / f"{name}.log"
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=self.state_dir,
+                # Its own session: Ctrl-C in the shell that ran `up` does not stop it.
+                start_new_session=True,
+            )
+        return Component(name=name, pid=proc.pid, binary=argv[0], log=str(log))
+
+    def _start_consul(self, binary: Path) -> Component:
+        argv = [str(binary), "agent", "-dev", "-bind", HOST, "-client", HOST, "-node", "nomadtf-dev"]
+        return self._spawn("consul", argv, _base_env())
+
+    def _start_openbao(self, binary: Path, token: str) -> Component:
+        argv = [str(binary), "server", "-dev", f"-dev-listen-address={HOST}:8200"]
+        # The token goes through the environment, not argv, so `ps` never shows it.
+        env = {**_base_env(), "BAO_DEV_ROOT_TOKEN_ID": token, "VAULT_DEV_ROOT_TOKEN_ID": token}
+        return self._spawn("openbao", argv, env)
+
+    def _start_nomad(self, binary: Path, vault_token: str) -> Component:
+        data_dir = self.state_dir / "nomad-data"
+        data_dir.mkdir(exist_ok=True)
+        config = self.state_dir / "nomad.hcl"
+        _write_private(config, nomad_config(data_dir))
+        argv = [str(binary), "agent", "-dev", "-bind", HOST, "-config", str(config)]
+        # Nomad reads its Vault token from VAULT_TOKEN; its client keeps that variable
+        # out of every task's environment (env.denylist default).
+        env = {**_base_env(), "VAULT_TOKEN": vault_token}
+        return self._spawn("nomad", argv, env)
+
+    def _record(self, comps: list[Component]) -> None:
+        data = {"components": [c.__dict__ for c in comps]}
+        _write_private(self.record_path, json.dumps(data, indent=2))
+
+    # ---- down ------------------------------------------------------------------------
+
+    def down(self, progress: Progress, grace: float = 15.0) -> None:
+        """Stop what `up` started (by recorded PID), then remove the state directory."""
+        comps = self.components()
+        # Nomad first, so it can stop its tasks; then OpenBao and Consul.
+        for comp in sorted(comps, key=lambda c: ["nomad", "openbao", "consul"].index(c.name)):
+            if self._ours(comp):
+                progress(f"stopping {comp.name} (pid {comp.pid})")
+                _terminate(comp.pid, grace)
+        # Nomad's executors and the tasks they ran outlive the agent by design (so a
+        # client restart keeps them). They all run from inside our state directory.
+        for pid in _processes_under(self.state_dir):
+            _terminate(pid, 5.0)
+        if self.state_dir.exists():
+            _remove_tree(self.state_dir)
+
+
+def nomad_config(data_dir: Path) -> str:
+    return f"""
+data_dir  = "{data_dir}"
+bind_addr = "{HOST}"
+log_level = "INFO"
+
+client {{
+  enabled = true
+  # Tasks of the dev stack see PATH of the interpreter that started it, so
+  # `python3 -m nomadtf` inside raw_exec tasks finds this installation.
+}}
+
+plugin "raw_exec" {{
+  config {{
+    enabled = true
+  }}
+}}
+
+consul {{
+  address = "{CONSUL_ADDR}"
+}}
+
+vault {{
+  enabled          = true
+  address          = "{VAULT_ADDR}"
+  create_from_role = "nomad-cluster"
+}}
+
+ui {{
+  enabled = true
+}}
+"""
+
+
+def configure_openbao(root_token: str) -> str:
+    """Policy + token role for Nomad, KV v2 at secret/. Returns Nomad's server token.
+
+    Uses: PUT /v1/sys/policies/acl/nomad-server, POST /v1/auth/token/roles/nomad-cluster,
+    POST /v1/auth/token/create-orphan
+    """
+    import hvac
+
+    client = hvac.Client(url=VAULT_ADDR, token=root_token)
+    client.sys.create_or_update_policy("nomad-server", NOMAD_SERVER_POLICY)
+    client.adapter.post("/v1/auth/token/roles/nomad-cluster", json=NOMAD_CLUSTER_ROLE)
+    mounts = client.sys.list_mounted_secrets_engines()["data"]
+    if "secret/" not in mounts:
+        client.sys.enable_secrets_engine("kv", path="secret", options={"version": "2"})
+    created = client.auth.token.create_orphan(policies=["nomad-server"], period="72h")
+    return created["auth"]["client_token"]
+
+
+def _base_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VAULT_", "BAO_", "NOMAD_", "CONSUL_"))}
+    interpreter_bin = str(Path(sys.executable).parent)
+    env["PATH"] = interpreter_bin + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    path.chmod(0o600)
+
+
+def wait_for(check: Callable[[], bool], timeout: float, component: str, log: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.3)
+    raise DevStackError(f"{component} did not become healthy within {timeout:.0f}s; see its log: {log}")
+
+
+def _consul_leader() -> bool:
+    # GET /v1/status/leader
+    return bool(requests.get(f"http://{CONSUL_ADDR}/v1/status/leader", timeout=2).json())
+
+
+def _openbao_ready() -> bool:
+    # GET /v1/sys/health answers 200 only when initialized, unsealed and active
+    return requests.get(f"{VAULT_ADDR}/v1/sys/health", timeout=2).status_code == 200
+
+
+def _nomad_client_ready() -> bool:
+    # GET /v1/nodes ; GET /v1/node/:id for drivers
+    nodes = requests.get(f"{NOMAD_ADDR}/v1/nodes", timeout=2).json()
+    for node in nodes:
+        if node.get("Status") != "ready":
+            continue
+        drivers = node.get("Drivers") or {}
+        if drivers.get("raw_exec", {}).get("Healthy"):
+            return True
+    return False
+
+
+def _terminate(pid: int, grace: float) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not pid_alive(pid):
+            _reap(pid)
+            return
+        time.sleep(0.1)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    _reap(pid)
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _processes_under(root: Path) -> list[int]:
+    """PIDs whose working directory or command line lies inside `root`."""
+    root_s = str(root.resolve())
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        pid = int(entry.name)
+        try:
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            cwd = ""
+        if cwd.startswith(root_s) or root_s in _cmdline(pid):
+            found.append(pid)
+    return found
+
+
+def _remove_tree(path: Path) -> None:
+    # Nomad leaves read-only files and (as root) mounts nothing for raw_exec;
+    # a plain recursive delete with a permission fix is enough.
+    import shutil
+
+    def fix(func, p, _exc):  # noqa: ANN001 - shutil's onerror signature
+        os.chmod(p, 0o700)
+        func(p)
+
+    shutil.rmtree(path, onerror=fix)

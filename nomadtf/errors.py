@@ -1,0 +1,99 @@
+"""Every failure nomadtf reports to a user is one of these.
+
+    NomadtfError                      exit code 1 unless a subclass says otherwise
+    ├── SpecError                     job.json is wrong (exit 2); carries every problem found
+    ├── RenderError                   a template could not be rendered (exit 2)
+    ├── DevStackError                 the local Nomad + Consul + OpenBao stack
+    │   ├── BinaryError               a server binary could not be found, verified or built
+    │   └── PortInUseError            a port the stack needs belongs to something else
+    ├── ServerError                   a real server answered with a failure
+    │   ├── UnreachableError          nothing answers at the address (one line, no traceback)
+    │   ├── NomadError                Nomad API failure (status code and message)
+    │   ├── ConsulError               Consul API failure
+    │   └── VaultError                Vault/OpenBao failure (never carries a secret value)
+    ├── TaskError                     the in-allocation supervisor could not continue
+    │   └── RendezvousTimeout         the cluster never became complete; lists who is missing
+    └── JobFailed                     the job reached a terminal failure (exit 1)
+        └── FollowTimeout             --timeout passed before the job finished (exit 3)
+
+`cli.py` is the only place that catches these, prints `str(error)` and exits with
+`error.exit_code`.
+"""
+
+from __future__ import annotations
+
+
+class NomadtfError(Exception):
+    """Root of every error nomadtf raises on purpose."""
+
+    exit_code = 1
+
+
+class SpecError(NomadtfError):
+    """The options file is invalid. `problems` holds one line per problem, all of them."""
+
+    exit_code = 2
+
+    def __init__(self, problems: list[str] | str):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        count = len(self.problems)
+        head = "job.json is invalid" if count == 1 else f"job.json has {count} problems"
+        super().__init__(head + ":\n" + "\n".join(f"  - {p}" for p in self.problems))
+
+
+class RenderError(NomadtfError):
+    exit_code = 2
+
+
+class DevStackError(NomadtfError):
+    pass
+
+
+class BinaryError(DevStackError):
+    pass
+
+
+class PortInUseError(DevStackError):
+    pass
+
+
+class ServerError(NomadtfError):
+    pass
+
+
+class UnreachableError(ServerError):
+    pass
+
+
+class NomadError(ServerError):
+    def __init__(self, message: str, status: int | None = None):
+        self.status = status
+        super().__init__(message)
+
+
+class ConsulError(ServerError):
+    pass
+
+
+class VaultError(ServerError):
+    pass
+
+
+class TaskError(NomadtfError):
+    pass
+
+
+class RendezvousTimeout(TaskError):
+    def __init__(self, missing: list[str], waited_s: float):
+        self.missing = missing
+        super().__init__(
+            f"cluster incomplete after {waited_s:.0f}s; still missing: {', '.join(missing)}"
+        )
+
+
+class JobFailed(NomadtfError):
+    exit_code = 1
+
+
+class FollowTimeout(JobFailed):
+    exit_code = 3

@@ -1,0 +1,131 @@
+"""Normalised spec -> Nomad job (API JSON) through the Jinja2 templates. Pure and offline.
+
+Usage:
+    job = render_job(spec)                 # {"Job": {...}}
+    text = job_json(job)                   # the bytes `nomadtf render` prints
+    render_job(spec, templates_dir=Path("my-templates"))
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from nomadtf import __version__
+from nomadtf.errors import RenderError
+from nomadtf.spec import ROLES, duration_seconds, gpu_request, spec_sha256
+
+TEMPLATE_FILES = ("job.json.j2", "group.json.j2", "cluster.ctmpl.j2")
+
+
+def default_templates_dir() -> Path:
+    """Inside the wheel the templates live in nomadtf/templates; in a checkout, at the root."""
+    packaged = Path(str(resources.files("nomadtf"))) / "templates"
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "templates"
+
+
+def _ns(duration: str) -> int:
+    return int(duration_seconds(duration) * 1_000_000_000)
+
+
+def _constraints(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"LTarget": c["attribute"], "RTarget": c["value"], "Operand": c["operator"]} for c in items]
+
+
+def _affinities(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {"LTarget": a["attribute"], "RTarget": a["value"], "Operand": a["operator"], "Weight": a.get("weight", 50)}
+        for a in items
+    ]
+
+
+def _device_constraints(gpu: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    if gpu.get("model"):
+        out.append({"LTarget": "${device.model}", "RTarget": gpu["model"], "Operand": "="})
+    if gpu.get("min_memory_mib"):
+        out.append({"LTarget": "${device.attr.memory}", "RTarget": f"{gpu['min_memory_mib']} MiB", "Operand": ">="})
+    return out
+
+
+def environment(templates_dir: Path | None = None) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir or default_templates_dir())),
+        undefined=jinja2.StrictUndefined,  # a missing value fails loudly (Levant #393)
+        autoescape=False,
+        keep_trailing_newline=True,
+    )
+    env.filters.update(
+        ns=_ns,
+        constraints=_constraints,
+        affinities=_affinities,
+        gpu_request=gpu_request,
+        device_constraints=_device_constraints,
+    )
+    # Sorted keys make the output byte-identical for the same input.
+    env.policies["json.dumps_kwargs"] = {"sort_keys": True}
+    return env
+
+
+def present_roles(spec: dict[str, Any]) -> list[str]:
+    return [role for role in ROLES if spec["roles"].get(role, {}).get("count", 0) > 0]
+
+
+def task_env(spec: dict[str, Any], role: str) -> dict[str, str]:
+    """The environment of one role's task: the user's env, then what `nomadtf task` reads."""
+    cfg = spec["roles"][role]
+    env = {**spec["env"], **cfg["env"]}
+    env.update(
+        {
+            "NOMADTF_ROLE": role,
+            "NOMADTF_SPEC": json.dumps(spec, sort_keys=True, separators=(",", ":")),
+            "CONSUL_HTTP_ADDR": spec["discovery"]["consul_address"],
+        }
+    )
+    if spec["vault"].get("address"):
+        env["VAULT_ADDR"] = spec["vault"]["address"]
+    return env
+
+
+def job_meta(spec: dict[str, Any]) -> dict[str, str]:
+    return {
+        **spec["meta"],
+        "nomadtf.version": __version__,
+        "nomadtf.spec_sha256": spec_sha256(spec),
+        "nomadtf.strategy": spec["strategy"],
+    }
+
+
+def render_job(spec: dict[str, Any], templates_dir: Path | None = None) -> dict[str, Any]:
+    env = environment(templates_dir)
+    roles = present_roles(spec)
+    context = {"spec": spec, "roles": roles}
+    try:
+        cluster_template = env.get_template("cluster.ctmpl.j2").render(context)
+        text = env.get_template("job.json.j2").render(
+            **context,
+            meta=job_meta(spec),
+            task_env={role: task_env(spec, role) for role in roles},
+            cluster_template=cluster_template,
+        )
+    except jinja2.TemplateNotFound as exc:
+        raise RenderError(f"template {exc.name!r} not found in {templates_dir or default_templates_dir()}") from exc
+    except jinja2.UndefinedError as exc:
+        raise RenderError(f"template uses an undefined value: {exc.message}") from exc
+    except jinja2.TemplateError as exc:
+        raise RenderError(f"template error: {exc}") from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        line = text.splitlines()[exc.lineno - 1] if exc.lineno <= len(text.splitlines()) else ""
+        raise RenderError(f"templates produced invalid JSON at line {exc.lineno}: {exc.msg}: {line.strip()}") from exc
+
+
+def job_json(job: dict[str, Any]) -> str:
+    return json.dumps(job, indent=2, sort_keys=True) + "\n"

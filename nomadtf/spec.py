@@ -1,0 +1,240 @@
+"""The options file: load JSON or YAML, apply `--var` overrides, validate, fill defaults.
+
+Pure: no network, no client libraries. The result is a plain dict (the normalised spec)
+that the renderer and the in-allocation supervisor both read.
+
+Usage:
+    spec = load_spec(Path("job.json"), overrides=["roles.worker.count=4"])
+    spec["roles"]["worker"]["count"]  # 4, every default filled in
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import hashlib
+import json
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from nomadtf.errors import SpecError
+
+ROLES = ("chief", "worker", "ps", "evaluator", "tensorboard")
+
+# Which roles each strategy needs (count >= 1) and which it accepts at all.
+STRATEGY_ROLES: dict[str, dict[str, set[str]]] = {
+    "parameter_server": {"required": {"chief", "worker", "ps"}, "allowed": set(ROLES)},
+    "multi_worker_mirrored": {"required": {"worker"}, "allowed": {"chief", "worker", "evaluator", "tensorboard"}},
+    "legacy_server": {"required": {"worker"}, "allowed": set(ROLES)},
+}
+SINGLETON_ROLES = ("chief", "evaluator", "tensorboard")
+
+
+@cache
+def schema() -> dict[str, Any]:
+    text = resources.files("nomadtf").joinpath("schema/job.schema.json").read_text()
+    return json.loads(text)
+
+
+def read_options(path: Path) -> dict[str, Any]:
+    """Parse a job.json (or .yaml/.yml) file into a dict."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read it ({exc.strerror})") from exc
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise SpecError(f"{path}: not valid {'YAML' if path.suffix in ('.yaml', '.yml') else 'JSON'}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: the top level must be an object")
+    return data
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """`roles.worker.count=4` sets data["roles"]["worker"]["count"] = 4.
+
+    The value is parsed as JSON when it parses (numbers, booleans, lists, objects),
+    otherwise taken as a string.
+    """
+    result = copy.deepcopy(data)
+    for item in overrides:
+        path, sep, raw = item.partition("=")
+        if not sep or not path:
+            raise SpecError(f"--var {item!r}: expected path=value, e.g. roles.worker.count=4")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        node = result
+        keys = path.split(".")
+        for key in keys[:-1]:
+            child = node.get(key)
+            if child is None:
+                child = node[key] = {}
+            if not isinstance(child, dict):
+                raise SpecError(f"--var {path}: {key!r} is not an object")
+            node = child
+        node[keys[-1]] = value
+    return result
+
+
+def load_spec(path: Path, overrides: list[str] | None = None) -> dict[str, Any]:
+    return normalize(apply_overrides(read_options(path), overrides or []))
+
+
+def normalize(data: dict[str, Any]) -> dict[str, Any]:
+    """Validate (all problems at once) and return the spec with every default filled in."""
+    problems = schema_problems(data)
+    if problems:
+        raise SpecError(problems)
+    spec = fill_defaults(data, schema(), schema())
+    problems = cross_field_problems(spec)
+    if problems:
+        raise SpecError(problems)
+    return spec
+
+
+def _json_path(parts: Any) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def schema_problems(data: dict[str, Any]) -> list[str]:
+    validator = jsonschema.Draft202012Validator(schema())
+    problems = []
+    for error in sorted(validator.iter_errors(data), key=lambda e: (list(map(str, e.absolute_path)), e.message)):
+        problems.extend(_explain(error, data))
+    return list(dict.fromkeys(problems))
+
+
+def _explain(error: jsonschema.ValidationError, data: dict[str, Any]) -> list[str]:
+    where = _json_path(error.absolute_path)
+    if error.validator == "additionalProperties":
+        allowed = list((error.schema.get("properties") or {}).keys())
+        unknown = [k for k in error.instance if k not in allowed] if isinstance(error.instance, dict) else []
+        lines = []
+        for key in unknown:
+            path = f"{where}.{key}" if where != "(top level)" else key
+            if key == "value" and "secrets" in where:
+                lines.append(
+                    f"{path}: a secret's value never goes in job.json; store it in Vault and "
+                    f"reference it with path and key"
+                )
+                continue
+            guess = difflib.get_close_matches(key, allowed, n=1, cutoff=0.5)
+            hint = f"; did you mean {guess[0]!r}?" if guess else f"; allowed: {', '.join(allowed)}"
+            lines.append(f"{path}: unknown key {key!r}{hint}")
+        return lines
+    if error.validator == "pattern" and where == "name":
+        return [
+            f"name: {error.instance!r} is not DNS-safe; use lower-case letters, digits and '-' "
+            f"(at most 48, starting and ending with a letter or digit)"
+        ]
+    if error.validator == "minimum" and where.endswith(".count"):
+        return [f"{where}: count must be >= 0, got {error.instance}"]
+    if error.validator == "oneOf" and where == "entrypoint":
+        return ["entrypoint: give exactly one of 'script', 'module' or 'function'"]
+    if error.validator == "oneOf" and where.startswith("secrets"):
+        return [f"{where}: give exactly one of 'env' or 'file' for where the secret goes"]
+    if error.validator == "required":
+        return [f"{where}: {error.message}"]
+    if error.validator == "pattern" and "$defs/duration" in str(error.schema_path) or (
+        error.validator == "pattern" and isinstance(error.instance, str) and error.schema.get("pattern", "").endswith("(ms|s|m|h)$")
+    ):
+        return [f"{where}: {error.instance!r} is not a duration; write e.g. 30s, 5m or 2h"]
+    return [f"{where}: {error.message}"]
+
+
+def fill_defaults(value: Any, node: dict[str, Any], root: dict[str, Any]) -> Any:
+    """Copy `value`, adding schema defaults for missing object properties, recursively."""
+    if "$ref" in node:
+        ref = node["$ref"].removeprefix("#/$defs/")
+        return fill_defaults(value, root["$defs"][ref], root)
+    if isinstance(value, dict) and "properties" in node:
+        out = {}
+        for key, sub in node["properties"].items():
+            if key in value:
+                out[key] = fill_defaults(value[key], sub, root)
+            elif "default" in sub:
+                out[key] = fill_defaults(copy.deepcopy(sub["default"]), sub, root)
+        for key in value:
+            if key not in out:
+                out[key] = copy.deepcopy(value[key])
+        return out
+    if isinstance(value, list) and isinstance(node.get("items"), dict):
+        return [fill_defaults(v, node["items"], root) for v in value]
+    if "oneOf" in node and isinstance(value, dict):
+        for option in node["oneOf"]:
+            if option.get("type") == "object":
+                return fill_defaults(value, option, root)
+    return copy.deepcopy(value)
+
+
+def cross_field_problems(spec: dict[str, Any]) -> list[str]:
+    problems = []
+    strategy = spec["strategy"]
+    rules = STRATEGY_ROLES[strategy]
+    roles = spec["roles"]
+    for role in sorted(rules["required"]):
+        if roles.get(role, {}).get("count", 0) < 1:
+            problems.append(f"roles.{role}: strategy {strategy!r} needs at least one {role}; add roles.{role}")
+    for role in sorted(set(roles) - rules["allowed"]):
+        if roles[role]["count"] > 0:
+            problems.append(f"roles.{role}: strategy {strategy!r} has no {role} role; remove it")
+    for role in SINGLETON_ROLES:
+        if roles.get(role, {}).get("count", 0) > 1:
+            problems.append(f"roles.{role}.count: at most one {role} per job, got {roles[role]['count']}")
+    entry = spec["entrypoint"]
+    if "function" in entry and strategy != "legacy_server":
+        problems.append("entrypoint.function: only for strategy 'legacy_server'; use 'script' or 'module'")
+    if strategy == "legacy_server" and "function" not in entry:
+        problems.append("entrypoint: strategy 'legacy_server' calls main(server, log_dir, context); give 'function': 'module:main'")
+    driver = spec["driver"]
+    if driver["name"] == "docker" and not driver.get("image"):
+        problems.append("driver.image: the docker driver needs an image with TensorFlow and nomadtf")
+    if spec["secrets"] and spec["vault"]["auth"] == "nomad" and not spec["vault"]["policies"]:
+        problems.append("vault.policies: secrets are read with the token Nomad gives the task; list the Vault policies that allow reading them")
+    targets = [s.get("env") or s.get("file") for s in spec["secrets"]]
+    for dup in sorted({t for t in targets if targets.count(t) > 1}):
+        problems.append(f"secrets: {dup!r} is the target of more than one secret")
+    for role, cfg in roles.items():
+        if cfg.get("memory_max") is not None and cfg["memory_max"] < cfg["memory"]:
+            problems.append(f"roles.{role}.memory_max: must be >= memory ({cfg['memory']})")
+    return problems
+
+
+def spec_sha256(spec: dict[str, Any]) -> str:
+    """A stable digest of the normalised spec; goes into the job's Meta."""
+    canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def role_counts(spec: dict[str, Any]) -> dict[str, int]:
+    return {role: cfg["count"] for role, cfg in spec["roles"].items() if cfg["count"] > 0}
+
+
+def gpu_request(role_cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """Normalise `gpus` (an int or an object) to {"count", "vendor", ...} or None."""
+    gpus = role_cfg.get("gpus", 0)
+    if isinstance(gpus, int):
+        return {"count": gpus, "vendor": "nvidia"} if gpus > 0 else None
+    return {"vendor": "nvidia", **gpus}
+
+
+def duration_seconds(text: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    for suffix in ("ms", "s", "m", "h"):
+        if text.endswith(suffix) and text[: -len(suffix)].isdigit():
+            return int(text[: -len(suffix)]) * units[suffix]
+    raise SpecError(f"{text!r} is not a duration; write e.g. 30s, 5m or 2h")

@@ -1,0 +1,181 @@
+"""The digits examples, run as bare local processes the way nomadtf's supervisor runs them.
+
+No Nomad here: each task is a plain child process with the same environment the supervisor
+gives it (TF_CONFIG, NOMADTF_*). For parameter-server strategy the ps and worker tasks are
+bare tf.distribute.Server processes, as nomadtf runs them; only the chief runs user code.
+"""
+
+import importlib.util
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+# The children import TensorFlow; this process only checks it is there (importing it costs seconds).
+pytestmark = [
+    pytest.mark.tf,
+    pytest.mark.skipif(
+        not all(importlib.util.find_spec(m) for m in ("tensorflow", "sklearn")),
+        reason="needs the train extra (tensorflow-cpu, scikit-learn)",
+    ),
+]
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "digits"
+TIMEOUT_S = 300
+
+# What nomadtf runs for ps and worker tasks under parameter-server strategy.
+SERVER_SCRIPT = """
+import json, os
+import tensorflow as tf
+config = json.loads(os.environ["TF_CONFIG"])
+server = tf.distribute.Server(
+    tf.train.ClusterSpec(config["cluster"]),
+    job_name=config["task"]["type"],
+    task_index=config["task"]["index"],
+    protocol="grpc",
+)
+server.join()
+"""
+
+# A minimal stand-in for nomadtf's legacy (DC/OS-style) entry point: build the server for
+# this task from TF_CONFIG and hand it to the user's main(server, log_dir, context).
+LEGACY_SCRIPT = """
+import json, os, runpy
+import tensorflow as tf
+config = json.loads(os.environ["TF_CONFIG"])
+server = tf.distribute.Server(
+    tf.train.ClusterSpec(config["cluster"]),
+    job_name=config["task"]["type"],
+    task_index=config["task"]["index"],
+    protocol="grpc",
+)
+user = runpy.run_path(os.environ["LEGACY_MAIN"])
+user["main"](server, os.environ["NOMADTF_MODEL_DIR"], json.loads(os.environ["NOMADTF_CONTEXT"]))
+"""
+
+
+def free_ports(count):
+    """Ports the OS just handed out; held open together so they are distinct."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def make_cluster(**sizes):
+    ports = iter(free_ports(sum(sizes.values())))
+    return {job: [f"localhost:{next(ports)}" for _ in range(n)] for job, n in sizes.items()}
+
+
+def task_env(cluster, role, index, model_dir, context):
+    env = dict(os.environ)
+    env.update(
+        TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": role, "index": index}}),
+        NOMADTF_ROLE=role,
+        NOMADTF_INDEX=str(index),
+        NOMADTF_JOB_ID="digits-test",
+        NOMADTF_MODEL_DIR=str(model_dir),
+        NOMADTF_CONTEXT=json.dumps(context),
+        TF_CPP_MIN_LOG_LEVEL="2",  # keep the captured output readable on failure
+    )
+    return env
+
+
+def start(args, env, log_path):
+    """A child process whose output goes to a file, so no unread pipe can ever block it."""
+    with open(log_path, "w") as log:
+        return subprocess.Popen([sys.executable, *args], env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def stop(processes):
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=30)
+
+
+def wait_all(processes, log_paths):
+    """(returncode, output) of each process, all under one shared deadline."""
+    deadline = time.monotonic() + TIMEOUT_S
+    for process in processes:
+        process.wait(timeout=max(1.0, deadline - time.monotonic()))
+    return [(p.returncode, Path(log).read_text()) for p, log in zip(processes, log_paths)]
+
+
+def final_accuracy(output):
+    found = re.findall(r"^final_accuracy=([0-9.]+)$", output, re.MULTILINE)
+    assert len(found) == 1, output
+    return float(found[0])
+
+
+def test_parameter_server_chief_trains_and_checkpoints(tmp_path):
+    cluster = make_cluster(chief=1, worker=2, ps=1)
+    context = {"steps": 300}
+    model_dir = tmp_path / "model"
+    servers, chief = [], None
+    try:
+        for role in ("ps", "worker"):
+            for index in range(len(cluster[role])):
+                env = task_env(cluster, role, index, model_dir, context)
+                servers.append(start(["-c", SERVER_SCRIPT], env, tmp_path / f"{role}{index}.log"))
+        env = task_env(cluster, "chief", 0, model_dir, context)
+        chief = start([str(EXAMPLES / "train_ps.py")], env, tmp_path / "chief.log")
+        [(returncode, output)] = wait_all([chief], [tmp_path / "chief.log"])
+    finally:
+        stop(servers + ([chief] if chief else []))
+
+    assert returncode == 0, output
+    assert re.search(r"^step=300 loss=[0-9.]+$", output, re.MULTILINE), output
+    assert final_accuracy(output) >= 0.85, output
+    assert (model_dir / "checkpoint").exists()
+
+
+def test_multi_worker_mirrored_every_worker_trains(tmp_path):
+    cluster = make_cluster(worker=2)
+    context = {"steps": 200}
+    model_dir = tmp_path / "model"
+    logs = [tmp_path / f"worker{index}.log" for index in range(2)]
+    workers = []
+    try:
+        for index, log in enumerate(logs):
+            env = task_env(cluster, "worker", index, model_dir, context)
+            workers.append(start([str(EXAMPLES / "train_mwms.py")], env, log))
+        results = wait_all(workers, logs)
+    finally:
+        stop(workers)
+
+    for returncode, output in results:
+        assert returncode == 0, output
+        assert re.search(r"^step=200 loss=[0-9.]+$", output, re.MULTILINE), output
+    assert final_accuracy(results[0][1]) >= 0.85, results[0][1]
+    assert "final_accuracy" not in results[1][1]
+    assert (model_dir / "checkpoint").exists()
+
+
+def test_legacy_main_gets_a_ready_server(tmp_path):
+    cluster = make_cluster(chief=1, ps=1, worker=1)
+    context = {"greeting": "hi"}
+    ps, chief = None, None
+    try:
+        ps = start(["-c", SERVER_SCRIPT], task_env(cluster, "ps", 0, tmp_path, context), tmp_path / "ps0.log")
+        env = task_env(cluster, "chief", 0, tmp_path, context)
+        env["LEGACY_MAIN"] = str(EXAMPLES / "legacy_main.py")
+        chief = start(["-c", LEGACY_SCRIPT], env, tmp_path / "chief.log")
+        [(returncode, output)] = wait_all([chief], [tmp_path / "chief.log"])
+    finally:
+        stop([p for p in (ps, chief) if p])
+
+    assert returncode == 0, output
+    assert "cluster_jobs=chief,ps,worker" in output
+    assert f"context={json.dumps(context)}" in output
+    assert "legacy_ok" in output
