@@ -96,6 +96,25 @@ def dev_env() -> None:
         typer.echo(f"export {key}={value}")
 
 
+# ---- inside an allocation ---------------------------------------------------------------
+
+
+@app.command(hidden=True)
+def task(role: Annotated[str, typer.Option("--role", help="chief, worker, ps, evaluator or tensorboard")]) -> None:
+    """The supervisor inside every allocation of a rendered job (not for interactive use)."""
+    import logging
+
+    from nomadtf.task import run_task
+
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format=f"%(asctime)s nomadtf task {role}: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    raise typer.Exit(run_task(role))
+
+
 # ---- rendering ---------------------------------------------------------------------------
 
 

@@ -142,11 +142,28 @@ def _explain(error: jsonschema.ValidationError, data: dict[str, Any]) -> list[st
             f"(at most 48, starting and ending with a letter or digit)"
         ]
     if error.validator == "minimum" and where.endswith(".count"):
-        return [f"{where}: count must be >= 0, got {error.instance}"]
+        return [f"{where}: count must be >= {error.validator_value}, got {error.instance}"]
     if error.validator == "oneOf" and where == "entrypoint":
         return ["entrypoint: give exactly one of 'script', 'module' or 'function'"]
     if error.validator == "oneOf" and where.startswith("secrets"):
+        if not isinstance(error.instance, dict):
+            return []  # the item's own type error says it; repeating it would echo the value
         return [f"{where}: give exactly one of 'env' or 'file' for where the secret goes"]
+    if where.startswith("secrets") and error.validator == "type":
+        # Never echo what was written there: it may be a secret's value.
+        return [f"{where}: must be of type {error.validator_value}, got {type(error.instance).__name__}"]
+    if error.validator == "oneOf" and error.context:
+        # Explain the branch written for this kind of value (gpus: 2 or {"count": 2, ...}),
+        # so a misspelt key inside it still gets its did-you-mean.
+        branches: dict[Any, list[jsonschema.ValidationError]] = {}
+        for sub in error.context:
+            branches.setdefault(sub.relative_schema_path[0], []).append(sub)
+        fitting = [
+            subs for subs in branches.values()
+            if not any(sub.validator == "type" and not sub.relative_path for sub in subs)
+        ]
+        if len(fitting) == 1:
+            return [line for sub in fitting[0] for line in _explain(sub, data)]
     if error.validator == "required":
         return [f"{where}: {error.message}"]
     if error.validator == "pattern" and "$defs/duration" in str(error.schema_path) or (

@@ -176,6 +176,7 @@ def test_legacy_main_gets_a_ready_server(tmp_path):
         stop([p for p in (ps, chief) if p])
 
     assert returncode == 0, output
-    assert "cluster_jobs=chief,ps,worker" in output
+    assert "cluster_jobs=chief,ps,worker" in output, output
     assert f"context={json.dumps(context)}" in output
+    assert "ps_result=[2.0, 4.0, 6.0]" in output, output
     assert "legacy_ok" in output

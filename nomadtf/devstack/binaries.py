@@ -39,8 +39,8 @@ class GoRelease:
     name: str
     module: str
     # Tried in order. The first is the release we want; the ones after it are earlier
-    # MPL-2.0 patch releases of the same minor line, used only when the proxy refuses the
-    # first (it answers 403 for Nomad v1.6.5 and Consul v1.16.4 here).
+    # MPL-2.0 patch releases of the same minor line, used only when the module proxy
+    # refuses the first (it answers 403 for Nomad v1.6.5 and Consul v1.16.4).
     versions: tuple[str, ...]
     tags: tuple[str, ...]
     # Versions at or above this are not open source and are never used, even from PATH.
@@ -54,14 +54,17 @@ class GoRelease:
 NOMAD = GoRelease(
     name="nomad",
     module="github.com/hashicorp/nomad",
-    versions=("v1.6.5", "v1.6.4"),
+    # v1.6.5 is the release we want; this module proxy refuses it (403). v1.6.2-v1.6.4 are
+    # served but their nested `api` module is served neither at their commits nor at a
+    # version they compile with, so the fallback is v1.6.1 (MPL-2.0, July 2023).
+    versions=("v1.6.5", "v1.6.1"),
     # `ui` serves the web UI from the generated assets committed upstream;
     # `codegen_generated` uses the committed generated code instead of regenerating it.
     tags=("ui", "codegen_generated"),
     forbidden_from=(1, 7),
     version_prefix="Nomad",
-    # go.mod requires an api from January 2023; this is the last one the proxy serves
-    # before the 1.6.x releases (July 2023), and the one the build is tested with.
+    # v1.6.1's go.mod requires an api from January 2023 (the replace line hides it); the
+    # proxy serves the api from the day v1.6.1 was tagged, 77 minutes before the tag.
     nested_fallback={"github.com/hashicorp/nomad/api": "v0.0.0-20230721134942-515895c7690c"},
 )
 
