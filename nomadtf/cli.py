@@ -115,6 +115,206 @@ def task(role: Annotated[str, typer.Option("--role", help="chief, worker, ps, ev
     raise typer.Exit(run_task(role))
 
 
+# ---- running and following jobs ----------------------------------------------------------
+
+
+def _view_line(view) -> str:
+    roles = "  ".join(
+        f"{role} {rv.running}/{rv.wanted} run {rv.complete} done {rv.failed} failed {rv.restarts} restarts"
+        for role, rv in view.roles.items()
+    )
+    step = f"  step {view.step}" if view.step is not None else ""
+    metrics = "".join(f" {k}={v:.4g}" for k, v in sorted(view.metrics.items()))
+    return f"[{view.elapsed:5.0f}s] {roles}{step}{metrics}"
+
+
+class _Display:
+    """A live table on a terminal; timestamped lines (only on change) everywhere else."""
+
+    def __init__(self) -> None:
+        self.live = None
+        self.last = ""
+        if sys.stderr.isatty():
+            from rich.console import Console
+            from rich.live import Live
+
+            self.live = Live(console=Console(stderr=True), refresh_per_second=4, transient=True)
+            self.live.start()
+
+    def view(self, view) -> None:
+        if self.live is not None:
+            self.live.update(self._table(view))
+            return
+        line = _view_line(view)
+        key = line.split("]", 1)[1]
+        if key != self.last:
+            self.last = key
+            _stamp(line)
+
+    def event(self, text: str) -> None:
+        if self.live is not None:
+            self.live.console.print(f"{time.strftime('%H:%M:%S')} {text}")
+        else:
+            _stamp(text)
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+    @staticmethod
+    def _table(view):
+        from rich.table import Table
+
+        table = Table(title=f"{view.job_id}  {view.elapsed:.0f}s  step {view.step if view.step is not None else '-'}")
+        for column in ("role", "wanted", "running", "complete", "failed", "restarts"):
+            table.add_column(column)
+        for role, rv in view.roles.items():
+            table.add_row(role, str(rv.wanted), str(rv.running), str(rv.complete), str(rv.failed), str(rv.restarts))
+        if view.last_line:
+            table.caption = f"chief: {view.last_line}"
+        return table
+
+
+@app.command()
+def run(
+    job_file: JobFile,
+    var: Vars = None,
+    detach: Annotated[bool, typer.Option("--detach", help="Return once Nomad accepted the job")] = False,
+    timeout: Annotated[Optional[str], typer.Option("--timeout", help="Give up following after this long (e.g. 30m); exit 3")] = None,
+    templates: TemplatesDir = None,
+) -> None:
+    """Validate, render, submit, and follow the job to its outcome (exit 0 = training succeeded)."""
+    from nomadtf import render as render_mod, spec as spec_mod
+    from nomadtf.discovery import ConsulDiscovery
+    from nomadtf.errors import FollowTimeout
+    from nomadtf.nomad import NomadAPI
+    from nomadtf.supervise import Follower, latest_allocs
+
+    spec = spec_mod.load_spec(job_file, var or [])
+    job = render_mod.render_job(spec, templates)
+    api = NomadAPI.from_env()
+    result = api.validate(job)
+    errors = result.get("ValidationErrors") or ([result["Error"]] if result.get("Error") else [])
+    if errors:
+        raise NomadtfError("Nomad rejected the job; nothing was submitted:\n  " + "\n  ".join(errors))
+    job_id = spec["name"]
+    if api.job(job_id) and (api.job(job_id) or {}).get("Status") != "dead":
+        raise NomadtfError(f"job {job_id} is already running; stop it first (nomadtf stop {job_id}) or pick another name")
+    discovery = ConsulDiscovery(job_id)
+    try:
+        discovery.delete_job_keys()  # a previous run's state must not leak into this one
+    except NomadtfError as exc:
+        raise NomadtfError(f"Consul is needed for the job's state: {exc}") from exc
+    registered = api.register(job)
+    _stamp(f"submitted {job_id} (evaluation {registered['EvalID'][:8]}); Nomad UI: {api.ui_url(job_id, spec['namespace'])}")
+    if detach:
+        typer.echo(f"follow it with: nomadtf status {job_id}  |  nomadtf logs {job_id} --role chief --follow")
+        return
+    limit = spec_mod.duration_seconds(timeout) if timeout else spec_mod.duration_seconds(spec["recovery"]["deadline"])
+    display = _Display()
+    follower = Follower(
+        api,
+        job_id,
+        timeout=limit,
+        reschedule_attempts=spec["recovery"]["reschedule_attempts"],
+        on_view=display.view,
+        on_event=display.event,
+        progress=discovery.progress,
+    )
+    try:
+        view = follower.follow(registered["EvalID"])
+    except NomadtfError as exc:
+        display.close()
+        # A failed job must not keep holding capacity (parameter servers and workers wait
+        # for a chief that will never succeed); a timed-out one keeps running on purpose.
+        if not isinstance(exc, FollowTimeout):
+            api.stop(job_id)
+            _stamp(f"stopped {job_id}")
+        raise
+    display.close()
+    chief = [a for (r, _i), a in latest_allocs(api.allocations(job_id)).items() if r == spec_mod.ROLES[0]]
+    if chief:
+        out = api.logs(chief[0]["ID"], "chief", "stdout", origin="end", offset=600)
+        for line in [line for line in out.splitlines() if line.strip()][-3:]:
+            typer.echo(f"chief: {line}")
+    _stamp(f"{job_id} succeeded in {view.elapsed:.0f}s")
+
+
+@app.command()
+def status(job_id: Annotated[Optional[str], typer.Argument(help="One job in detail")] = None) -> None:
+    """The jobs nomadtf started (matched by their Meta), or one of them in detail."""
+    from nomadtf.nomad import NomadAPI
+    from nomadtf.supervise import alloc_slot, nomadtf_jobs, require_nomadtf_job, restarts_of, summarize
+
+    api = NomadAPI.from_env()
+    if job_id is None:
+        jobs = nomadtf_jobs(api)
+        if not jobs:
+            typer.echo("no nomadtf jobs")
+            return
+        for stub in jobs:
+            view = summarize(api.job(stub["ID"]) or stub, api.allocations(stub["ID"]))
+            age = time.time() - stub.get("SubmitTime", time.time_ns()) / 1e9
+            roles = ", ".join(f"{r} {v.running}/{v.wanted}" + (f" ({v.restarts} restarts)" if v.restarts else "") for r, v in view.roles.items())
+            typer.echo(f"{stub['ID']:<24} {stub['Status']:<8} {age / 60:6.1f}m  {roles}")
+        return
+    job = require_nomadtf_job(api, job_id)
+    allocs = api.allocations(job_id)
+    view = summarize(job, allocs)
+    typer.echo(f"{job_id}: {job['Status']}  strategy {job['Meta'].get('nomadtf.strategy', '?')}  nomadtf {job['Meta']['nomadtf.version']}")
+    for role, rv in view.roles.items():
+        typer.echo(f"  {role:<11} wanted {rv.wanted}  running {rv.running}  complete {rv.complete}  failed {rv.failed}  restarts {rv.restarts}")
+    for alloc in sorted(allocs, key=lambda a: a.get("CreateIndex", 0)):
+        role, index = alloc_slot(alloc)
+        typer.echo(f"    {role}[{index}] {alloc['ID'][:8]} {alloc['ClientStatus']:<9} restarts {restarts_of(alloc)}")
+
+
+@app.command()
+def logs(
+    job_id: Annotated[str, typer.Argument(help="Job ID")],
+    role: Annotated[str, typer.Option("--role", help="Role whose task logs to show")] = "chief",
+    index: Annotated[Optional[int], typer.Option("--index", help="Task index within the role")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep streaming")] = False,
+    stderr: Annotated[bool, typer.Option("--stderr", help="stderr instead of stdout")] = False,
+) -> None:
+    """A task's logs through Nomad's API (also after the job finished, until Nomad's GC)."""
+    from nomadtf.nomad import NomadAPI
+    from nomadtf.supervise import pick_allocs, require_nomadtf_job
+
+    api = NomadAPI.from_env()
+    require_nomadtf_job(api, job_id)
+    allocs = pick_allocs(api.allocations(job_id), role, index)
+    if not allocs:
+        raise NomadtfError(f"job {job_id} has no allocation for role {role!r}" + (f" index {index}" if index is not None else ""))
+    stream = "stderr" if stderr else "stdout"
+    for alloc in allocs:
+        if len(allocs) > 1:
+            typer.echo(f"==> {alloc['Name']} ({alloc['ID'][:8]})")
+        if follow:
+            for chunk in api.follow_logs(alloc["ID"], role, stream):
+                typer.echo(chunk, nl=False)
+        else:
+            typer.echo(api.logs(alloc["ID"], role, stream), nl=False)
+
+
+@app.command()
+def stop(
+    job_id: Annotated[str, typer.Argument(help="Job ID")],
+    purge: Annotated[bool, typer.Option("--purge", help="Also remove it from Nomad and its keys from Consul")] = False,
+) -> None:
+    """Stop a nomadtf job; nothing else is touched."""
+    from nomadtf.discovery import ConsulDiscovery
+    from nomadtf.nomad import NomadAPI
+    from nomadtf.supervise import require_nomadtf_job
+
+    api = NomadAPI.from_env()
+    require_nomadtf_job(api, job_id)
+    api.stop(job_id, purge=purge)
+    if purge:
+        ConsulDiscovery(job_id).delete_job_keys()
+    typer.echo(f"stopped {job_id}" + (" and purged it" if purge else ""))
+
+
 # ---- rendering ---------------------------------------------------------------------------
 
 
@@ -184,6 +384,26 @@ def plan(job_file: JobFile, var: Vars = None, templates: TemplatesDir = None) ->
     raise typer.Exit(1 if summary.changes or summary.failures else 0)
 
 
+@app.command("convert-dcos")
+def convert_dcos(
+    options_file: Annotated[Path, typer.Argument(help="options.json of the DC/OS beta-tensorflow package", show_default=False)],
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write to this file instead of stdout")] = None,
+) -> None:
+    """Convert a DC/OS beta-tensorflow options file into a nomadtf job.json. Offline."""
+    from nomadtf import dcos, spec as spec_mod
+
+    conversion = dcos.convert_options(spec_mod.read_options(options_file))
+    for note in conversion.notes:
+        _err(f"not carried over: {note}")
+    spec_mod.normalize(conversion.job)
+    text = json.dumps(conversion.job, indent=2) + "\n"
+    if out:
+        out.write_text(text)
+        _err(f"wrote {out}")
+    else:
+        typer.echo(text, nl=False)
+
+
 def main() -> None:
     try:
         code = app(standalone_mode=False)
@@ -198,12 +418,14 @@ def main() -> None:
     except typer.Abort:
         _err("aborted")
         sys.exit(130)
-    except Exception as exc:  # click's usage errors and anything unexpected
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
+    except typer.TyperException as exc:  # usage errors: a wrong option, a missing argument
+        show = getattr(exc, "show", None)
+        if show:
+            show()
+        else:
+            _err(f"error: {exc}")
+        sys.exit(getattr(exc, "exit_code", 2))
+    except Exception as exc:  # anything unexpected: one line, the traceback only with --debug
         if _state["debug"]:
             raise
         _err(f"unexpected error: {exc.__class__.__name__}: {exc} (run with --debug for the traceback)")

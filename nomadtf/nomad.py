@@ -76,7 +76,7 @@ class NomadAPI:
     def validate(self, job: dict[str, Any]) -> dict[str, Any]:
         """POST /v1/validate/job"""
         with translated(self.address, "job validation"):
-            return self.client.validate.validate_job(job)
+            return self.client.validate.validate_job(job).json()
 
     def plan(self, job: dict[str, Any]) -> dict[str, Any]:
         """POST /v1/job/:job_id/plan (with diff)"""
@@ -140,6 +140,20 @@ class NomadAPI:
             return self.client.client.stream_logs.stream(
                 alloc_id, task, stream, follow=False, origin=origin, offset=offset, plain=True
             )
+
+    def follow_logs(self, alloc_id: str, task: str, stream: str = "stdout") -> Iterator[str]:
+        """GET /v1/client/fs/logs/:alloc_id?follow=true&plain=true, chunk by chunk until the task ends."""
+        url = f"{self.address.rstrip('/')}/v1/client/fs/logs/{alloc_id}"
+        params = {"task": task, "type": stream, "follow": "true", "plain": "true", "origin": "start"}
+        headers = {"X-Nomad-Token": os.environ["NOMAD_TOKEN"]} if os.environ.get("NOMAD_TOKEN") else {}
+        try:
+            with requests.get(url, params=params, headers=headers, stream=True, timeout=(5, None)) as resp:
+                if resp.status_code != 200:
+                    raise NomadError(f"Nomad answered {resp.status_code} for logs of {alloc_id[:8]}: {resp.text.strip()}", resp.status_code)
+                for chunk in resp.iter_content(chunk_size=None, decode_unicode=True):
+                    yield chunk
+        except requests.ConnectionError as exc:
+            raise UnreachableError(f"cannot reach Nomad at {self.address}: {exc.__class__.__name__}") from exc
 
     def blocking(self, path: str, index: int, wait: str = "10s", **params: Any) -> tuple[Any, int]:
         """GET /v1/<path>?index=&wait= ; returns (body, X-Nomad-Index).

@@ -118,26 +118,40 @@ def final_accuracy(output):
     return float(found[0])
 
 
-def test_parameter_server_chief_trains_and_checkpoints(tmp_path):
+def test_parameter_server_chief_trains_checkpoints_and_resumes(tmp_path):
     cluster = make_cluster(chief=1, worker=2, ps=1)
-    context = {"steps": 300}
     model_dir = tmp_path / "model"
-    servers, chief = [], None
+    servers, chiefs = [], []
+
+    def run_chief(context, log):
+        env = task_env(cluster, "chief", 0, model_dir, context)
+        chiefs.append(start([str(EXAMPLES / "train_ps.py")], env, log))
+        [result] = wait_all(chiefs[-1:], [log])
+        return result
+
     try:
         for role in ("ps", "worker"):
             for index in range(len(cluster[role])):
-                env = task_env(cluster, role, index, model_dir, context)
+                env = task_env(cluster, role, index, model_dir, {})
                 servers.append(start(["-c", SERVER_SCRIPT], env, tmp_path / f"{role}{index}.log"))
-        env = task_env(cluster, "chief", 0, model_dir, context)
-        chief = start([str(EXAMPLES / "train_ps.py")], env, tmp_path / "chief.log")
-        [(returncode, output)] = wait_all([chief], [tmp_path / "chief.log"])
+        first = run_chief({"steps": 300}, tmp_path / "chief.log")
+        # A restarted chief (as after a Nomad task restart) meets the same live servers and
+        # must carry on from the last checkpoint.
+        second = run_chief({"steps": 350}, tmp_path / "chief-restarted.log")
     finally:
-        stop(servers + ([chief] if chief else []))
+        stop(servers + chiefs)
 
+    returncode, output = first
     assert returncode == 0, output
     assert re.search(r"^step=300 loss=[0-9.]+$", output, re.MULTILINE), output
     assert final_accuracy(output) >= 0.85, output
     assert (model_dir / "checkpoint").exists()
+
+    returncode, output = second
+    assert returncode == 0, output
+    assert re.search(r"^resumed from step 300$", output, re.MULTILINE), output
+    assert "step=300 " not in output and re.search(r"^step=350 ", output, re.MULTILINE), output
+    assert final_accuracy(output) >= 0.85, output
 
 
 def test_multi_worker_mirrored_every_worker_trains(tmp_path):

@@ -1,0 +1,272 @@
+"""Following a job from submission to its outcome, and reading jobs back (status, logs).
+
+Nothing here prints: `follow()` hands `JobView`s and event lines to callbacks, and the CLI
+decides how they look (a live table on a terminal, timestamped lines elsewhere).
+
+Waiting uses Nomad blocking queries (GET /v1/job/:id/allocations?index=&wait=), so a
+change is seen as soon as Nomad knows it, with no polling sleep in between.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from nomadtf.errors import FollowTimeout, JobFailed, NomadError, ServerError
+from nomadtf.nomad import META_VERSION, NomadAPI
+from nomadtf.plan import explain_placement_failure, requested_devices
+
+ROLE_ORDER = ("chief", "worker", "ps", "evaluator", "tensorboard")
+
+
+@dataclass
+class RoleView:
+    wanted: int = 0
+    pending: int = 0
+    running: int = 0
+    complete: int = 0
+    failed: int = 0
+    restarts: int = 0
+
+
+@dataclass
+class JobView:
+    job_id: str
+    status: str = "pending"
+    roles: dict[str, RoleView] = field(default_factory=dict)
+    step: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    last_line: str = ""
+    elapsed: float = 0.0
+
+
+def alloc_slot(alloc: dict[str, Any]) -> tuple[str, int]:
+    """("worker", 1) from the allocation name "digits.worker[1]"."""
+    match = re.search(r"\.([^.\[]+)\[(\d+)\]$", alloc.get("Name", ""))
+    return (match[1], int(match[2])) if match else (alloc.get("TaskGroup", "?"), 0)
+
+
+def latest_allocs(allocs: list[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
+    """The newest allocation for every (role, index): replacements supersede what they replace."""
+    latest: dict[tuple[str, int], dict[str, Any]] = {}
+    for alloc in sorted(allocs, key=lambda a: a.get("CreateIndex", 0)):
+        latest[alloc_slot(alloc)] = alloc
+    return latest
+
+
+def restarts_of(alloc: dict[str, Any]) -> int:
+    return sum(state.get("Restarts", 0) for state in (alloc.get("TaskStates") or {}).values())
+
+
+def summarize(job: dict[str, Any], allocs: list[dict[str, Any]]) -> JobView:
+    """Pure: job + allocations -> one line per role."""
+    view = JobView(job_id=job["ID"], status=job.get("Status", "pending"))
+    for group in job.get("TaskGroups") or []:
+        view.roles[group["Name"]] = RoleView(wanted=group.get("Count", 0))
+    for (role, _index), alloc in latest_allocs(allocs).items():
+        rv = view.roles.setdefault(role, RoleView())
+        status = alloc.get("ClientStatus")
+        if status == "running":
+            rv.running += 1
+        elif status == "complete":
+            rv.complete += 1
+        elif status in ("failed", "lost"):
+            rv.failed += 1
+        else:
+            rv.pending += 1
+    for alloc in allocs:
+        role, _ = alloc_slot(alloc)
+        view.roles.setdefault(role, RoleView()).restarts += restarts_of(alloc)
+    return view
+
+
+def outcome(job: dict[str, Any], allocs: list[dict[str, Any]], reschedule_attempts: int) -> str | None:
+    """"succeeded", "failed" or None (still going). Pure.
+
+    Succeeded: every current allocation completed (the chief exited 0 and the others
+    stopped on their own). Failed: some slot failed more often than it may be rescheduled,
+    or the job died with a failed allocation.
+    """
+    latest = latest_allocs(allocs)
+    if latest and all(a.get("ClientStatus") == "complete" for a in latest.values()):
+        wanted = sum(g.get("Count", 0) for g in job.get("TaskGroups") or [])
+        if len(latest) >= wanted:
+            return "succeeded"
+    failures: dict[tuple[str, int], int] = {}
+    for alloc in allocs:
+        if alloc.get("ClientStatus") in ("failed", "lost"):
+            failures[alloc_slot(alloc)] = failures.get(alloc_slot(alloc), 0) + 1
+    if any(count > reschedule_attempts for count in failures.values()):
+        return "failed"
+    if job.get("Status") == "dead" and any(a.get("ClientStatus") in ("failed", "lost") for a in latest.values()):
+        return "failed"
+    return None
+
+
+def task_events(alloc: dict[str, Any]) -> list[tuple[int, str, str]]:
+    """(time ns, task, text) for every task event of an allocation."""
+    out = []
+    for task, state in (alloc.get("TaskStates") or {}).items():
+        for event in state.get("Events") or []:
+            text = event.get("DisplayMessage") or event.get("Type", "")
+            if event.get("ExitCode"):
+                text += f" (exit {event['ExitCode']})"
+            out.append((event.get("Time", 0), task, f"{event.get('Type')}: {text}"))
+    return sorted(out)
+
+
+class Follower:
+    """Follows one submitted job until it succeeds, fails or runs out of time."""
+
+    def __init__(
+        self,
+        api: NomadAPI,
+        job_id: str,
+        timeout: float | None,
+        reschedule_attempts: int,
+        on_view: Callable[[JobView], None],
+        on_event: Callable[[str], None],
+        progress: Callable[[], dict[str, Any] | None] = lambda: None,
+    ):
+        self.api = api
+        self.job_id = job_id
+        self.deadline = time.monotonic() + timeout if timeout else None
+        self.reschedule_attempts = reschedule_attempts
+        self.on_view = on_view
+        self.on_event = on_event
+        self.progress = progress
+        self.started = time.monotonic()
+        self.seen_events: set[tuple[str, int, str]] = set()
+        self.last_line_at = 0.0
+        self.last_line = ""
+
+    def follow(self, eval_id: str) -> JobView:
+        self._wait_for_placement(eval_id)
+        index = 0
+        while True:
+            self._check_deadline()
+            allocs, index = self.api.blocking(f"job/{self.job_id}/allocations", index, wait="5s")
+            job = self.api.job(self.job_id)
+            if job is None:
+                raise JobFailed(f"job {self.job_id} disappeared (stopped from outside?)")
+            allocs = allocs or []
+            self._report_events(allocs)
+            view = summarize(job, allocs)
+            self._fill_progress(view, allocs)
+            self.on_view(view)
+            result = outcome(job, allocs, self.reschedule_attempts)
+            if result == "succeeded":
+                return view
+            if result == "failed":
+                raise JobFailed(self._failure_report(allocs))
+
+    def _check_deadline(self) -> None:
+        if self.deadline and time.monotonic() > self.deadline:
+            raise FollowTimeout(f"job {self.job_id} did not finish within the timeout; it keeps running (nomadtf stop {self.job_id})")
+
+    def _wait_for_placement(self, eval_id: str) -> None:
+        """Block on the evaluation; placement failures become one explained error."""
+        index = 0
+        while True:
+            self._check_deadline()
+            evaluation, index = self.api.blocking(f"evaluation/{eval_id}", index, wait="5s")
+            if not evaluation:
+                continue
+            failed = evaluation.get("FailedTGAllocs") or {}
+            if failed:
+                job = self.api.job(self.job_id) or {}
+                devices = requested_devices(job)
+                reasons = [explain_placement_failure(g, m, devices.get(g)) for g, m in sorted(failed.items())]
+                raise JobFailed("the job cannot be placed:\n  " + "\n  ".join(reasons))
+            if evaluation.get("Status") in ("complete", "failed", "canceled"):
+                if evaluation["Status"] != "complete":
+                    raise JobFailed(f"evaluation {eval_id[:8]} {evaluation['Status']}: {evaluation.get('StatusDescription', '')}")
+                self.on_event(f"placed: evaluation {eval_id[:8]} complete")
+                return
+
+    def _report_events(self, allocs: list[dict[str, Any]]) -> None:
+        for alloc in sorted(allocs, key=lambda a: a.get("CreateIndex", 0)):
+            role, index = alloc_slot(alloc)
+            for when, _task, text in task_events(alloc):
+                key = (alloc["ID"], when, text)
+                if key in self.seen_events:
+                    continue
+                self.seen_events.add(key)
+                if any(word in text for word in ("Received", "Task Setup", "Building Task Directory", "Downloading")):
+                    continue  # routine steps; keep the output about what matters
+                self.on_event(f"{role}[{index}] ({alloc['ID'][:8]}) {text}")
+
+    def _fill_progress(self, view: JobView, allocs: list[dict[str, Any]]) -> None:
+        view.elapsed = time.monotonic() - self.started
+        try:
+            progress = self.progress()
+        except ServerError:
+            progress = None
+        if progress:
+            view.step = progress.get("step")
+            view.metrics = progress.get("metrics") or {}
+        if time.monotonic() - self.last_line_at > 3:
+            self.last_line_at = time.monotonic()
+            chief = [a for (r, _i), a in latest_allocs(allocs).items() if r == "chief" and a.get("ClientStatus") == "running"]
+            if chief:
+                tail = self._log_tail(chief[0], "chief", "stdout", 1024)
+                lines = [line for line in tail.splitlines() if line.strip()]
+                self.last_line = lines[-1][:120] if lines else self.last_line
+        view.last_line = self.last_line
+
+    def _log_tail(self, alloc: dict[str, Any], task: str, stream: str, size: int) -> str:
+        try:
+            return self.api.logs(alloc["ID"], task, stream, origin="end", offset=size)
+        except (ServerError, NomadError):
+            return ""
+
+    def _failure_report(self, allocs: list[dict[str, Any]]) -> str:
+        failed = [a for a in allocs if a.get("ClientStatus") in ("failed", "lost")]
+        lines = [f"job {self.job_id} failed"]
+        for alloc in sorted(failed, key=lambda a: a.get("CreateIndex", 0))[-2:]:
+            role, index = alloc_slot(alloc)
+            lines.append(f"{role}[{index}] allocation {alloc['ID'][:8]}: last events:")
+            lines += [f"    {text}" for _w, _t, text in task_events(alloc)[-4:]]
+            stderr = self._log_tail(alloc, alloc.get("TaskGroup", role), "stderr", 3000)
+            tail = [line for line in stderr.splitlines() if line.strip()][-12:]
+            if tail:
+                lines.append(f"  {role}[{index}] stderr (last {len(tail)} lines):")
+                lines += [f"    {line}" for line in tail]
+        return "\n".join(lines)
+
+
+# ---- reading jobs back ------------------------------------------------------------------------
+
+
+def nomadtf_jobs(api: NomadAPI) -> list[dict[str, Any]]:
+    """Jobs that carry our Meta (never matched by name). GET /v1/jobs, GET /v1/job/:id"""
+    jobs = []
+    for stub in api.jobs():
+        meta = stub.get("Meta")
+        if meta is None:
+            full = api.job(stub["ID"]) or {}
+            meta = full.get("Meta") or {}
+        if META_VERSION in (meta or {}):
+            jobs.append(stub)
+    return jobs
+
+
+def require_nomadtf_job(api: NomadAPI, job_id: str) -> dict[str, Any]:
+    job = api.job(job_id)
+    if job is None:
+        raise JobFailed(f"no job {job_id!r} in Nomad")
+    if META_VERSION not in (job.get("Meta") or {}):
+        raise JobFailed(f"job {job_id!r} was not started by nomadtf (no {META_VERSION} in its Meta); not touching it")
+    return job
+
+
+def pick_allocs(allocs: list[dict[str, Any]], role: str | None, index: int | None) -> list[dict[str, Any]]:
+    """The newest allocation of each matching (role, index)."""
+    chosen = []
+    for (r, i), alloc in sorted(latest_allocs(allocs).items()):
+        if (role is None or r == role) and (index is None or i == index):
+            chosen.append(alloc)
+    return chosen

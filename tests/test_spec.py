@@ -1,0 +1,273 @@
+"""job.json validation as a user meets it: `nomadtf render` on a bad file exits 2 and names
+the field; --var overrides reach the rendered job."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from nomadtf.errors import SpecError
+from nomadtf.spec import apply_overrides, load_spec, normalize, read_options, schema
+from tests.run_cli import EXAMPLES, nomadtf
+
+DIGITS = read_options(EXAMPLES / "digits" / "job.json")
+
+
+def write_job(tmp_path, data, name="job.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return path
+
+
+def edited(change):
+    data = copy.deepcopy(DIGITS)
+    change(data)
+    return data
+
+
+def set_in(path, value):
+    def change(data):
+        node = data
+        *parents, last = path.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+
+    return change
+
+
+def render_fails(tmp_path, data):
+    result = nomadtf("render", write_job(tmp_path, data))
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    return result.stderr
+
+
+BAD_INPUTS = {
+    "unknown role": (
+        lambda d: d["roles"].update(workr={"count": 2}),
+        ["roles.workr: unknown key 'workr'; did you mean 'worker'?"],
+    ),
+    "unknown role field": (
+        set_in("roles.worker.memroy", 2048),
+        ["roles.worker.memroy: unknown key 'memroy'; did you mean 'memory'?"],
+    ),
+    "unknown top-level key": (
+        set_in("strategie", "parameter_server"),
+        ["strategie: unknown key 'strategie'; did you mean 'strategy'?"],
+    ),
+    "unknown key inside a gpus object": (
+        set_in("roles.worker.gpus", {"count": 1, "modle": "A100"}),
+        ["roles.worker.gpus.modle: unknown key 'modle'; did you mean 'model'?"],
+    ),
+    "wrong type": (
+        set_in("roles.worker.count", "two"),
+        ["roles.worker.count: 'two' is not of type 'integer'"],
+    ),
+    "negative count": (
+        set_in("roles.ps.count", -1),
+        ["roles.ps.count: count must be >= 0, got -1"],
+    ),
+    "zero gpus in a gpus object": (
+        set_in("roles.worker.gpus", {"count": 0}),
+        ["roles.worker.gpus.count: count must be >= 1, got 0"],
+    ),
+    "parameter_server without ps": (
+        set_in("roles.ps.count", 0),
+        ["roles.ps: strategy 'parameter_server' needs at least one ps"],
+    ),
+    "multi_worker_mirrored without workers": (
+        lambda d: d.update(strategy="multi_worker_mirrored", roles={"chief": {"count": 1}}),
+        ["roles.worker: strategy 'multi_worker_mirrored' needs at least one worker"],
+    ),
+    "a role the strategy does not have": (
+        set_in("strategy", "multi_worker_mirrored"),
+        ["roles.ps: strategy 'multi_worker_mirrored' has no ps role; remove it"],
+    ),
+    "two chiefs": (
+        set_in("roles.chief.count", 2),
+        ["roles.chief.count: at most one chief per job, got 2"],
+    ),
+    "two evaluators": (
+        set_in("roles.evaluator", {"count": 2}),
+        ["roles.evaluator.count: at most one evaluator per job, got 2"],
+    ),
+    "name not DNS-safe": (
+        set_in("name", "Digits_Job"),
+        ["name: 'Digits_Job' is not DNS-safe"],
+    ),
+    "name too long": (
+        set_in("name", "d" * 49),
+        ["is not DNS-safe", "at most 48"],
+    ),
+    "bad duration": (
+        set_in("recovery", {"restart_delay": "2 seconds"}),
+        ["recovery.restart_delay: '2 seconds' is not a duration"],
+    ),
+    "function entrypoint outside legacy_server": (
+        set_in("entrypoint", {"function": "train:main"}),
+        ["entrypoint.function: only for strategy 'legacy_server'"],
+    ),
+    "two entrypoints": (
+        set_in("entrypoint", {"script": "a.py", "module": "a"}),
+        ["entrypoint: give exactly one of 'script', 'module' or 'function'"],
+    ),
+    "docker without an image": (
+        set_in("driver", {"name": "docker"}),
+        ["driver.image: the docker driver needs an image"],
+    ),
+    "secrets without vault policies": (
+        set_in("secrets", [{"path": "secret/team/s3", "key": "access", "env": "AWS_KEY"}]),
+        ["vault.policies: secrets are read with the token Nomad gives the task"],
+    ),
+}
+
+
+@pytest.mark.parametrize("change, expected", BAD_INPUTS.values(), ids=BAD_INPUTS.keys())
+def test_bad_input_exits_2_and_names_the_field(tmp_path, change, expected):
+    stderr = render_fails(tmp_path, edited(change))
+    assert "job.json is invalid" in stderr
+    for text in expected:
+        assert text in stderr
+
+
+def test_a_secret_value_is_refused_and_never_echoed(tmp_path):
+    secret = "s3cr3t-do-not-print"
+    data = edited(
+        set_in(
+            "secrets",
+            [
+                {"path": "secret/team/s3", "key": "access", "env": "AWS_KEY", "value": secret},
+                secret,  # a bare string where a reference belongs
+            ],
+        )
+    )
+    data["vault"] = {"policies": ["team-read"]}
+    stderr = render_fails(tmp_path, data)
+    assert "secrets[0].value: a secret's value never goes in job.json; store it in Vault" in stderr
+    assert "secrets[1]: must be of type object, got str" in stderr
+    assert secret not in stderr
+
+
+def test_every_problem_is_reported_in_one_run(tmp_path):
+    data = edited(
+        lambda d: (
+            d.update(name="Bad_Name", colour="blue"),
+            d["roles"].update(workr={"count": 1}),
+            d["roles"]["ps"].update(count=-3),
+            d["roles"]["worker"].update(cpu="lots"),
+        )
+    )
+    stderr = render_fails(tmp_path, data)
+    assert "job.json has 5 problems" in stderr
+    for path in ("name:", "colour:", "roles.workr:", "roles.ps.count:", "roles.worker.cpu:"):
+        assert f"  - {path}" in stderr
+
+
+def test_cross_field_problems_are_reported_together(tmp_path):
+    data = edited(lambda d: d["roles"].update(chief={"count": 2}, evaluator={"count": 2}, ps={"count": 0}))
+    stderr = render_fails(tmp_path, data)
+    assert "job.json has 3 problems" in stderr
+    assert "roles.ps: strategy 'parameter_server' needs at least one ps" in stderr
+    assert "roles.chief.count: at most one chief per job, got 2" in stderr
+    assert "roles.evaluator.count: at most one evaluator per job, got 2" in stderr
+
+
+def test_a_file_that_is_not_json_exits_2(tmp_path):
+    path = tmp_path / "job.json"
+    path.write_text('{"name": "digits",')
+    result = nomadtf("render", path)
+    assert result.returncode == 2
+    assert f"{path}: not valid JSON" in result.stderr
+
+
+def test_yaml_options_load_like_json(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        "name: digits\nentrypoint: {script: train_ps.py}\n"
+        "roles:\n  chief: {count: 1}\n  worker: {count: 3}\n  ps: {count: 1}\n"
+    )
+    assert load_spec(path)["roles"]["worker"]["count"] == 3
+
+
+def task_spec(job, role):
+    """The normalised spec as the task of `role` receives it."""
+    group = next(g for g in job["Job"]["TaskGroups"] if g["Name"] == role)
+    return json.loads(group["Tasks"][0]["Env"]["NOMADTF_SPEC"])
+
+
+def test_var_overrides_reach_the_rendered_job():
+    result = nomadtf(
+        "render",
+        EXAMPLES / "digits" / "job.json",
+        "--var", "roles.worker.count=5",
+        "--var", "context.learning_rate=0.05",
+        "--var", "context.schedule.warmup_steps=100",
+        "--var", "roles.worker.gpus={\"count\": 1, \"model\": \"A100\"}",
+        "--var", "discovery.reconfigure=template",
+        "--var", "entrypoint.args=[\"--fast\"]",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    job = json.loads(result.stdout)
+    worker = next(g for g in job["Job"]["TaskGroups"] if g["Name"] == "worker")
+    assert worker["Count"] == 5
+    assert worker["Tasks"][0]["Resources"]["Devices"][0]["Count"] == 1
+    spec = task_spec(job, "worker")
+    assert spec["context"]["learning_rate"] == 0.05
+    assert spec["context"]["schedule"] == {"warmup_steps": 100}
+    assert spec["context"]["steps"] == 600  # siblings of an overridden key stay
+    assert spec["roles"]["worker"]["gpus"] == {"count": 1, "model": "A100", "vendor": "nvidia"}
+    assert spec["discovery"]["reconfigure"] == "template"
+    assert spec["entrypoint"]["args"] == ["--fast"]
+
+
+def test_an_override_that_breaks_the_spec_is_reported_like_the_file(tmp_path):
+    result = nomadtf("render", EXAMPLES / "digits" / "job.json", "--var", "roles.workr.count=2")
+    assert result.returncode == 2
+    assert "roles.workr: unknown key 'workr'; did you mean 'worker'?" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("roles.worker.count", "--var 'roles.worker.count': expected path=value"),
+        ("name.first=x", "--var name.first: 'name' is not an object"),
+    ],
+)
+def test_malformed_overrides_exit_2(override, message):
+    result = nomadtf("render", EXAMPLES / "digits" / "job.json", "--var", override)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_overrides_leave_the_input_alone():
+    before = copy.deepcopy(DIGITS)
+    after = apply_overrides(DIGITS, ["roles.worker.count=7", "context.new.key=x"])
+    assert DIGITS == before
+    assert after["roles"]["worker"]["count"] == 7
+    assert after["context"]["new"] == {"key": "x"}
+
+
+def test_normalize_fills_every_default():
+    spec = normalize({"name": "tiny", "entrypoint": {"script": "t.py"}, "roles": {"worker": {}, "ps": {}, "chief": {}}})
+    assert spec["strategy"] == "parameter_server"
+    assert spec["roles"]["worker"] == {
+        "count": 1, "cpu": 500, "memory": 1024, "gpus": 0, "port": 0, "constraints": [], "affinities": [], "env": {},
+    }  # fmt: skip
+    assert spec["recovery"]["restart_delay"] == "2s"
+    assert spec["discovery"] == {
+        "provider": "consul", "reconfigure": "watch", "rendezvous_timeout": "5m", "consul_address": "127.0.0.1:8500",
+    }  # fmt: skip
+    assert spec["entrypoint"] == {"script": "t.py", "args": [], "pythonpath": []}
+
+
+def test_spec_error_keeps_each_problem():
+    with pytest.raises(SpecError) as caught:
+        normalize({"name": "x", "entrypoint": {"script": "t.py"}, "roles": {"workr": {}}, "colour": 1})
+    assert caught.value.problems == [
+        "colour: unknown key 'colour'; allowed: " + ", ".join(schema()["properties"]),
+        "roles.workr: unknown key 'workr'; did you mean 'worker'?",
+    ]
+    assert caught.value.exit_code == 2
