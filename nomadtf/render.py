@@ -54,6 +54,14 @@ def _device_constraints(gpu: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _undefined_json(value: Any) -> Any:
+    """json.dumps hook for `tojson`: a StrictUndefined value (even nested in a dict) fails as
+    an undefined value instead of a TypeError that names no variable."""
+    if isinstance(value, jinja2.Undefined):
+        value._fail_with_undefined_error()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 def environment(templates_dir: Path | None = None) -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir or default_templates_dir())),
@@ -69,7 +77,7 @@ def environment(templates_dir: Path | None = None) -> jinja2.Environment:
         device_constraints=_device_constraints,
     )
     # Sorted keys make the output byte-identical for the same input.
-    env.policies["json.dumps_kwargs"] = {"sort_keys": True}
+    env.policies["json.dumps_kwargs"] = {"sort_keys": True, "default": _undefined_json}
     return env
 
 

@@ -225,6 +225,8 @@ def cross_field_problems(spec: dict[str, Any]) -> list[str]:
     targets = [s.get("env") or s.get("file") for s in spec["secrets"]]
     for dup in sorted({t for t in targets if targets.count(t) > 1}):
         problems.append(f"secrets: {dup!r} is the target of more than one secret")
+    if duration_seconds(spec["recovery"]["reschedule_delay"]) < 5:
+        problems.append("recovery.reschedule_delay: Nomad needs at least 5s; write e.g. 5s")
     for role, cfg in roles.items():
         if cfg.get("memory_max") is not None and cfg["memory_max"] < cfg["memory"]:
             problems.append(f"roles.{role}.memory_max: must be >= memory ({cfg['memory']})")

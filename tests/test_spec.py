@@ -265,9 +265,9 @@ def test_normalize_fills_every_default():
 
 def test_spec_error_keeps_each_problem():
     with pytest.raises(SpecError) as caught:
-        normalize({"name": "x", "entrypoint": {"script": "t.py"}, "roles": {"workr": {}}, "colour": 1})
+        normalize({"name": "x", "entrypoint": {"script": "t.py"}, "roles": {"workr": {}}, "zzz": 1})
     assert caught.value.problems == [
-        "colour: unknown key 'colour'; allowed: " + ", ".join(schema()["properties"]),
+        "zzz: unknown key 'zzz'; allowed: " + ", ".join(schema()["properties"]),
         "roles.workr: unknown key 'workr'; did you mean 'worker'?",
     ]
     assert caught.value.exit_code == 2

@@ -60,9 +60,9 @@ class MLP(tf.Module):
 def main():
     # Must come before any other TensorFlow op: it configures the collective runtime.
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    resolver = strategy.cluster_resolver
+    task = (strategy.cluster_resolver.task_type, strategy.cluster_resolver.task_id)
     # No TF_CONFIG (a plain local run) also counts as chief.
-    is_chief = resolver.task_type in (None, "chief") or (resolver.task_type, resolver.task_id) == ("worker", 0)
+    is_chief = task[0] in (None, "chief") or task == ("worker", 0)
 
     params = {**DEFAULTS, **json.loads(os.environ.get("NOMADTF_CONTEXT") or "{}")}
     model_dir = os.environ["NOMADTF_MODEL_DIR"]
@@ -80,7 +80,8 @@ def main():
     # the others write to a throwaway directory so they never race on the chief's files.
     scratch = None if is_chief else tempfile.TemporaryDirectory(prefix="nomadtf-mwms-")
     manager = tf.train.CheckpointManager(checkpoint, scratch.name if scratch else model_dir, max_to_keep=3)
-    # Every worker restores the chief's latest checkpoint so that all copies start equal.
+    # Every worker restores the chief's latest checkpoint so that all copies start equal;
+    # this relies on NOMADTF_MODEL_DIR being readable by every worker (one machine or shared).
     latest = tf.train.latest_checkpoint(model_dir)
     if latest:
         checkpoint.restore(latest).assert_existing_objects_matched()

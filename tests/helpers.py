@@ -1,0 +1,94 @@
+"""Helpers for integration tests that drive nomadtf the way a user does."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import requests
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+JOBS = Path(__file__).resolve().parent / "jobs"
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def nomadtf(*args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the console script as a user would."""
+    exe = Path(sys.executable).parent / "nomadtf"
+    return subprocess.run(
+        [str(exe), *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
+
+
+def write_job(tmp_path: Path, spec: dict) -> Path:
+    path = tmp_path / f"{spec['name']}.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def probe_job(name: str, strategy: str = "parameter_server", context: dict | None = None, **extra) -> dict:
+    roles = {
+        "parameter_server": {"chief": {"count": 1}, "worker": {"count": 1}, "ps": {"count": 1}},
+        "multi_worker_mirrored": {"worker": {"count": 2}},
+    }[strategy]
+    for role in roles.values():
+        role.update(cpu=200, memory=600)
+    spec = {
+        "name": name,
+        "strategy": strategy,
+        "entrypoint": {"script": "probe.py", "workdir": str(JOBS)},
+        "context": context or {},
+        "roles": roles,
+        "recovery": {"restart_attempts": 0, "reschedule_attempts": 0},
+        "discovery": {"rendezvous_timeout": "2m"},
+    }
+    spec.update(extra)
+    return spec
+
+
+def nomad(path: str, **params):
+    resp = requests.get(f"{os.environ['NOMAD_ADDR']}/v1/{path}", params=params, timeout=10)
+    resp.raise_for_status()
+    return resp.json()
+
+
+def task_log(alloc_id: str, task: str, stream: str = "stdout") -> str:
+    resp = requests.get(
+        f"{os.environ['NOMAD_ADDR']}/v1/client/fs/logs/{alloc_id}",
+        params={"task": task, "type": stream, "plain": "true"},
+        timeout=10,
+    )
+    return resp.text if resp.status_code == 200 else ""
+
+
+def allocations(job_id: str) -> list[dict]:
+    return nomad(f"job/{job_id}/allocations")
+
+
+def all_logs(job_id: str) -> str:
+    text = []
+    for alloc in allocations(job_id):
+        for stream in ("stdout", "stderr"):
+            text.append(task_log(alloc["ID"], alloc["TaskGroup"], stream))
+    return "\n".join(text)
+
+
+def consul_kv_dump(prefix: str = "nomadtf/") -> str:
+    resp = requests.get(f"http://{os.environ['CONSUL_HTTP_ADDR']}/v1/kv/{prefix}", params={"recurse": "true"}, timeout=10)
+    if resp.status_code == 404:
+        return ""
+    import base64
+
+    return "\n".join(f"{i['Key']}={base64.b64decode(i['Value'] or b'').decode(errors='replace')}" for i in resp.json())
+
+
+def purge(job_id: str) -> None:
+    requests.delete(f"{os.environ['NOMAD_ADDR']}/v1/job/{job_id}", params={"purge": "true"}, timeout=10)

@@ -1,0 +1,32 @@
+"""A stand-in for training code in integration tests: shows what nomadtf handed it.
+
+Context keys: "sleep" (seconds, -1 = forever), "raise" (raise an error), "exit" (exit code).
+"""
+
+import hashlib
+import json
+import os
+import sys
+import time
+
+context = json.loads(os.environ["NOMADTF_CONTEXT"])
+print("TF_CONFIG=" + os.environ["TF_CONFIG"], flush=True)
+print(f"role={os.environ['NOMADTF_ROLE']} index={os.environ['NOMADTF_INDEX']} job={os.environ['NOMADTF_JOB_ID']}", flush=True)
+print("context=" + json.dumps(context, sort_keys=True), flush=True)
+print("model_dir=" + os.environ["NOMADTF_MODEL_DIR"], flush=True)
+print("vault_token_visible=" + str("VAULT_TOKEN" in os.environ), flush=True)
+if "PROBE_SECRET" in os.environ:
+    print("secret_env_sha256=" + hashlib.sha256(os.environ["PROBE_SECRET"].encode()).hexdigest(), flush=True)
+secret_file = os.path.join(os.environ.get("NOMAD_SECRETS_DIR", "."), "probe.key")
+if os.path.exists(secret_file):
+    mode = oct(os.stat(secret_file).st_mode & 0o777)
+    digest = hashlib.sha256(open(secret_file).read().encode()).hexdigest()
+    print(f"secret_file_sha256={digest} mode={mode}", flush=True)
+if context.get("raise"):
+    raise ValueError("boom from user code")
+sleep = context.get("sleep", 0)
+if sleep < 0:
+    while True:
+        time.sleep(1)
+time.sleep(sleep)
+sys.exit(context.get("exit", 0))

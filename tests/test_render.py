@@ -1,0 +1,217 @@
+"""job.json -> Nomad job JSON. Golden files pin what every example renders to.
+
+After an intended change to the templates or the schema, rewrite the golden files with
+    NOMADTF_UPDATE_GOLDEN=1 python -m pytest tests/test_render.py
+and review the diff before committing it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from nomadtf import __version__
+from nomadtf.dcos import convert_options
+from nomadtf.errors import RenderError
+from nomadtf.render import default_templates_dir, job_json, render_job
+from nomadtf.spec import load_spec, normalize, read_options, spec_sha256
+from tests.run_cli import EXAMPLES, nomadtf
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+UPDATE_GOLDEN = os.environ.get("NOMADTF_UPDATE_GOLDEN") == "1"
+
+JOB_EXAMPLES = {
+    "digits": EXAMPLES / "digits" / "job.json",
+    "digits-mwms": EXAMPLES / "digits" / "job-mwms.json",
+    "gpu": EXAMPLES / "gpu" / "job.json",
+    "legacy": EXAMPLES / "legacy" / "job.json",
+    "secrets": EXAMPLES / "secrets" / "job.json",
+}
+
+
+def example_spec(name):
+    if name == "dcos":
+        return normalize(convert_options(read_options(EXAMPLES / "dcos" / "options.json")).job)
+    return load_spec(JOB_EXAMPLES[name])
+
+
+def groups(job):
+    return {group["Name"]: group for group in job["Job"]["TaskGroups"]}
+
+
+def task(job, role):
+    return groups(job)[role]["Tasks"][0]
+
+
+@pytest.mark.parametrize("name", [*JOB_EXAMPLES, "dcos"])
+def test_example_renders_as_its_golden_file(name):
+    text = job_json(render_job(example_spec(name)))
+    golden = GOLDEN / f"{name}.json"
+    if UPDATE_GOLDEN:
+        golden.write_text(text)
+    assert golden.exists(), f"{golden} is missing; create it with NOMADTF_UPDATE_GOLDEN=1"
+    assert text == golden.read_text(), f"{name} renders differently from {golden}; if intended, regenerate it"
+
+
+def test_the_cli_prints_the_golden_bytes():
+    result = nomadtf("render", JOB_EXAMPLES["gpu"])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (GOLDEN / "gpu.json").read_text()
+
+
+def test_rendering_twice_is_byte_identical():
+    first, second = (nomadtf("render", JOB_EXAMPLES["secrets"]) for _ in range(2))
+    assert first.returncode == second.returncode == 0
+    assert first.stdout == second.stdout
+    spec = example_spec("digits")
+    assert job_json(render_job(spec)) == job_json(render_job(spec))
+
+
+def test_every_present_role_gets_a_group_with_its_count():
+    job = render_job(example_spec("digits"))
+    assert [(g["Name"], g["Count"]) for g in job["Job"]["TaskGroups"]] == [("chief", 1), ("worker", 2), ("ps", 1)]
+    assert job["Job"]["Type"] == "batch"
+    for role, group in groups(job).items():
+        assert group["Services"][0]["Name"] == f"digits-{role}"
+        assert task(job, role)["Config"]["args"] == ["-m", "nomadtf", "task", "--role", role]
+
+
+def test_template_mode_embeds_consul_template_verbatim():
+    result = nomadtf("render", JOB_EXAMPLES["digits"], "--var", "discovery.reconfigure=template")
+    assert result.returncode == 0, result.stderr
+    job = json.loads(result.stdout)
+    for role in ("chief", "worker", "ps"):
+        template = task(job, role)["Templates"][0]
+        assert template["ChangeMode"] == "signal" and template["ChangeSignal"] == "SIGHUP"
+        text = template["EmbeddedTmpl"]
+        for member in ("chief", "worker", "ps"):
+            assert f'{{{{ range service "digits-{member}" }}}}' in text
+        assert '"address": "{{ .Address }}:{{ .Port }}"' in text
+        assert "{% raw %}" not in text and "{%" not in text
+
+
+def test_template_mode_with_nomad_services_uses_nomad_service():
+    spec = normalize({**read_options(JOB_EXAMPLES["digits"]), "discovery": {"provider": "nomad", "reconfigure": "template"}})
+    job = render_job(spec)
+    assert '{{ range nomadService "digits-ps" }}' in task(job, "chief")["Templates"][0]["EmbeddedTmpl"]
+    assert groups(job)["ps"]["Services"][0]["Provider"] == "nomad"
+
+
+def test_watch_mode_has_no_template():
+    job = render_job(example_spec("digits"))
+    assert all(task(job, role)["Templates"] == [] for role in ("chief", "worker", "ps"))
+
+
+def test_gpu_roles_get_devices_with_constraints():
+    job = render_job(example_spec("gpu"))
+    assert task(job, "worker")["Resources"]["Devices"] == [
+        {
+            "Name": "nvidia/gpu",
+            "Count": 1,
+            "Constraints": [
+                {"LTarget": "${device.model}", "RTarget": "NVIDIA A100-SXM4-40GB", "Operand": "="},
+                {"LTarget": "${device.attr.memory}", "RTarget": "16000 MiB", "Operand": ">="},
+            ],
+        }
+    ]
+    assert task(job, "chief")["Resources"]["Devices"] == [{"Name": "nvidia/gpu", "Count": 1, "Constraints": []}]
+    assert "Devices" not in task(job, "ps")["Resources"]
+
+
+def test_docker_gpu_roles_get_the_gpu_image():
+    job = render_job(example_spec("dcos"))
+    assert task(job, "worker")["Config"]["image"] == "mesosphere/dcos-tensorflow:v1.3-gpu"
+    assert task(job, "ps")["Config"]["image"] == "mesosphere/dcos-tensorflow:v1.3"
+
+
+def test_secrets_give_a_vault_block_and_no_value():
+    spec = example_spec("secrets")
+    job = render_job(spec)
+    for role in ("chief", "worker", "ps"):
+        vault = task(job, role)["Vault"]
+        assert vault["Policies"] == ["nomadtf-digits-read"]
+        # The secret's target env name is set by `nomadtf task` in the child only.
+        assert "DIGITS_API_TOKEN" not in task(job, role)["Env"]
+    text = job_json(job)
+    assert "secret/nomadtf/digits" in text  # the reference travels ...
+    assert not re.search(r'"value"\s*:', text.lower())  # ... and nothing that holds a value
+    assert all("Vault" not in task(render_job(example_spec("digits")), r) for r in ("chief", "worker", "ps"))
+
+
+def test_job_meta_identifies_the_job():
+    spec = example_spec("digits")
+    meta = render_job(spec)["Job"]["Meta"]
+    assert meta["nomadtf.version"] == __version__
+    assert meta["nomadtf.spec_sha256"] == spec_sha256(spec)
+    assert re.fullmatch(r"[0-9a-f]{64}", meta["nomadtf.spec_sha256"])
+    bigger = normalize({**read_options(JOB_EXAMPLES["digits"]), "roles": {**spec["roles"], "worker": {"count": 3}}})
+    assert render_job(bigger)["Job"]["Meta"]["nomadtf.spec_sha256"] != meta["nomadtf.spec_sha256"]
+
+
+def test_tf_config_shows_every_task_and_keeps_the_evaluator_out_of_the_cluster():
+    result = nomadtf("render", JOB_EXAMPLES["digits"], "--tf-config", "--var", "roles.evaluator.count=1")
+    assert result.returncode == 0, result.stderr
+    configs = json.loads(result.stdout)
+    assert sorted(configs) == ["chief[0]", "evaluator[0]", "ps[0]", "worker[0]", "worker[1]"]
+    cluster = configs["chief[0]"]["cluster"]
+    assert sorted(cluster) == ["chief", "ps", "worker"]
+    assert cluster["worker"] == ["<digits-worker[0] address>:<port>", "<digits-worker[1] address>:<port>"]
+    assert configs["evaluator[0]"] == {"cluster": cluster, "task": {"type": "evaluator", "index": 0}}
+    assert configs["worker[1]"]["task"] == {"type": "worker", "index": 1}
+
+
+def test_tf_config_for_mirrored_lists_workers_only():
+    result = nomadtf("render", JOB_EXAMPLES["digits-mwms"], "--tf-config")
+    assert result.returncode == 0, result.stderr
+    configs = json.loads(result.stdout)
+    assert sorted(configs) == ["worker[0]", "worker[1]"]
+    assert list(configs["worker[0]"]["cluster"]) == ["worker"]
+
+
+@pytest.fixture
+def template_copy(tmp_path):
+    copy = tmp_path / "templates"
+    shutil.copytree(default_templates_dir(), copy)
+    return copy
+
+
+def test_templates_option_renders_with_a_users_copy(template_copy):
+    group = template_copy / "group.json.j2"
+    group.write_text(group.read_text().replace('"KillTimeout": {{ "20s" | ns }}', '"KillTimeout": {{ "45s" | ns }}'))
+    result = nomadtf("render", JOB_EXAMPLES["digits"], "--templates", template_copy)
+    assert result.returncode == 0, result.stderr
+    assert task(json.loads(result.stdout), "chief")["KillTimeout"] == 45_000_000_000
+    assert task(render_job(example_spec("digits")), "chief")["KillTimeout"] == 20_000_000_000
+
+
+@pytest.mark.parametrize(
+    "expression",
+    ["{{ spec.job_type | tojson }}", '{{ {"kind": spec.job_type} | tojson }}', '"{{ spec.job_type }}"'],
+    ids=["through tojson", "nested in tojson", "bare"],
+)
+def test_an_undefined_template_value_fails_loudly(template_copy, expression):
+    job_template = template_copy / "job.json.j2"
+    job_template.write_text(job_template.read_text().replace('"batch"', expression))
+    with pytest.raises(RenderError, match="template uses an undefined value: .*job_type"):
+        render_job(example_spec("digits"), template_copy)
+    result = nomadtf("render", JOB_EXAMPLES["digits"], "--templates", template_copy)
+    assert result.returncode == 2
+    assert "template uses an undefined value" in result.stderr and "job_type" in result.stderr
+    assert result.stdout == ""
+
+
+def test_a_template_that_writes_bad_json_names_the_line(template_copy):
+    job_template = template_copy / "job.json.j2"
+    job_template.write_text(job_template.read_text().replace('"Type": "batch",', '"Type": "batch"'))
+    with pytest.raises(RenderError, match=r"templates produced invalid JSON at line \d+: Expecting ',' delimiter"):
+        render_job(example_spec("digits"), template_copy)
+
+
+def test_a_missing_templates_dir_is_a_render_error(tmp_path):
+    with pytest.raises(RenderError, match=f"template '.*' not found in {tmp_path}"):
+        render_job(example_spec("digits"), tmp_path)

@@ -1,0 +1,257 @@
+"""`nomadtf run` and the in-allocation supervisor on the real local stack (raw_exec)."""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import time
+import uuid
+
+import hvac
+import pytest
+import requests
+
+from nomadtf.devstack import stack as stack_mod
+from tests.helpers import (
+    EXAMPLES,
+    all_logs,
+    allocations,
+    consul_kv_dump,
+    nomad,
+    nomadtf,
+    probe_job,
+    purge,
+    task_log,
+    unique,
+    write_job,
+)
+
+pytestmark = pytest.mark.stack
+
+ACCURACY_FLOOR = 0.85  # an untrained 10-class model scores about 0.1
+
+
+def _assert_all_complete(job_id: str) -> None:
+    job = nomad(f"job/{job_id}")
+    assert job["Status"] == "dead", job["Status"]
+    allocs = allocations(job_id)
+    assert allocs and all(a["ClientStatus"] == "complete" for a in allocs), [(a["Name"], a["ClientStatus"]) for a in allocs]
+
+
+def _chief_alloc(job_id: str) -> dict:
+    return [a for a in allocations(job_id) if a["TaskGroup"] == "chief"][-1]
+
+
+@pytest.mark.tf
+def test_parameter_server_example_trains_to_the_end(stack):
+    job_id = unique("digits")
+    started = time.monotonic()
+    out = nomadtf(
+        "run", str(EXAMPLES / "digits" / "job.json"),
+        "--var", f"name={job_id}",
+        "--var", f"entrypoint.workdir={EXAMPLES / 'digits'}",
+        "--timeout", "8m",
+    )
+    wall = time.monotonic() - started
+    try:
+        assert out.returncode == 0, out.stdout + out.stderr
+        accuracy = float(re.search(r"final_accuracy=([0-9.]+)", out.stdout)[1])
+        assert accuracy >= ACCURACY_FLOOR
+        assert "Nomad UI: http://127.0.0.1:4646/ui/jobs/" in out.stderr
+        _assert_all_complete(job_id)
+        chief_out = task_log(_chief_alloc(job_id)["ID"], "chief")
+        losses = [float(x) for x in re.findall(r"loss=([0-9.]+)", chief_out)]
+        assert len(losses) >= 3 and losses[-1] < losses[0], losses
+        chief_err = task_log(_chief_alloc(job_id)["ID"], "chief", "stderr")
+        assert "cluster complete after" in chief_err
+        print(f"\n[measure] PS example: {wall:.1f}s wall, accuracy {accuracy}")
+        # Logs stay readable after the job finished.
+        logs = nomadtf("logs", job_id, "--role", "chief")
+        assert logs.returncode == 0 and "final_accuracy=" in logs.stdout
+        status = nomadtf("status", job_id)
+        assert status.returncode == 0 and "chief" in status.stdout and "complete" in status.stdout
+        listing = nomadtf("status")
+        assert job_id in listing.stdout
+    finally:
+        purge(job_id)
+
+
+@pytest.mark.tf
+def test_multi_worker_mirrored_example_trains_and_completes(stack):
+    job_id = unique("mwms")
+    out = nomadtf(
+        "run", str(EXAMPLES / "digits" / "job-mwms.json"),
+        "--var", f"name={job_id}",
+        "--var", f"entrypoint.workdir={EXAMPLES / 'digits'}",
+        "--var", "context.steps=200",
+        "--timeout", "8m",
+    )
+    try:
+        assert out.returncode == 0, out.stdout + out.stderr
+        _assert_all_complete(job_id)
+        assert float(re.search(r"final_accuracy=([0-9.]+)", all_logs(job_id))[1]) >= ACCURACY_FLOOR
+    finally:
+        purge(job_id)
+
+
+@pytest.mark.tf
+def test_legacy_server_main_gets_the_server_and_context(stack, tmp_path):
+    job_id = unique("legacy")
+    out = nomadtf(
+        "run", str(EXAMPLES / "legacy" / "job.json"),
+        "--var", f"name={job_id}",
+        "--var", f"entrypoint.workdir={EXAMPLES / 'digits'}",
+        "--var", 'context={"team": "vision", "lr": 0.1}',
+        "--timeout", "6m",
+    )
+    try:
+        assert out.returncode == 0, out.stdout + out.stderr
+        logs = all_logs(job_id)
+        assert "cluster_jobs=" in logs and "ps" in re.search(r"cluster_jobs=(\S+)", logs)[1]
+        assert '"team": "vision"' in logs
+        assert "legacy_ok" in logs
+        _assert_all_complete(job_id)
+    finally:
+        purge(job_id)
+
+
+def test_secrets_reach_the_code_and_nowhere_else(stack, tmp_path):
+    value_env = secrets.token_hex(20)
+    value_file = secrets.token_hex(20)
+    path = f"nomadtf-it/{uuid.uuid4().hex[:6]}"
+    client = hvac.Client(url=stack_mod.VAULT_ADDR, token=stack.root_token())
+    client.secrets.kv.v2.create_or_update_secret(path=path, secret={"token": value_env, "key": value_file}, mount_point="secret")
+    client.sys.create_or_update_policy("nomadtf-it-read", 'path "secret/data/nomadtf-it/*" { capabilities = ["read"] }')
+    job_id = unique("secrets")
+    spec = probe_job(
+        job_id,
+        secrets=[
+            {"path": f"secret/{path}", "key": "token", "env": "PROBE_SECRET"},
+            {"path": f"secret/{path}", "key": "key", "file": "probe.key"},
+        ],
+        vault={"policies": ["nomadtf-it-read"], "address": stack_mod.VAULT_ADDR},
+    )
+    out = nomadtf("run", str(write_job(tmp_path, spec)), "--timeout", "4m")
+    try:
+        assert out.returncode == 0, out.stdout + out.stderr
+        import hashlib
+
+        logs = all_logs(job_id)
+        assert "secret_env_sha256=" + hashlib.sha256(value_env.encode()).hexdigest() in logs
+        assert f"secret_file_sha256={hashlib.sha256(value_file.encode()).hexdigest()} mode=0o600" in logs
+        assert "vault_token_visible=False" in logs
+        stored = json.dumps(nomad(f"job/{job_id}"))
+        for value in (value_env, value_file):
+            assert value not in stored
+            assert value not in logs
+            assert value not in out.stdout + out.stderr
+            assert value not in consul_kv_dump()
+    finally:
+        purge(job_id)
+
+
+@pytest.mark.parametrize("mode", ["watch", "template"])
+def test_moving_a_parameter_server_rebuilds_the_chiefs_tf_config(stack, tmp_path, mode):
+    job_id = unique(f"move-{mode}")
+    spec = probe_job(job_id, context={"sleep": -1}, discovery={"reconfigure": mode, "rendezvous_timeout": "2m"})
+    spec["recovery"] = {"restart_attempts": 2, "reschedule_attempts": 2, "reschedule_delay": "5s"}
+    out = nomadtf("run", str(write_job(tmp_path, spec)), "--detach")
+    assert out.returncode == 0, out.stderr
+    try:
+        def chief_configs():
+            allocs = [a for a in allocations(job_id) if a["TaskGroup"] == "chief"]
+            text = task_log(allocs[-1]["ID"], "chief") if allocs else ""
+            return [json.loads(line.split("=", 1)[1]) for line in text.splitlines() if line.startswith("TF_CONFIG=")]
+
+        first = _wait(lambda: chief_configs(), 120, "the chief's first TF_CONFIG")[0]
+        old_ps = first["cluster"]["ps"][0]
+        ps_alloc = [a for a in allocations(job_id) if a["TaskGroup"] == "ps" and a["ClientStatus"] == "running"][0]
+        moved_at = time.monotonic()
+        requests.post(f"{stack_mod.NOMAD_ADDR}/v1/allocation/{ps_alloc['ID']}/stop", timeout=10).raise_for_status()
+        configs = _wait(lambda: [c for c in chief_configs() if c["cluster"]["ps"][0] != old_ps], 120, "a TF_CONFIG with the new ps")
+        elapsed = time.monotonic() - moved_at
+        assert configs[-1]["cluster"]["worker"] == first["cluster"]["worker"]
+        assert configs[-1]["task"] == {"type": "chief", "index": 0}
+        print(f"\n[measure] {mode}: ps moved -> chief TF_CONFIG rebuilt in {elapsed:.1f}s")
+    finally:
+        nomadtf("stop", job_id, "--purge")
+
+
+def _wait(check, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_code_that_raises_fails_the_run_with_its_error(stack, tmp_path):
+    job_id = unique("raises")
+    spec = probe_job(job_id, context={"raise": True})
+    started = time.monotonic()
+    out = nomadtf("run", str(write_job(tmp_path, spec)), "--timeout", "4m")
+    try:
+        assert out.returncode == 1, out.stdout + out.stderr
+        assert "ValueError: boom from user code" in out.stderr
+        assert time.monotonic() - started < 200
+    finally:
+        purge(job_id)
+
+
+def test_a_job_that_cannot_be_placed_fails_fast_with_the_reason(stack, tmp_path):
+    job_id = unique("toobig")
+    spec = probe_job(job_id)
+    spec["roles"]["worker"]["memory"] = 10_000_000
+    started = time.monotonic()
+    out = nomadtf("run", str(write_job(tmp_path, spec)), "--timeout", "2m")
+    try:
+        assert out.returncode == 1, out.stdout + out.stderr
+        assert "cannot be placed" in out.stderr and "memory" in out.stderr
+        assert time.monotonic() - started < 60
+    finally:
+        purge(job_id)
+
+
+def test_detach_returns_at_once_and_stop_stops_only_that_job(stack, tmp_path):
+    job_id = unique("detach")
+    other = unique("other")
+    for name in (job_id, other):
+        spec = probe_job(name, context={"sleep": -1})
+        started = time.monotonic()
+        out = nomadtf("run", str(write_job(tmp_path, spec)), "--detach")
+        assert out.returncode == 0, out.stderr
+        assert time.monotonic() - started < 15
+        assert f"nomadtf status {name}" in out.stdout
+    try:
+        stopped = nomadtf("stop", job_id)
+        assert stopped.returncode == 0, stopped.stderr
+        assert nomad(f"job/{job_id}")["Stop"] is True
+        assert nomad(f"job/{other}")["Stop"] is False
+    finally:
+        purge(job_id)
+        purge(other)
+
+
+def test_stop_refuses_a_job_nomadtf_did_not_start(stack):
+    job_id = unique("foreign")
+    job = {"Job": {"ID": job_id, "Name": job_id, "Type": "batch", "Datacenters": ["*"], "TaskGroups": [
+        {"Name": "g", "Tasks": [{"Name": "t", "Driver": "raw_exec", "Config": {"command": "/bin/sleep", "args": ["60"]}}]}]}}
+    requests.post(f"{stack_mod.NOMAD_ADDR}/v1/jobs", json=job, timeout=10).raise_for_status()
+    try:
+        out = nomadtf("stop", job_id)
+        assert out.returncode == 1 and "not started by nomadtf" in out.stderr
+        assert nomad(f"job/{job_id}")["Stop"] is False
+    finally:
+        purge(job_id)
+
+
+def test_unreachable_nomad_is_one_clear_line(tmp_path):
+    spec = probe_job(unique("nowhere"))
+    out = nomadtf("run", str(write_job(tmp_path, spec)), env={"NOMAD_ADDR": "http://127.0.0.1:1"})
+    assert out.returncode == 1
+    assert "cannot reach Nomad at http://127.0.0.1:1" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
