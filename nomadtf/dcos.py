@@ -81,7 +81,8 @@ def convert_options(options: dict[str, Any]) -> Conversion:
     else:
         notes.append(
             "service.shared_filesystem is empty; DC/OS gave each task a persistent volume as log_dir. "
-            "nomadtf's default model_dir is on each node's disk: set model_dir to a filesystem all tasks share"
+            "nomadtf's default model_dir is on each node's disk: "
+            "set model_dir to a filesystem all tasks share"
         )
     driver = _driver(service, notes)
     if driver:
@@ -91,7 +92,11 @@ def convert_options(options: dict[str, Any]) -> Conversion:
 
     for name in SECTIONS:
         notes.extend(f"{name}.{key}; nomadtf has no equivalent" for key in sections[name].unseen())
-    notes.extend(f"{key} (the whole section); nomadtf's converter does not know it" for key in options if key not in SECTIONS)
+    notes.extend(
+        f"{key} (the whole section); nomadtf's converter does not know it"
+        for key in options
+        if key not in SECTIONS
+    )
     return Conversion(job, notes)
 
 
@@ -104,7 +109,9 @@ def _job_name(service: _Section, notes: list[str]) -> str:
     if not name:
         raise SpecError(f"service.name: {given!r} has no letters or digits to build a job name from")
     if name != given:
-        notes.append(f"service.name {given!r} as written; the Nomad job is {name!r} (job IDs must be DNS-safe)")
+        notes.append(
+            f"service.name {given!r} as written; the Nomad job is {name!r} (job IDs must be DNS-safe)"
+        )
     return name
 
 
@@ -151,7 +158,9 @@ def _context(service: _Section) -> dict[str, Any]:
     if isinstance(raw, dict):
         return raw
     if not isinstance(raw, str):
-        raise SpecError(f"service.job_context: must be a string holding a JSON object, got {type(raw).__name__}")
+        raise SpecError(
+            f"service.job_context: must be a string holding a JSON object, got {type(raw).__name__}"
+        )
     try:
         context = json.loads(raw)
     except json.JSONDecodeError as exc:
@@ -194,7 +203,10 @@ def _roles(sections: dict[str, _Section], service: _Section, notes: list[str]) -
         roles["tensorboard"] = {"count": 1, **_resources(board)}
         port = board.get("port")
         if port:
-            notes.append(f"tensorboard.port {port}; nomadtf gives TensorBoard a dynamic port (set roles.tensorboard.port to pin it)")
+            notes.append(
+                f"tensorboard.port {port}; nomadtf gives TensorBoard a dynamic port "
+                f"(set roles.tensorboard.port to pin it)"
+            )
     elif board.data:
         board.seen.update(board.data)
         notes.append("tensorboard (the whole section); service.use_tensorboard is not true")
@@ -225,7 +237,9 @@ def _role(section: _Section, role: str, notes: list[str]) -> dict[str, Any] | No
         )
     disk, disk_type = section.get("disk"), section.get("disk_type")
     if disk or disk_type:
-        what = " ".join(filter(None, [f"disk {disk} MB" if disk else "", f"disk_type {disk_type}" if disk_type else ""]))
+        what = " ".join(
+            filter(None, [f"disk {disk} MB" if disk else "", f"disk_type {disk_type}" if disk_type else ""])
+        )
         notes.append(
             f"{section.name} {what}; nomadtf reserves no disk per task "
             f"(Nomad's default ephemeral disk, {NOMAD_EPHEMERAL_DISK_MB} MB per group, applies)"
@@ -329,11 +343,15 @@ def _service_leftovers(service: _Section, notes: list[str]) -> None:
     user = service.get("user")
     if user:
         notes.append(
-            f"service.user {user!r}; tasks run as the Nomad client's user (raw_exec) or the image's user (docker)"
+            f"service.user {user!r}; tasks run as the Nomad client's user (raw_exec) "
+            f"or the image's user (docker)"
         )
     if service.get("virtual_network"):
         notes.append("service.virtual_network; nomadtf tasks use host networking with dynamic ports")
     if service.get("security"):
-        notes.append("service.security (Kerberos); deliver the keytab as a `secrets` file entry and configure Kerberos in the image")
+        notes.append(
+            "service.security (Kerberos); deliver the keytab as a `secrets` file entry "
+            "and configure Kerberos in the image"
+        )
     if service.get("hdfs"):
         notes.append("service.hdfs; put the HDFS client configuration into the image or the task's env")

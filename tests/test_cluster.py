@@ -75,7 +75,10 @@ def test_evaluator_gets_its_task_but_is_not_in_the_cluster(strategy, counts):
     cluster = build_cluster_spec(strategy, counts, members(**counts))
     assert "evaluator" not in cluster
     assert "10.0.3.10:2222" not in json.dumps(cluster)
-    assert build_tf_config(cluster, "evaluator", 0) == {"cluster": cluster, "task": {"type": "evaluator", "index": 0}}
+    assert build_tf_config(cluster, "evaluator", 0) == {
+        "cluster": cluster,
+        "task": {"type": "evaluator", "index": 0},
+    }
 
 
 def test_a_missing_evaluator_does_not_hold_up_the_training_cluster():
@@ -87,7 +90,9 @@ def test_a_missing_evaluator_does_not_hold_up_the_training_cluster():
 
 def test_missing_members_lists_who_is_not_there_in_role_order():
     counts = {"chief": 1, "worker": 3, "ps": 2, "evaluator": 1, "tensorboard": 1}
-    present = [m for m in members(chief=1, worker=3, ps=2) if (m.role, m.index) not in {("worker", 1), ("ps", 0)}]
+    present = [
+        m for m in members(chief=1, worker=3, ps=2) if (m.role, m.index) not in {("worker", 1), ("ps", 0)}
+    ]
     assert missing_members(counts, present) == ["worker[1]", "ps[0]", "evaluator[0]"]
     assert missing_members(counts, members(chief=1, worker=3, ps=2, evaluator=1)) == []
 
@@ -113,7 +118,10 @@ def test_all_tf_configs_uses_placeholder_addresses():
 
 def test_tf_config_json_is_compact_and_stable():
     config = build_tf_config({"worker": ["a:1"], "chief": ["b:2"]}, "worker", 0)
-    assert tf_config_json(config) == '{"cluster":{"chief":["b:2"],"worker":["a:1"]},"task":{"index":0,"type":"worker"}}'
+    assert (
+        tf_config_json(config)
+        == '{"cluster":{"chief":["b:2"],"worker":["a:1"]},"task":{"index":0,"type":"worker"}}'
+    )
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ from nomadtf.dcos import convert_options
 from nomadtf.errors import RenderError
 from nomadtf.render import default_templates_dir, job_json, render_job
 from nomadtf.spec import load_spec, normalize, read_options, spec_sha256
-from tests.run_cli import EXAMPLES, nomadtf
+from tests.helpers import EXAMPLES, nomadtf
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPDATE_GOLDEN = os.environ.get("NOMADTF_UPDATE_GOLDEN") == "1"
@@ -59,13 +59,13 @@ def test_example_renders_as_its_golden_file(name):
 
 
 def test_the_cli_prints_the_golden_bytes():
-    result = nomadtf("render", JOB_EXAMPLES["gpu"])
+    result = nomadtf("render", str(JOB_EXAMPLES["gpu"]))
     assert result.returncode == 0, result.stderr
     assert result.stdout == (GOLDEN / "gpu.json").read_text()
 
 
 def test_rendering_twice_is_byte_identical():
-    first, second = (nomadtf("render", JOB_EXAMPLES["secrets"]) for _ in range(2))
+    first, second = (nomadtf("render", str(JOB_EXAMPLES["secrets"])) for _ in range(2))
     assert first.returncode == second.returncode == 0
     assert first.stdout == second.stdout
     spec = example_spec("digits")
@@ -74,7 +74,11 @@ def test_rendering_twice_is_byte_identical():
 
 def test_every_present_role_gets_a_group_with_its_count():
     job = render_job(example_spec("digits"))
-    assert [(g["Name"], g["Count"]) for g in job["Job"]["TaskGroups"]] == [("chief", 1), ("worker", 2), ("ps", 1)]
+    assert [(g["Name"], g["Count"]) for g in job["Job"]["TaskGroups"]] == [
+        ("chief", 1),
+        ("worker", 2),
+        ("ps", 1),
+    ]
     assert job["Job"]["Type"] == "batch"
     for role, group in groups(job).items():
         assert group["Services"][0]["Name"] == f"digits-{role}"
@@ -82,7 +86,7 @@ def test_every_present_role_gets_a_group_with_its_count():
 
 
 def test_template_mode_embeds_consul_template_verbatim():
-    result = nomadtf("render", JOB_EXAMPLES["digits"], "--var", "discovery.reconfigure=template")
+    result = nomadtf("render", str(JOB_EXAMPLES["digits"]), "--var", "discovery.reconfigure=template")
     assert result.returncode == 0, result.stderr
     job = json.loads(result.stdout)
     for role in ("chief", "worker", "ps"):
@@ -96,7 +100,12 @@ def test_template_mode_embeds_consul_template_verbatim():
 
 
 def test_template_mode_with_nomad_services_uses_nomad_service():
-    spec = normalize({**read_options(JOB_EXAMPLES["digits"]), "discovery": {"provider": "nomad", "reconfigure": "template"}})
+    spec = normalize(
+        {
+            **read_options(JOB_EXAMPLES["digits"]),
+            "discovery": {"provider": "nomad", "reconfigure": "template"},
+        }
+    )
     job = render_job(spec)
     assert '{{ range nomadService "digits-ps" }}' in task(job, "chief")["Templates"][0]["EmbeddedTmpl"]
     assert groups(job)["ps"]["Services"][0]["Provider"] == "nomad"
@@ -119,7 +128,9 @@ def test_gpu_roles_get_devices_with_constraints():
             ],
         }
     ]
-    assert task(job, "chief")["Resources"]["Devices"] == [{"Name": "nvidia/gpu", "Count": 1, "Constraints": []}]
+    assert task(job, "chief")["Resources"]["Devices"] == [
+        {"Name": "nvidia/gpu", "Count": 1, "Constraints": []}
+    ]
     assert "Devices" not in task(job, "ps")["Resources"]
 
 
@@ -149,12 +160,14 @@ def test_job_meta_identifies_the_job():
     assert meta["nomadtf.version"] == __version__
     assert meta["nomadtf.spec_sha256"] == spec_sha256(spec)
     assert re.fullmatch(r"[0-9a-f]{64}", meta["nomadtf.spec_sha256"])
-    bigger = normalize({**read_options(JOB_EXAMPLES["digits"]), "roles": {**spec["roles"], "worker": {"count": 3}}})
+    bigger = normalize(
+        {**read_options(JOB_EXAMPLES["digits"]), "roles": {**spec["roles"], "worker": {"count": 3}}}
+    )
     assert render_job(bigger)["Job"]["Meta"]["nomadtf.spec_sha256"] != meta["nomadtf.spec_sha256"]
 
 
 def test_tf_config_shows_every_task_and_keeps_the_evaluator_out_of_the_cluster():
-    result = nomadtf("render", JOB_EXAMPLES["digits"], "--tf-config", "--var", "roles.evaluator.count=1")
+    result = nomadtf("render", str(JOB_EXAMPLES["digits"]), "--tf-config", "--var", "roles.evaluator.count=1")
     assert result.returncode == 0, result.stderr
     configs = json.loads(result.stdout)
     assert sorted(configs) == ["chief[0]", "evaluator[0]", "ps[0]", "worker[0]", "worker[1]"]
@@ -166,7 +179,7 @@ def test_tf_config_shows_every_task_and_keeps_the_evaluator_out_of_the_cluster()
 
 
 def test_tf_config_for_mirrored_lists_workers_only():
-    result = nomadtf("render", JOB_EXAMPLES["digits-mwms"], "--tf-config")
+    result = nomadtf("render", str(JOB_EXAMPLES["digits-mwms"]), "--tf-config")
     assert result.returncode == 0, result.stderr
     configs = json.loads(result.stdout)
     assert sorted(configs) == ["worker[0]", "worker[1]"]
@@ -182,8 +195,10 @@ def template_copy(tmp_path):
 
 def test_templates_option_renders_with_a_users_copy(template_copy):
     group = template_copy / "group.json.j2"
-    group.write_text(group.read_text().replace('"KillTimeout": {{ "20s" | ns }}', '"KillTimeout": {{ "45s" | ns }}'))
-    result = nomadtf("render", JOB_EXAMPLES["digits"], "--templates", template_copy)
+    group.write_text(
+        group.read_text().replace('"KillTimeout": {{ "20s" | ns }}', '"KillTimeout": {{ "45s" | ns }}')
+    )
+    result = nomadtf("render", str(JOB_EXAMPLES["digits"]), "--templates", str(template_copy))
     assert result.returncode == 0, result.stderr
     assert task(json.loads(result.stdout), "chief")["KillTimeout"] == 45_000_000_000
     assert task(render_job(example_spec("digits")), "chief")["KillTimeout"] == 20_000_000_000
@@ -199,7 +214,7 @@ def test_an_undefined_template_value_fails_loudly(template_copy, expression):
     job_template.write_text(job_template.read_text().replace('"batch"', expression))
     with pytest.raises(RenderError, match="template uses an undefined value: .*job_type"):
         render_job(example_spec("digits"), template_copy)
-    result = nomadtf("render", JOB_EXAMPLES["digits"], "--templates", template_copy)
+    result = nomadtf("render", str(JOB_EXAMPLES["digits"]), "--templates", str(template_copy))
     assert result.returncode == 2
     assert "template uses an undefined value" in result.stderr and "job_type" in result.stderr
     assert result.stdout == ""
@@ -208,7 +223,9 @@ def test_an_undefined_template_value_fails_loudly(template_copy, expression):
 def test_a_template_that_writes_bad_json_names_the_line(template_copy):
     job_template = template_copy / "job.json.j2"
     job_template.write_text(job_template.read_text().replace('"Type": "batch",', '"Type": "batch"'))
-    with pytest.raises(RenderError, match=r"templates produced invalid JSON at line \d+: Expecting ',' delimiter"):
+    with pytest.raises(
+        RenderError, match=r"templates produced invalid JSON at line \d+: Expecting ',' delimiter"
+    ):
         render_job(example_spec("digits"), template_copy)
 
 

@@ -5,20 +5,16 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
 
 from nomadtf.errors import SpecError
 from nomadtf.spec import apply_overrides, load_spec, normalize, read_options, schema
-from tests.run_cli import EXAMPLES, nomadtf
+from tests.helpers import EXAMPLES, nomadtf, write_job
 
-DIGITS = read_options(EXAMPLES / "digits" / "job.json")
-
-
-def write_job(tmp_path, data, name="job.json"):
-    path = tmp_path / name
-    path.write_text(json.dumps(data))
-    return path
+DIGITS_FILE = str(EXAMPLES / "digits" / "job.json")
+DIGITS = read_options(Path(DIGITS_FILE))
 
 
 def edited(change):
@@ -39,7 +35,7 @@ def set_in(path, value):
 
 
 def render_fails(tmp_path, data):
-    result = nomadtf("render", write_job(tmp_path, data))
+    result = nomadtf("render", str(write_job(tmp_path, data)))
     assert result.returncode == 2, result.stderr
     assert result.stdout == ""
     return result.stderr
@@ -178,7 +174,7 @@ def test_cross_field_problems_are_reported_together(tmp_path):
 def test_a_file_that_is_not_json_exits_2(tmp_path):
     path = tmp_path / "job.json"
     path.write_text('{"name": "digits",')
-    result = nomadtf("render", path)
+    result = nomadtf("render", str(path))
     assert result.returncode == 2
     assert f"{path}: not valid JSON" in result.stderr
 
@@ -201,7 +197,7 @@ def task_spec(job, role):
 def test_var_overrides_reach_the_rendered_job():
     result = nomadtf(
         "render",
-        EXAMPLES / "digits" / "job.json",
+        DIGITS_FILE,
         "--var", "roles.worker.count=5",
         "--var", "context.learning_rate=0.05",
         "--var", "context.schedule.warmup_steps=100",
@@ -224,7 +220,7 @@ def test_var_overrides_reach_the_rendered_job():
 
 
 def test_an_override_that_breaks_the_spec_is_reported_like_the_file(tmp_path):
-    result = nomadtf("render", EXAMPLES / "digits" / "job.json", "--var", "roles.workr.count=2")
+    result = nomadtf("render", DIGITS_FILE, "--var", "roles.workr.count=2")
     assert result.returncode == 2
     assert "roles.workr: unknown key 'workr'; did you mean 'worker'?" in result.stderr
 
@@ -237,7 +233,7 @@ def test_an_override_that_breaks_the_spec_is_reported_like_the_file(tmp_path):
     ],
 )
 def test_malformed_overrides_exit_2(override, message):
-    result = nomadtf("render", EXAMPLES / "digits" / "job.json", "--var", override)
+    result = nomadtf("render", DIGITS_FILE, "--var", override)
     assert result.returncode == 2
     assert message in result.stderr
 
@@ -251,15 +247,27 @@ def test_overrides_leave_the_input_alone():
 
 
 def test_normalize_fills_every_default():
-    spec = normalize({"name": "tiny", "entrypoint": {"script": "t.py"}, "roles": {"worker": {}, "ps": {}, "chief": {}}})
+    spec = normalize(
+        {"name": "tiny", "entrypoint": {"script": "t.py"}, "roles": {"worker": {}, "ps": {}, "chief": {}}}
+    )
     assert spec["strategy"] == "parameter_server"
     assert spec["roles"]["worker"] == {
-        "count": 1, "cpu": 500, "memory": 1024, "gpus": 0, "port": 0, "constraints": [], "affinities": [], "env": {},
-    }  # fmt: skip
+        "count": 1,
+        "cpu": 500,
+        "memory": 1024,
+        "gpus": 0,
+        "port": 0,
+        "constraints": [],
+        "affinities": [],
+        "env": {},
+    }
     assert spec["recovery"]["restart_delay"] == "2s"
     assert spec["discovery"] == {
-        "provider": "consul", "reconfigure": "watch", "rendezvous_timeout": "5m", "consul_address": "127.0.0.1:8500",
-    }  # fmt: skip
+        "provider": "consul",
+        "reconfigure": "watch",
+        "rendezvous_timeout": "5m",
+        "consul_address": "127.0.0.1:8500",
+    }
     assert spec["entrypoint"] == {"script": "t.py", "args": [], "pythonpath": []}
 
 

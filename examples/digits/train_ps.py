@@ -10,6 +10,7 @@ Keras 3 cannot `fit` under ParameterServerStrategy, hence the custom loop.
 
 import json
 import os
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -23,6 +24,9 @@ DEFAULTS = {
     "momentum": 0.9,
     "log_every": 50,
     "checkpoint_every": 50,
+    # Fault injection for recovery demos and tests: at this step, once per model_dir,
+    # stop making progress forever (a "hung" training). 0 = never.
+    "hang_once_at_step": 0,
 }
 
 try:  # nomadtf's progress channel is optional: the script must also run on its own.
@@ -31,6 +35,15 @@ except ImportError:
 
     def report(**_metrics):
         pass
+
+
+def hang_once(marker):
+    if os.path.exists(marker):
+        return
+    open(marker, "w").close()
+    print("fault injection: hanging now", flush=True)
+    while True:
+        time.sleep(60)
 
 
 def load_data():
@@ -128,6 +141,8 @@ def main():
             report(step=done, loss=loss_value)
         if at_checkpoint:
             manager.save(checkpoint_number=done, options=io_options)
+        if done == params["hang_once_at_step"]:
+            hang_once(os.path.join(model_dir, "hung-once"))
 
     logits = model(x_test)
     accuracy = float(np.mean(np.argmax(logits.numpy(), axis=1) == y_test))

@@ -250,6 +250,17 @@ class DevStack:
         data = {"components": [c.__dict__ for c in comps]}
         _write_private(self.record_path, json.dumps(data, indent=2))
 
+    def restart_consul(self, progress: Progress, timeout: float = 60.0) -> None:
+        """Stop and start the Consul agent alone (a -dev agent forgets its catalog and KV:
+        fault-injection tests use this to prove watches and claims survive it)."""
+        comps = self.components()
+        consul_comp = next(c for c in comps if c.name == "consul")
+        _terminate(consul_comp.pid, 10.0)
+        restarted = self._start_consul(Path(consul_comp.binary))
+        self._record([restarted if c.name == "consul" else c for c in comps])
+        wait_for(lambda: _consul_leader(), timeout, "consul", restarted.log)
+        progress(f"consul restarted (pid {restarted.pid})")
+
     # ---- down ------------------------------------------------------------------------
 
     def down(self, progress: Progress, grace: float = 15.0) -> None:
