@@ -122,6 +122,22 @@ def completes_job(strategy: str, role: str, index: int, counts: dict[str, int]) 
     return strategy != "parameter_server" and role == "worker" and index == 0
 
 
+class Settled:
+    """A change counts once it has held for `hold_s` (consul-template's debounce): a
+    registration that flaps, or peers seen in a different order, causes no restart."""
+
+    def __init__(self, hold_s: float):
+        self.hold_s = hold_s
+        self.value: str | None = None
+        self.since = 0.0
+
+    def observe(self, value: str, now: float) -> bool:
+        if value != self.value:
+            self.value, self.since = value, now
+            return False
+        return now - self.since >= self.hold_s
+
+
 # ---- the health endpoint ---------------------------------------------------------------------
 
 
@@ -418,7 +434,7 @@ class Supervisor:
 
     def _supervise(self) -> int:
         done_since: float | None = None
-        pending: tuple[str, float] | None = None  # (fingerprint, first seen)
+        settled = Settled(DEBOUNCE_S)
         while True:
             self._wait_event(timeout=1.0)
             if self.stop_signal:
@@ -448,7 +464,7 @@ class Supervisor:
             if self._hung():
                 self._recover(f"no training step for {self.hang_timeout:.0f}s (hang)")
                 continue
-            pending = self._reconfigure(pending)
+            self._reconfigure(settled)
 
     def _job_state(self) -> str | None:
         try:
@@ -456,24 +472,22 @@ class Supervisor:
         except ServerError:
             return None
 
-    def _reconfigure(self, pending: tuple[str, float] | None) -> tuple[str, float] | None:
+    def _reconfigure(self, settled: Settled) -> None:
         """Act on a real, settled change of the complete cluster; ignore everything else."""
         assert self.child is not None
         try:
             self._ensure_slot()
             members = self._members()
             if cluster.missing_members(self.counts, members):
-                return None  # a peer is away; act once it is back (and only if it changed)
+                return  # a peer is away; act once it is back (and only if it changed)
             current = fingerprint(members)
             generation, _ = self.discovery.generation()
         except ServerError as exc:
             log.warning("catalog unavailable (%s); keeping the current cluster", exc)
-            return pending
+            return
         if generation.get("fingerprint") != current:
-            if pending is None or pending[0] != current:
-                return (current, time.monotonic())
-            if time.monotonic() - pending[1] < DEBOUNCE_S:
-                return pending
+            if not settled.observe(current, time.monotonic()):
+                return
             generation = self.discovery.bump_generation(current)
             log.info("cluster changed: generation %d: %s", generation["generation"], _describe(members))
         if generation.get("generation", 0) != self.child.generation and generation.get("fingerprint") == current:
@@ -482,7 +496,6 @@ class Supervisor:
             else:
                 self.child.generation = generation["generation"]
                 self.child.members = members
-        return None
 
     def _on_child_exit(self, code: int, state: str | None) -> int | None:
         """Return the task's exit code, or None when the child was restarted."""
