@@ -6,17 +6,8 @@ from __future__ import annotations
 
 import os
 import sys
-import time
-from pathlib import Path
-
 import pytest
-import requests
-
 from nomadtf.devstack.stack import DevStack
-
-REPO = Path(__file__).resolve().parent.parent
-EXAMPLES = REPO / "examples"
-
 
 def _progress(message: str) -> None:
     sys.stderr.write(f"[stack] {message}\n")
@@ -36,31 +27,3 @@ def stack():
             os.environ[key] = value
     if started and not os.environ.get("NOMADTF_KEEP_STACK"):
         dev.down(progress=_progress)
-
-
-def wait_until(check, timeout: float, interval: float = 0.5, what: str = "condition"):
-    """Poll `check` until it returns a truthy value (tests only; the product uses blocking queries)."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
-
-
-def nomad_get(path: str, **params):
-    resp = requests.get(f"{os.environ['NOMAD_ADDR']}/v1/{path}", params=params, timeout=10)
-    resp.raise_for_status()
-    return resp.json()
-
-
-def run_raw_job(job: dict) -> str:
-    resp = requests.post(f"{os.environ['NOMAD_ADDR']}/v1/jobs", json=job, timeout=10)
-    resp.raise_for_status()
-    return resp.json()["EvalID"]
-
-
-def purge_job(job_id: str) -> None:
-    requests.delete(f"{os.environ['NOMAD_ADDR']}/v1/job/{job_id}", params={"purge": "true"}, timeout=10)

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -92,3 +93,22 @@ def consul_kv_dump(prefix: str = "nomadtf/") -> str:
 
 def purge(job_id: str) -> None:
     requests.delete(f"{os.environ['NOMAD_ADDR']}/v1/job/{job_id}", params={"purge": "true"}, timeout=10)
+
+
+def wait_until(check, timeout: float, what: str = "condition", interval: float = 0.3):
+    """Poll `check` until it returns something truthy (tests only; nomadtf itself blocks)."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
+
+
+def submit_raw(job: dict) -> str:
+    """POST /v1/jobs with a hand-written job (tests of the stack itself)."""
+    resp = requests.post(f"{os.environ['NOMAD_ADDR']}/v1/jobs", json=job, timeout=10)
+    resp.raise_for_status()
+    return resp.json()["EvalID"]

@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from nomadtf.devstack import stack as stack_mod
-from tests.conftest import nomad_get, purge_job, run_raw_job, wait_until
+from tests.helpers import nomad, purge, submit_raw, wait_until
 
 pytestmark = pytest.mark.stack
 
@@ -45,11 +45,11 @@ def _batch_job(job_id: str, task: dict, services: list | None = None) -> dict:
 
 def _wait_complete(job_id: str, timeout: float = 60) -> dict:
     def done():
-        allocs = nomad_get(f"job/{job_id}/allocations")
+        allocs = nomad(f"job/{job_id}/allocations")
         finished = [a for a in allocs if a["ClientStatus"] in ("complete", "failed", "lost")]
         return finished[0] if finished else None
 
-    return wait_until(done, timeout, what=f"job {job_id} to finish")
+    return wait_until(done, timeout, f"job {job_id} to finish")
 
 
 def test_raw_exec_job_runs_and_its_service_is_in_consul(stack):
@@ -60,20 +60,20 @@ def test_raw_exec_job_runs_and_its_service_is_in_consul(stack):
         {"Config": {"command": "/bin/sh", "args": ["-c", "sleep 6; echo finished"]}},
         services=[{"Name": service, "PortLabel": "http", "Provider": "consul", "Tags": ["nomadtf-test"]}],
     )
-    run_raw_job(job)
+    submit_raw(job)
     try:
         def registered():
             resp = requests.get(f"http://{stack_mod.CONSUL_ADDR}/v1/catalog/service/{service}", timeout=5)
             return resp.json()
 
-        entries = wait_until(registered, 30, what=f"{service} in the Consul catalog")
+        entries = wait_until(registered, 30, f"{service} in the Consul catalog")
         assert entries[0]["ServiceTags"] == ["nomadtf-test"]
         assert entries[0]["ServicePort"] > 0
         alloc = _wait_complete(job_id)
         assert alloc["ClientStatus"] == "complete", alloc["TaskStates"]
         assert alloc["TaskStates"]["main"]["Events"][-1]["ExitCode"] == 0
     finally:
-        purge_job(job_id)
+        purge(job_id)
 
 
 def test_vault_block_gives_the_task_a_working_token(stack):
@@ -98,7 +98,7 @@ def test_vault_block_gives_the_task_a_working_token(stack):
             "Vault": {"Policies": ["nomadtf-test-read"], "Env": True, "ChangeMode": "noop"},
         },
     )
-    run_raw_job(job)
+    submit_raw(job)
     try:
         alloc = _wait_complete(job_id)
         logs = requests.get(
@@ -108,11 +108,11 @@ def test_vault_block_gives_the_task_a_working_token(stack):
         ).text
         assert alloc["ClientStatus"] == "complete", (alloc["TaskStates"], logs)
         assert f"digest={hashlib.sha256(value.encode()).hexdigest()}" in logs
-        stored = json.dumps(nomad_get(f"job/{job_id}"))
+        stored = json.dumps(nomad(f"job/{job_id}"))
         assert value not in stored
         assert value not in logs
     finally:
-        purge_job(job_id)
+        purge(job_id)
 
 
 def test_nomad_serves_its_real_web_ui(stack):

@@ -20,7 +20,7 @@ import pytest
 
 from nomadtf.nomad import NomadAPI
 from nomadtf.supervise import Follower
-from tests.helpers import EXAMPLES, JOBS, allocations, nomadtf, purge, task_log, unique, write_job
+from tests.helpers import EXAMPLES, JOBS, allocations, nomadtf, purge, task_log, unique, wait_until, write_job
 
 pytestmark = [pytest.mark.stack, pytest.mark.tf]
 
@@ -79,14 +79,6 @@ def _step(job_id: str) -> int:
     return max(steps) if steps else 0
 
 
-def _wait(check, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 class Run:
@@ -100,7 +92,7 @@ class Run:
         self.eval_id = re.search(r"evaluation ([0-9a-f]{8})", out.stderr)[1]
 
     def wait_for_step(self, step: int, timeout: float = 240) -> int:
-        return _wait(lambda: _step(self.job_id) >= step and _step(self.job_id), timeout, f"training step {step}")
+        return wait_until(lambda: _step(self.job_id) >= step and _step(self.job_id), timeout, f"training step {step}")
 
     def finish(self, timeout: float = 420) -> str:
         api = NomadAPI.from_env()
@@ -141,7 +133,7 @@ def test_worker_killed_is_replaced_alone(job):
     procs, restarts = _processes(run.job_id), _restarts(run.job_id)
     os.kill(procs[("child", "worker", 0)], signal.SIGKILL)
     killed_at = time.monotonic()
-    _wait(lambda: _processes(run.job_id).get(("child", "worker", 0)) not in (None, procs[("child", "worker", 0)]), 60, "worker 0 back")
+    wait_until(lambda: _processes(run.job_id).get(("child", "worker", 0)) not in (None, procs[("child", "worker", 0)]), 60, "worker 0 back")
     print(f"\n[measure] worker kill -> worker TF server back in {time.monotonic() - killed_at:.1f}s")
     run.wait_for_step(_step(run.job_id) + 100)
     _unchanged(procs, _processes(run.job_id), [("child", "chief", 0), ("child", "ps", 0), ("child", "worker", 1), ("task", "worker", 0)])
@@ -155,7 +147,7 @@ def test_worker_rescheduled_on_a_new_port_rejoins_through_the_chief(job):
     procs = _processes(run.job_id)
     worker = [a for a in allocations(run.job_id) if a["Name"].endswith("worker[1]") and a["ClientStatus"] == "running"][0]
     NomadAPI.from_env().stop_allocation(worker["ID"])
-    _wait(lambda: _resumed_from(_chief_stdout(run.job_id)), 120, "the chief to rebuild its TF_CONFIG and resume")
+    wait_until(lambda: _resumed_from(_chief_stdout(run.job_id)), 120, "the chief to rebuild its TF_CONFIG and resume")
     _unchanged(procs, _processes(run.job_id), [("child", "ps", 0), ("child", "worker", 0), ("task", "chief", 0)])
     resumed = _resumed_from(run.finish())
     assert resumed and resumed[-1] >= 250, resumed
@@ -166,7 +158,7 @@ def test_parameter_server_killed_brings_back_ps_and_chief_from_checkpoint(job):
     run.wait_for_step(300)
     procs = _processes(run.job_id)
     os.kill(procs[("child", "ps", 0)], signal.SIGKILL)
-    _wait(lambda: _processes(run.job_id).get(("child", "worker", 1)), 5, "workers still there")
+    wait_until(lambda: _processes(run.job_id).get(("child", "worker", 1)), 5, "workers still there")
     now = _processes(run.job_id)
     _unchanged(procs, now, [("child", "worker", 0), ("child", "worker", 1), ("task", "ps", 0), ("task", "chief", 0)])
     stdout = run.finish()
@@ -179,7 +171,7 @@ def test_chief_killed_resumes_from_its_checkpoint(job):
     run.wait_for_step(300)
     procs, restarts = _processes(run.job_id), _restarts(run.job_id)
     os.kill(procs[("child", "chief", 0)], signal.SIGKILL)
-    _wait(lambda: _processes(run.job_id).get(("child", "chief", 0)) not in (None, procs[("child", "chief", 0)]), 60, "chief back")
+    wait_until(lambda: _processes(run.job_id).get(("child", "chief", 0)) not in (None, procs[("child", "chief", 0)]), 60, "chief back")
     now = _processes(run.job_id)
     _unchanged(procs, now, [("child", "ps", 0), ("child", "worker", 0), ("child", "worker", 1)])
     _unchanged(restarts, _restarts(run.job_id), list(restarts))
@@ -193,8 +185,8 @@ def test_nomadtf_task_of_a_worker_killed(job):
     procs = _processes(run.job_id)
     os.kill(procs[("task", "worker", 0)], signal.SIGKILL)
     # Its TF server dies with it (parent-death signal), so the port is free for the restart.
-    _wait(lambda: not _pid_alive(procs[("child", "worker", 0)]), 10, "worker 0's server to die with its supervisor")
-    _wait(lambda: _processes(run.job_id).get(("task", "worker", 0)) not in (None, procs[("task", "worker", 0)]), 60, "worker 0 restarted by Nomad")
+    wait_until(lambda: not _pid_alive(procs[("child", "worker", 0)]), 10, "worker 0's server to die with its supervisor")
+    wait_until(lambda: _processes(run.job_id).get(("task", "worker", 0)) not in (None, procs[("task", "worker", 0)]), 60, "worker 0 restarted by Nomad")
     _unchanged(procs, _processes(run.job_id), [("child", "chief", 0), ("child", "ps", 0)])
     run.finish()
     restarted = [a for a in allocations(run.job_id) if a["Name"].endswith("worker[0]")]
@@ -214,7 +206,7 @@ def test_consul_restart_mid_training_restarts_nobody(job, stack):
 
 def test_mirrored_worker_killed_restarts_the_group_from_checkpoint(job):
     run = job(_spec(unique("rec-mwms"), strategy="multi_worker_mirrored", steps=1500))
-    _wait(lambda: re.search(r"step=(\d+)", "\n".join(task_log(a["ID"], "worker") for a in allocations(run.job_id))), 240, "a step")
+    wait_until(lambda: re.search(r"step=(\d+)", "\n".join(task_log(a["ID"], "worker") for a in allocations(run.job_id))), 240, "a step")
     procs = _processes(run.job_id)
     os.kill(procs[("child", "worker", 1)], signal.SIGKILL)
     api = NomadAPI.from_env()
@@ -250,7 +242,7 @@ def test_hung_training_is_detected_and_recovered(job):
     spec = _spec(unique("rec-hang"), hang_once_at_step=400)
     spec["recovery"]["hang_timeout"] = "20s"
     run = job(spec)
-    _wait(lambda: "fault injection: hanging now" in _chief_stdout(run.job_id), 240, "the hang")
+    wait_until(lambda: "fault injection: hanging now" in _chief_stdout(run.job_id), 240, "the hang")
     resumed = _resumed_from(run.finish())
     assert resumed and resumed[-1] >= 350, resumed
 

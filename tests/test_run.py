@@ -24,6 +24,7 @@ from tests.helpers import (
     purge,
     task_log,
     unique,
+    wait_until,
     write_job,
 )
 
@@ -164,12 +165,12 @@ def test_moving_a_parameter_server_rebuilds_the_chiefs_tf_config(stack, tmp_path
             text = task_log(allocs[-1]["ID"], "chief") if allocs else ""
             return [json.loads(line.split("=", 1)[1]) for line in text.splitlines() if line.startswith("TF_CONFIG=")]
 
-        first = _wait(lambda: chief_configs(), 120, "the chief's first TF_CONFIG")[0]
+        first = wait_until(lambda: chief_configs(), 120, "the chief's first TF_CONFIG")[0]
         old_ps = first["cluster"]["ps"][0]
         ps_alloc = [a for a in allocations(job_id) if a["TaskGroup"] == "ps" and a["ClientStatus"] == "running"][0]
         moved_at = time.monotonic()
         requests.post(f"{stack_mod.NOMAD_ADDR}/v1/allocation/{ps_alloc['ID']}/stop", timeout=10).raise_for_status()
-        configs = _wait(lambda: [c for c in chief_configs() if c["cluster"]["ps"][0] != old_ps], 120, "a TF_CONFIG with the new ps")
+        configs = wait_until(lambda: [c for c in chief_configs() if c["cluster"]["ps"][0] != old_ps], 120, "a TF_CONFIG with the new ps")
         elapsed = time.monotonic() - moved_at
         assert configs[-1]["cluster"]["worker"] == first["cluster"]["worker"]
         assert configs[-1]["task"] == {"type": "chief", "index": 0}
@@ -178,14 +179,6 @@ def test_moving_a_parameter_server_rebuilds_the_chiefs_tf_config(stack, tmp_path
         nomadtf("stop", job_id, "--purge")
 
 
-def _wait(check, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_code_that_raises_fails_the_run_with_its_error(stack, tmp_path):
