@@ -17,18 +17,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
 from nomadtf.render import TEMPLATE_FILES, environment, job_json, render_job
 from nomadtf.spec import apply_overrides, normalize, read_options
+
+REPO = Path(__file__).resolve().parent.parent
 
 SIZES = (10, 100, 1000)
 

@@ -184,7 +184,8 @@ def run(
     templates: TemplatesDir = None,
 ) -> None:
     """Validate, render, submit, and follow the job to its outcome (exit 0 = training succeeded)."""
-    from nomadtf import render as render_mod, spec as spec_mod
+    from nomadtf import render as render_mod
+    from nomadtf import spec as spec_mod
     from nomadtf.discovery import ConsulDiscovery
     from nomadtf.errors import FollowTimeout
     from nomadtf.nomad import NomadAPI
@@ -327,7 +328,9 @@ def render(
     templates: TemplatesDir = None,
 ) -> None:
     """Render job.json into the Nomad job (API JSON). Offline."""
-    from nomadtf import cluster, render as render_mod, spec as spec_mod
+    from nomadtf import cluster
+    from nomadtf import render as render_mod
+    from nomadtf import spec as spec_mod
 
     spec = spec_mod.load_spec(job_file, var or [])
     if tf_config:
@@ -345,7 +348,8 @@ def render(
 @app.command()
 def validate(job_file: JobFile, var: Vars = None, templates: TemplatesDir = None) -> None:
     """Check job.json (schema, cross-field rules), then Nomad's own validation if reachable."""
-    from nomadtf import render as render_mod, spec as spec_mod
+    from nomadtf import render as render_mod
+    from nomadtf import spec as spec_mod
     from nomadtf.errors import UnreachableError
     from nomadtf.nomad import NomadAPI
 
@@ -369,7 +373,9 @@ def validate(job_file: JobFile, var: Vars = None, templates: TemplatesDir = None
 @app.command()
 def plan(job_file: JobFile, var: Vars = None, templates: TemplatesDir = None) -> None:
     """Nomad's plan for the job. Exit 0: no change; 1: changes or placement problems; 255: error."""
-    from nomadtf import plan as plan_mod, render as render_mod, spec as spec_mod
+    from nomadtf import plan as plan_mod
+    from nomadtf import render as render_mod
+    from nomadtf import spec as spec_mod
     from nomadtf.nomad import NomadAPI
 
     try:
@@ -390,7 +396,8 @@ def convert_dcos(
     out: Annotated[Optional[Path], typer.Option("--out", help="Write to this file instead of stdout")] = None,
 ) -> None:
     """Convert a DC/OS beta-tensorflow options file into a nomadtf job.json. Offline."""
-    from nomadtf import dcos, spec as spec_mod
+    from nomadtf import dcos
+    from nomadtf import spec as spec_mod
 
     conversion = dcos.convert_options(spec_mod.read_options(options_file))
     for note in conversion.notes:

@@ -20,7 +20,8 @@ def explain_placement_failure(group: str, metric: dict[str, Any], requested_devi
     reasons = []
     for constraint, count in sorted((metric.get("ConstraintFiltered") or {}).items()):
         if "device" in constraint:
-            reasons.append(f"{count} of {available} nodes have no matching device ({constraint})")
+            what = ", ".join(requested_devices or []) or "the requested device"
+            reasons.append(f"no node offers {what}: {count} of {available} nodes have no matching device ({constraint})")
         else:
             reasons.append(f"{count} of {available} nodes filtered by constraint {constraint}")
     for cls, count in sorted((metric.get("ClassFiltered") or {}).items()):

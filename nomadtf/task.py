@@ -37,7 +37,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from nomadtf import cluster, secrets as secrets_mod
+from nomadtf import cluster
+from nomadtf import secrets as secrets_mod
 from nomadtf.cluster import Member
 from nomadtf.discovery import ConsulDiscovery
 from nomadtf.errors import NomadtfError, RendezvousTimeout, ServerError, TaskError

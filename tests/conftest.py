@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import os
 import sys
+
 import pytest
+
 from nomadtf.devstack.stack import DevStack
+
 
 def _progress(message: str) -> None:
     sys.stderr.write(f"[stack] {message}\n")

@@ -109,7 +109,7 @@ def wait_all(processes, log_paths):
     deadline = time.monotonic() + TIMEOUT_S
     for process in processes:
         process.wait(timeout=max(1.0, deadline - time.monotonic()))
-    return [(p.returncode, Path(log).read_text()) for p, log in zip(processes, log_paths)]
+    return [(p.returncode, Path(log).read_text()) for p, log in zip(processes, log_paths, strict=True)]
 
 
 def final_accuracy(output):

@@ -89,7 +89,7 @@ def test_a_node_without_the_device_plugin_is_filtered():
     line = explain_placement_failure(
         "chief", alloc_metric(NodesFiltered=3, ConstraintFiltered={"missing devices": 3}), ["nvidia/gpu x1"]
     )
-    assert line == "chief: cannot be placed: 3 of 3 nodes have no matching device (missing devices)"
+    assert line == "chief: cannot be placed: no node offers nvidia/gpu x1: 3 of 3 nodes have no matching device (missing devices)"
 
 
 def test_constraint_filtered_and_memory_exhausted_are_both_reported():

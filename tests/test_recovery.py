@@ -20,6 +20,7 @@ import pytest
 
 from nomadtf.nomad import NomadAPI
 from nomadtf.supervise import Follower
+from tests import faults
 from tests.helpers import EXAMPLES, JOBS, allocations, nomadtf, purge, task_log, unique, wait_until, write_job
 
 pytestmark = [pytest.mark.stack, pytest.mark.tf]
@@ -37,50 +38,6 @@ def _spec(name: str, strategy: str = "parameter_server", **context) -> dict:
     return spec
 
 
-def _processes(job_id: str) -> dict[tuple[str, str, int], int]:
-    """(kind, role, index) -> pid, kind "task" (nomadtf task) or "child" (TF / user code)."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            env = dict(
-                item.split("=", 1)
-                for item in (entry / "environ").read_bytes().decode(errors="replace").split("\0")
-                if "=" in item
-            )
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if env.get("NOMAD_JOB_ID") != job_id:
-            continue
-        role = env.get("NOMADTF_ROLE", "?")
-        if "nomadtf task" in cmdline:
-            found[("task", role, int(env.get("NOMAD_ALLOC_INDEX", -1)))] = int(entry.name)
-        elif "NOMADTF_INDEX" in env and "TF_CONFIG" in env:
-            found[("child", role, int(env["NOMADTF_INDEX"]))] = int(entry.name)
-    return found
-
-
-def _restarts(job_id: str) -> dict[str, int]:
-    out = {}
-    for alloc in allocations(job_id):
-        if alloc["ClientStatus"] == "running":
-            out[alloc["Name"]] = sum(s.get("Restarts", 0) for s in (alloc.get("TaskStates") or {}).values())
-    return out
-
-
-def _chief_stdout(job_id: str) -> str:
-    return "\n".join(task_log(a["ID"], "chief") for a in allocations(job_id) if a["TaskGroup"] == "chief")
-
-
-def _step(job_id: str) -> int:
-    steps = [int(s) for s in re.findall(r"step=(\d+)", _chief_stdout(job_id))]
-    return max(steps) if steps else 0
-
-
-
-
 class Run:
     """A detached job plus the follower that decides its outcome."""
 
@@ -91,14 +48,14 @@ class Run:
         assert out.returncode == 0, out.stderr
         self.eval_id = re.search(r"evaluation ([0-9a-f]{8})", out.stderr)[1]
 
-    def wait_for_step(self, step: int, timeout: float = 240) -> int:
-        return wait_until(lambda: _step(self.job_id) >= step and _step(self.job_id), timeout, f"training step {step}")
+    def wait_for_step(self, target: int, timeout: float = 240) -> int:
+        return wait_until(lambda: faults.step(self.job_id) >= target and faults.step(self.job_id), timeout, f"training step {target}")
 
     def finish(self, timeout: float = 420) -> str:
         api = NomadAPI.from_env()
         evals = [e for e in api.evaluations(self.job_id) if e["ID"].startswith(self.eval_id)]
         Follower(api, self.job_id, timeout, self.spec["recovery"]["reschedule_attempts"], lambda _v: None, lambda _e: None).follow(evals[0]["ID"])
-        stdout = _chief_stdout(self.job_id)
+        stdout = faults.chief_stdout(self.job_id)
         accuracy = float(re.findall(r"final_accuracy=([0-9.]+)", stdout)[-1])
         assert accuracy >= ACCURACY_FLOOR, accuracy
         return stdout
@@ -130,25 +87,25 @@ def job(tmp_path, stack):
 def test_worker_killed_is_replaced_alone(job):
     run = job(_spec(unique("rec-worker")))
     run.wait_for_step(300)
-    procs, restarts = _processes(run.job_id), _restarts(run.job_id)
+    procs, restarts_before = faults.processes(run.job_id), faults.restarts(run.job_id)
     os.kill(procs[("child", "worker", 0)], signal.SIGKILL)
     killed_at = time.monotonic()
-    wait_until(lambda: _processes(run.job_id).get(("child", "worker", 0)) not in (None, procs[("child", "worker", 0)]), 60, "worker 0 back")
+    wait_until(lambda: faults.processes(run.job_id).get(("child", "worker", 0)) not in (None, procs[("child", "worker", 0)]), 60, "worker 0 back")
     print(f"\n[measure] worker kill -> worker TF server back in {time.monotonic() - killed_at:.1f}s")
-    run.wait_for_step(_step(run.job_id) + 100)
-    _unchanged(procs, _processes(run.job_id), [("child", "chief", 0), ("child", "ps", 0), ("child", "worker", 1), ("task", "worker", 0)])
-    _unchanged(restarts, _restarts(run.job_id), list(restarts))
+    run.wait_for_step(faults.step(run.job_id) + 100)
+    _unchanged(procs, faults.processes(run.job_id), [("child", "chief", 0), ("child", "ps", 0), ("child", "worker", 1), ("task", "worker", 0)])
+    _unchanged(restarts_before, faults.restarts(run.job_id), list(restarts_before))
     assert _resumed_from(run.finish()) == [], "the chief must not restart for a worker"
 
 
 def test_worker_rescheduled_on_a_new_port_rejoins_through_the_chief(job):
     run = job(_spec(unique("rec-move")))
     run.wait_for_step(300)
-    procs = _processes(run.job_id)
+    procs = faults.processes(run.job_id)
     worker = [a for a in allocations(run.job_id) if a["Name"].endswith("worker[1]") and a["ClientStatus"] == "running"][0]
     NomadAPI.from_env().stop_allocation(worker["ID"])
-    wait_until(lambda: _resumed_from(_chief_stdout(run.job_id)), 120, "the chief to rebuild its TF_CONFIG and resume")
-    _unchanged(procs, _processes(run.job_id), [("child", "ps", 0), ("child", "worker", 0), ("task", "chief", 0)])
+    wait_until(lambda: _resumed_from(faults.chief_stdout(run.job_id)), 120, "the chief to rebuild its TF_CONFIG and resume")
+    _unchanged(procs, faults.processes(run.job_id), [("child", "ps", 0), ("child", "worker", 0), ("task", "chief", 0)])
     resumed = _resumed_from(run.finish())
     assert resumed and resumed[-1] >= 250, resumed
 
@@ -156,10 +113,10 @@ def test_worker_rescheduled_on_a_new_port_rejoins_through_the_chief(job):
 def test_parameter_server_killed_brings_back_ps_and_chief_from_checkpoint(job):
     run = job(_spec(unique("rec-ps")))
     run.wait_for_step(300)
-    procs = _processes(run.job_id)
+    procs = faults.processes(run.job_id)
     os.kill(procs[("child", "ps", 0)], signal.SIGKILL)
-    wait_until(lambda: _processes(run.job_id).get(("child", "worker", 1)), 5, "workers still there")
-    now = _processes(run.job_id)
+    wait_until(lambda: faults.processes(run.job_id).get(("child", "worker", 1)), 5, "workers still there")
+    now = faults.processes(run.job_id)
     _unchanged(procs, now, [("child", "worker", 0), ("child", "worker", 1), ("task", "ps", 0), ("task", "chief", 0)])
     stdout = run.finish()
     resumed = _resumed_from(stdout)
@@ -169,12 +126,12 @@ def test_parameter_server_killed_brings_back_ps_and_chief_from_checkpoint(job):
 def test_chief_killed_resumes_from_its_checkpoint(job):
     run = job(_spec(unique("rec-chief")))
     run.wait_for_step(300)
-    procs, restarts = _processes(run.job_id), _restarts(run.job_id)
+    procs, restarts_before = faults.processes(run.job_id), faults.restarts(run.job_id)
     os.kill(procs[("child", "chief", 0)], signal.SIGKILL)
-    wait_until(lambda: _processes(run.job_id).get(("child", "chief", 0)) not in (None, procs[("child", "chief", 0)]), 60, "chief back")
-    now = _processes(run.job_id)
+    wait_until(lambda: faults.processes(run.job_id).get(("child", "chief", 0)) not in (None, procs[("child", "chief", 0)]), 60, "chief back")
+    now = faults.processes(run.job_id)
     _unchanged(procs, now, [("child", "ps", 0), ("child", "worker", 0), ("child", "worker", 1)])
-    _unchanged(restarts, _restarts(run.job_id), list(restarts))
+    _unchanged(restarts_before, faults.restarts(run.job_id), list(restarts_before))
     resumed = _resumed_from(run.finish())
     assert resumed and resumed[-1] >= 250, resumed
 
@@ -182,12 +139,12 @@ def test_chief_killed_resumes_from_its_checkpoint(job):
 def test_nomadtf_task_of_a_worker_killed(job):
     run = job(_spec(unique("rec-task")))
     run.wait_for_step(300)
-    procs = _processes(run.job_id)
+    procs = faults.processes(run.job_id)
     os.kill(procs[("task", "worker", 0)], signal.SIGKILL)
     # Its TF server dies with it (parent-death signal), so the port is free for the restart.
-    wait_until(lambda: not _pid_alive(procs[("child", "worker", 0)]), 10, "worker 0's server to die with its supervisor")
-    wait_until(lambda: _processes(run.job_id).get(("task", "worker", 0)) not in (None, procs[("task", "worker", 0)]), 60, "worker 0 restarted by Nomad")
-    _unchanged(procs, _processes(run.job_id), [("child", "chief", 0), ("child", "ps", 0)])
+    wait_until(lambda: not faults.pid_alive(procs[("child", "worker", 0)]), 10, "worker 0's server to die with its supervisor")
+    wait_until(lambda: faults.processes(run.job_id).get(("task", "worker", 0)) not in (None, procs[("task", "worker", 0)]), 60, "worker 0 restarted by Nomad")
+    _unchanged(procs, faults.processes(run.job_id), [("child", "chief", 0), ("child", "ps", 0)])
     run.finish()
     restarted = [a for a in allocations(run.job_id) if a["Name"].endswith("worker[0]")]
     assert sum(s.get("Restarts", 0) for a in restarted for s in a["TaskStates"].values()) >= 1
@@ -196,10 +153,10 @@ def test_nomadtf_task_of_a_worker_killed(job):
 def test_consul_restart_mid_training_restarts_nobody(job, stack):
     run = job(_spec(unique("rec-consul")))
     run.wait_for_step(300)
-    procs = _processes(run.job_id)
+    procs = faults.processes(run.job_id)
     stack.restart_consul(progress=lambda _m: None)
-    run.wait_for_step(_step(run.job_id) + 200)
-    _unchanged(procs, _processes(run.job_id), list(procs))
+    run.wait_for_step(faults.step(run.job_id) + 200)
+    _unchanged(procs, faults.processes(run.job_id), list(procs))
     stdout = run.finish()
     assert _resumed_from(stdout) == []
 
@@ -207,7 +164,7 @@ def test_consul_restart_mid_training_restarts_nobody(job, stack):
 def test_mirrored_worker_killed_restarts_the_group_from_checkpoint(job):
     run = job(_spec(unique("rec-mwms"), strategy="multi_worker_mirrored", steps=1500))
     wait_until(lambda: re.search(r"step=(\d+)", "\n".join(task_log(a["ID"], "worker") for a in allocations(run.job_id))), 240, "a step")
-    procs = _processes(run.job_id)
+    procs = faults.processes(run.job_id)
     os.kill(procs[("child", "worker", 1)], signal.SIGKILL)
     api = NomadAPI.from_env()
     evals = [e for e in api.evaluations(run.job_id) if e["ID"].startswith(run.eval_id)]
@@ -242,13 +199,6 @@ def test_hung_training_is_detected_and_recovered(job):
     spec = _spec(unique("rec-hang"), hang_once_at_step=400)
     spec["recovery"]["hang_timeout"] = "20s"
     run = job(spec)
-    wait_until(lambda: "fault injection: hanging now" in _chief_stdout(run.job_id), 240, "the hang")
+    wait_until(lambda: "fault injection: hanging now" in faults.chief_stdout(run.job_id), 240, "the hang")
     resumed = _resumed_from(run.finish())
     assert resumed and resumed[-1] >= 350, resumed
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False

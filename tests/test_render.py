@@ -17,7 +17,7 @@ import pytest
 
 from nomadtf import __version__
 from nomadtf.dcos import convert_options
-from nomadtf.errors import RenderError
+from nomadtf.errors import RenderError, SpecError
 from nomadtf.render import default_templates_dir, job_json, render_job
 from nomadtf.spec import load_spec, normalize, read_options, spec_sha256
 from tests.helpers import EXAMPLES, nomadtf
@@ -99,16 +99,9 @@ def test_template_mode_embeds_consul_template_verbatim():
         assert "{% raw %}" not in text and "{%" not in text
 
 
-def test_template_mode_with_nomad_services_uses_nomad_service():
-    spec = normalize(
-        {
-            **read_options(JOB_EXAMPLES["digits"]),
-            "discovery": {"provider": "nomad", "reconfigure": "template"},
-        }
-    )
-    job = render_job(spec)
-    assert '{{ range nomadService "digits-ps" }}' in task(job, "chief")["Templates"][0]["EmbeddedTmpl"]
-    assert groups(job)["ps"]["Services"][0]["Provider"] == "nomad"
+def test_nomad_native_services_are_refused_until_supported():
+    with pytest.raises(SpecError, match=r"discovery.provider"):
+        normalize({**read_options(JOB_EXAMPLES["digits"]), "discovery": {"provider": "nomad"}})
 
 
 def test_watch_mode_has_no_template():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from nomadtf.cluster import Member
-from nomadtf.task import AllocInfo, Settled, completes_job, exit_class, fingerprint, must_restart
 from nomadtf.errors import TaskError
+from nomadtf.task import AllocInfo, Settled, completes_job, exit_class, fingerprint, must_restart
 
 
 def ps_cluster(**changes):
