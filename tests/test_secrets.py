@@ -1,0 +1,84 @@
+"""Reading secrets from the real OpenBao: logins, KV v2, files, and failures that name the
+path but never a value."""
+
+from __future__ import annotations
+
+import secrets
+import time
+import uuid
+
+import hvac
+import pytest
+
+from nomadtf import secrets as secrets_mod
+from nomadtf.devstack import stack as stack_mod
+from nomadtf.errors import VaultError
+
+pytestmark = pytest.mark.stack
+
+
+@pytest.fixture
+def root(stack):
+    return hvac.Client(url=stack_mod.VAULT_ADDR, token=stack.root_token())
+
+
+@pytest.fixture
+def stored(root):
+    path = f"nomadtf-unit/{uuid.uuid4().hex[:6]}"
+    value = secrets.token_hex(16)
+    root.secrets.kv.v2.create_or_update_secret(path=path, secret={"k": value, "other": "x"}, mount_point="secret")
+    return f"secret/{path}", value
+
+
+def test_approle_login_reads_a_kv2_secret_into_env_and_a_0600_file(root, stored, tmp_path, monkeypatch):
+    path, value = stored
+    root.sys.create_or_update_policy("nomadtf-unit-read", 'path "secret/data/nomadtf-unit/*" { capabilities = ["read"] }')
+    if "approle/" not in root.sys.list_auth_methods()["data"]:
+        root.sys.enable_auth_method("approle")
+    root.auth.approle.create_or_update_approle("nomadtf-unit", token_policies=["nomadtf-unit-read"])
+    role_id = root.auth.approle.read_role_id("nomadtf-unit")["data"]["role_id"]
+    secret_id = root.auth.approle.generate_secret_id("nomadtf-unit")["data"]["secret_id"]
+    monkeypatch.setenv("NOMADTF_VAULT_ROLE_ID", role_id)
+    monkeypatch.setenv("NOMADTF_VAULT_SECRET_ID", secret_id)
+    client = secrets_mod.login({"auth": "approle", "address": stack_mod.VAULT_ADDR})
+    fetched = secrets_mod.fetch_secrets(
+        client, [{"path": path, "key": "k", "env": "MY_KEY"}, {"path": path, "key": "k", "file": "my.key"}], tmp_path
+    )
+    assert fetched.env == {"MY_KEY": value}
+    assert (tmp_path / "my.key").read_text() == value
+    assert oct((tmp_path / "my.key").stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_missing_key_names_the_path_and_the_keys_not_the_values(root, stored, tmp_path, monkeypatch):
+    path, value = stored
+    monkeypatch.setenv("VAULT_TOKEN", root.token)
+    client = secrets_mod.login({"auth": "nomad", "address": stack_mod.VAULT_ADDR})
+    with pytest.raises(VaultError) as err:
+        secrets_mod.fetch_secrets(client, [{"path": path, "key": "nope", "env": "X"}], tmp_path)
+    assert path in str(err.value) and "'nope'" in str(err.value) and "k, other" in str(err.value)
+    assert value not in str(err.value)
+
+
+def test_a_missing_path_is_retried_for_a_bounded_time_then_named(root, tmp_path, monkeypatch):
+    monkeypatch.setenv("VAULT_TOKEN", root.token)
+    client = secrets_mod.login({"auth": "nomad", "address": stack_mod.VAULT_ADDR})
+    started = time.monotonic()
+    with pytest.raises(VaultError, match=r"cannot read secret secret/nomadtf-unit/absent after 2s: no secret at that path"):
+        secrets_mod.fetch_secrets(client, [{"path": "secret/nomadtf-unit/absent", "key": "k", "env": "X"}], tmp_path, budget_s=2)
+    assert 1.0 < time.monotonic() - started < 6
+
+
+def test_permission_denied_points_at_the_policies(root, stored, tmp_path, monkeypatch):
+    path, _ = stored
+    token = root.auth.token.create(policies=["default"])["auth"]["client_token"]
+    monkeypatch.setenv("VAULT_TOKEN", token)
+    client = secrets_mod.login({"auth": "nomad", "address": stack_mod.VAULT_ADDR})
+    with pytest.raises(VaultError, match=r"permission denied reading secret .*vault.policies"):
+        secrets_mod.fetch_secrets(client, [{"path": path, "key": "k", "env": "X"}], tmp_path)
+
+
+def test_unreachable_vault_fails_in_bounded_time(tmp_path, monkeypatch):
+    monkeypatch.setenv("VAULT_TOKEN", "whatever")
+    client = secrets_mod.login({"auth": "nomad", "address": "http://127.0.0.1:1"})
+    with pytest.raises(VaultError, match="Vault unreachable"):
+        secrets_mod.fetch_secrets(client, [{"path": "secret/a/b", "key": "k", "env": "X"}], tmp_path, budget_s=2)
