@@ -199,7 +199,8 @@ def run(
     if errors:
         raise NomadtfError("Nomad rejected the job; nothing was submitted:\n  " + "\n  ".join(errors))
     job_id = spec["name"]
-    if api.job(job_id) and (api.job(job_id) or {}).get("Status") != "dead":
+    existing = api.job(job_id)
+    if existing and existing.get("Status") != "dead":
         raise NomadtfError(f"job {job_id} is already running; stop it first (nomadtf stop {job_id}) or pick another name")
     discovery = ConsulDiscovery(job_id)
     try:

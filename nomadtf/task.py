@@ -51,6 +51,7 @@ DEBOUNCE_S = 1.5  # a change must hold this long before anyone acts on it
 SETTLE_S = 12.0  # after a child failure, how long to look for a peer change that explains it
 STOP_GRACE_S = 8.0  # SIGTERM -> SIGKILL for our child (below Nomad's kill_timeout)
 STRAGGLER_GRACE_S = 30.0  # after success, how long a still-running peer gets to finish
+SAFETY_LOOK_S = 10.0  # read Consul at least this often even when no watch fired
 
 
 @dataclass
@@ -349,10 +350,14 @@ class Supervisor:
                 time.sleep(1.0)
 
     def _wait_event(self, timeout: float) -> str | None:
+        """The next watch event (several queued ones count as one), or None after `timeout`."""
         try:
-            return self.events.get(timeout=timeout)
+            event = self.events.get(timeout=timeout)
         except queue.Empty:
             return None
+        while not self.events.empty():
+            event = self.events.get_nowait()
+        return event
 
     # ---- secrets --------------------------------------------------------------------------
 
@@ -436,18 +441,25 @@ class Supervisor:
     def _supervise(self) -> int:
         done_since: float | None = None
         settled = Settled(DEBOUNCE_S)
+        state: str | None = None
+        next_look = 0.0  # when to read Consul without a watch event (debounce, safety net)
         while True:
-            self._wait_event(timeout=1.0)
+            # Consul is read when a blocking-query watcher reports a change; the 1 s tick only
+            # looks at local things: our child, its progress file, the hang clock.
+            event = self._wait_event(timeout=1.0)
             if self.stop_signal:
                 log.info("received signal %d; stopping", self.stop_signal)
                 code = self._stop_child()
                 return 0 if code in (None, 0, -signal.SIGTERM, -signal.SIGKILL) else code
             assert self.child is not None
             self._publish_progress()
-            state = self._job_state()
+            look = event is not None or time.monotonic() >= next_look
+            if look:
+                state = self._job_state()
+                next_look = time.monotonic() + SAFETY_LOOK_S
             code = self.child.proc.poll()
             if code is not None:
-                outcome = self._on_child_exit(code, state)
+                outcome = self._on_child_exit(code, self._job_state())
                 if outcome is not None:
                     return outcome
                 continue
@@ -457,6 +469,7 @@ class Supervisor:
                     self._stop_child()
                     return 0
                 done_since = done_since or time.monotonic()
+                next_look = min(next_look, time.monotonic() + 1.0)
                 if time.monotonic() - done_since > STRAGGLER_GRACE_S:
                     log.info("the job succeeded %.0fs ago and our code is still running; stopping it", STRAGGLER_GRACE_S)
                     self._stop_child()
@@ -465,7 +478,8 @@ class Supervisor:
             if self._hung():
                 self._recover(f"no training step for {self.hang_timeout:.0f}s (hang)")
                 continue
-            self._reconfigure(settled)
+            if look and self._reconfigure(settled):
+                next_look = min(next_look, time.monotonic() + DEBOUNCE_S)
 
     def _job_state(self) -> str | None:
         try:
@@ -473,22 +487,23 @@ class Supervisor:
         except ServerError:
             return None
 
-    def _reconfigure(self, settled: Settled) -> None:
-        """Act on a real, settled change of the complete cluster; ignore everything else."""
+    def _reconfigure(self, settled: Settled) -> bool:
+        """Act on a real, settled change of the complete cluster; ignore everything else.
+        Returns True while a change is waiting to settle (look again after the debounce)."""
         assert self.child is not None
         try:
             self._ensure_slot()
             members = self._members()
             if cluster.missing_members(self.counts, members):
-                return  # a peer is away; act once it is back (and only if it changed)
+                return False  # a peer is away; act once it is back (and only if it changed)
             current = fingerprint(members)
             generation, _ = self.discovery.generation()
         except ServerError as exc:
             log.warning("catalog unavailable (%s); keeping the current cluster", exc)
-            return
+            return False
         if generation.get("fingerprint") != current:
             if not settled.observe(current, time.monotonic()):
-                return
+                return True
             generation = self.discovery.bump_generation(current)
             log.info("cluster changed: generation %d: %s", generation["generation"], _describe(members))
         if generation.get("generation", 0) != self.child.generation and generation.get("fingerprint") == current:
@@ -497,6 +512,7 @@ class Supervisor:
             else:
                 self.child.generation = generation["generation"]
                 self.child.members = members
+        return False
 
     def _on_child_exit(self, code: int, state: str | None) -> int | None:
         """Return the task's exit code, or None when the child was restarted."""
