@@ -65,6 +65,15 @@ def _resumed_from(stdout: str) -> list[int]:
     return [int(n) for n in re.findall(r"resumed from step (\d+)", stdout)]
 
 
+def _kill_and_wait_back(run: Run, key: tuple[str, str, int]) -> dict:
+    """kill -9 one process of the job; wait until the same slot runs a new one. Returns the
+    processes as they were before the kill."""
+    before = faults.processes(run.job_id)
+    os.kill(before[key], signal.SIGKILL)
+    wait_until(lambda: faults.processes(run.job_id).get(key) not in (None, before[key]), 90, f"{key} back")
+    return before
+
+
 def _unchanged(before: dict, after: dict, keys) -> None:
     for key in keys:
         assert before.get(key) == after.get(key), f"{key} changed: {before.get(key)} -> {after.get(key)}"
@@ -87,10 +96,9 @@ def job(tmp_path, stack):
 def test_worker_killed_is_replaced_alone(job):
     run = job(_spec(unique("rec-worker")))
     run.wait_for_step(300)
-    procs, restarts_before = faults.processes(run.job_id), faults.restarts(run.job_id)
-    os.kill(procs[("child", "worker", 0)], signal.SIGKILL)
+    restarts_before = faults.restarts(run.job_id)
     killed_at = time.monotonic()
-    wait_until(lambda: faults.processes(run.job_id).get(("child", "worker", 0)) not in (None, procs[("child", "worker", 0)]), 60, "worker 0 back")
+    procs = _kill_and_wait_back(run, ("child", "worker", 0))
     print(f"\n[measure] worker kill -> worker TF server back in {time.monotonic() - killed_at:.1f}s")
     run.wait_for_step(faults.step(run.job_id) + 100)
     _unchanged(procs, faults.processes(run.job_id), [("child", "chief", 0), ("child", "ps", 0), ("child", "worker", 1), ("task", "worker", 0)])
@@ -113,11 +121,8 @@ def test_worker_rescheduled_on_a_new_port_rejoins_through_the_chief(job):
 def test_parameter_server_killed_brings_back_ps_and_chief_from_checkpoint(job):
     run = job(_spec(unique("rec-ps")))
     run.wait_for_step(300)
-    procs = faults.processes(run.job_id)
-    os.kill(procs[("child", "ps", 0)], signal.SIGKILL)
-    wait_until(lambda: faults.processes(run.job_id).get(("child", "worker", 1)), 5, "workers still there")
-    now = faults.processes(run.job_id)
-    _unchanged(procs, now, [("child", "worker", 0), ("child", "worker", 1), ("task", "ps", 0), ("task", "chief", 0)])
+    procs = _kill_and_wait_back(run, ("child", "ps", 0))
+    _unchanged(procs, faults.processes(run.job_id), [("child", "worker", 0), ("child", "worker", 1), ("task", "ps", 0), ("task", "chief", 0)])
     stdout = run.finish()
     resumed = _resumed_from(stdout)
     assert resumed and resumed[-1] >= 250, resumed
@@ -126,11 +131,9 @@ def test_parameter_server_killed_brings_back_ps_and_chief_from_checkpoint(job):
 def test_chief_killed_resumes_from_its_checkpoint(job):
     run = job(_spec(unique("rec-chief")))
     run.wait_for_step(300)
-    procs, restarts_before = faults.processes(run.job_id), faults.restarts(run.job_id)
-    os.kill(procs[("child", "chief", 0)], signal.SIGKILL)
-    wait_until(lambda: faults.processes(run.job_id).get(("child", "chief", 0)) not in (None, procs[("child", "chief", 0)]), 60, "chief back")
-    now = faults.processes(run.job_id)
-    _unchanged(procs, now, [("child", "ps", 0), ("child", "worker", 0), ("child", "worker", 1)])
+    restarts_before = faults.restarts(run.job_id)
+    procs = _kill_and_wait_back(run, ("child", "chief", 0))
+    _unchanged(procs, faults.processes(run.job_id), [("child", "ps", 0), ("child", "worker", 0), ("child", "worker", 1)])
     _unchanged(restarts_before, faults.restarts(run.job_id), list(restarts_before))
     resumed = _resumed_from(run.finish())
     assert resumed and resumed[-1] >= 250, resumed

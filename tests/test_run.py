@@ -44,16 +44,19 @@ def _chief_alloc(job_id: str) -> dict:
     return [a for a in allocations(job_id) if a["TaskGroup"] == "chief"][-1]
 
 
+def _run_example(job_file: str, job_id: str, *overrides: str, timeout: str = "8m"):
+    """`nomadtf run` of an example with its code where this checkout has it."""
+    args = ["run", str(EXAMPLES / job_file), "--var", f"name={job_id}", "--var", f"entrypoint.workdir={EXAMPLES / 'digits'}"]
+    for override in overrides:
+        args += ["--var", override]
+    return nomadtf(*args, "--timeout", timeout)
+
+
 @pytest.mark.tf
 def test_parameter_server_example_trains_to_the_end(stack):
     job_id = unique("digits")
     started = time.monotonic()
-    out = nomadtf(
-        "run", str(EXAMPLES / "digits" / "job.json"),
-        "--var", f"name={job_id}",
-        "--var", f"entrypoint.workdir={EXAMPLES / 'digits'}",
-        "--timeout", "8m",
-    )
+    out = _run_example("digits/job.json", job_id)
     wall = time.monotonic() - started
     try:
         assert out.returncode == 0, out.stdout + out.stderr
@@ -81,13 +84,7 @@ def test_parameter_server_example_trains_to_the_end(stack):
 @pytest.mark.tf
 def test_multi_worker_mirrored_example_trains_and_completes(stack):
     job_id = unique("mwms")
-    out = nomadtf(
-        "run", str(EXAMPLES / "digits" / "job-mwms.json"),
-        "--var", f"name={job_id}",
-        "--var", f"entrypoint.workdir={EXAMPLES / 'digits'}",
-        "--var", "context.steps=200",
-        "--timeout", "8m",
-    )
+    out = _run_example("digits/job-mwms.json", job_id, "context.steps=200")
     try:
         assert out.returncode == 0, out.stdout + out.stderr
         _assert_all_complete(job_id)
@@ -99,13 +96,7 @@ def test_multi_worker_mirrored_example_trains_and_completes(stack):
 @pytest.mark.tf
 def test_legacy_server_main_gets_the_server_and_context(stack, tmp_path):
     job_id = unique("legacy")
-    out = nomadtf(
-        "run", str(EXAMPLES / "legacy" / "job.json"),
-        "--var", f"name={job_id}",
-        "--var", f"entrypoint.workdir={EXAMPLES / 'digits'}",
-        "--var", 'context={"team": "vision", "lr": 0.1}',
-        "--timeout", "6m",
-    )
+    out = _run_example("legacy/job.json", job_id, 'context={"team": "vision", "lr": 0.1}', timeout="6m")
     try:
         assert out.returncode == 0, out.stdout + out.stderr
         logs = all_logs(job_id)
