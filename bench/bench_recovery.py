@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import tempfile
 import time
@@ -42,9 +41,31 @@ def spec(name: str, steps: int) -> dict:
     return data
 
 
-def step_lines(job_id: str) -> int:
-    """How many training steps the chief has reported (a restarted chief adds to them)."""
-    return len(re.findall(r"step=(\d+)", faults.chief_stdout(job_id)))
+class LineClock:
+    """Stamps each line of the chief's stdout with the time this process first saw it
+    (Nomad's logs carry no timestamps). Polled every 0.1 s."""
+
+    def __init__(self, job_id: str):
+        self.job_id = job_id
+        self.seen: list[tuple[float, str]] = []
+        self.text = ""
+
+    def poll(self) -> str:
+        text = faults.chief_stdout(self.job_id)
+        if len(text) > len(self.text):
+            now = time.monotonic()
+            self.seen += [(now, line) for line in text[len(self.text):].splitlines() if line.strip()]
+            self.text = text
+        return text
+
+    def recovered_after(self, killed: float) -> float:
+        """Seconds from the kill to the first training step that counts: after the chief's
+        last "resumed from step" line when it restarted, else the first step after the kill."""
+        after = [(t, line) for t, line in self.seen if t >= killed]
+        resumed = [i for i, (_t, line) in enumerate(after) if line.startswith("resumed from step")]
+        start = resumed[-1] + 1 if resumed else 0
+        steps = [t for t, line in after[start:] if line.startswith("step=")]
+        return steps[0] - killed
 
 
 def run_one(fault: tuple[str, str, int] | None, steps: int, workdir: Path) -> tuple[float, float | None]:
@@ -54,17 +75,17 @@ def run_one(fault: tuple[str, str, int] | None, steps: int, workdir: Path) -> tu
     started = time.monotonic()
     out = nomadtf("run", str(path), "--detach")
     assert out.returncode == 0, out.stderr
-    mttr = None
+    clock = LineClock(job_id)
+    killed = None
     try:
         if fault:
             wait_until(lambda: faults.step(job_id) >= KILL_AT_STEP, 300, "the kill step")
-            seen = step_lines(job_id)
+            clock.poll()
             os.kill(faults.processes(job_id)[fault], signal.SIGKILL)
             killed = time.monotonic()
-            wait_until(lambda: step_lines(job_id) > seen, 300, "the next step", interval=0.1)
-            mttr = time.monotonic() - killed
-        wait_until(lambda: "final_accuracy=" in faults.chief_stdout(job_id), 600, "the end of training", interval=0.2)
-        return time.monotonic() - started, mttr
+        wait_until(lambda: "final_accuracy=" in clock.poll(), 600, "the end of training", interval=0.1)
+        total = time.monotonic() - started
+        return total, clock.recovered_after(killed) if killed else None
     finally:
         nomadtf("stop", job_id, "--purge")
         purge(job_id)
