@@ -476,7 +476,9 @@ class Supervisor:
                     return 0
                 continue
             if self._hung():
-                self._recover(f"no training step for {self.hang_timeout:.0f}s (hang)")
+                outcome = self._recover(f"no training step for {self.hang_timeout:.0f}s (hang)")
+                if outcome is not None:
+                    return outcome
                 continue
             if look and self._reconfigure(settled):
                 next_look = min(next_look, time.monotonic() + DEBOUNCE_S)
@@ -563,6 +565,7 @@ class Supervisor:
         self.recoveries = [t for t in self.recoveries if now - t < window] + [now]
         if len(self.recoveries) > self.spec["recovery"]["restart_attempts"]:
             log.error("giving up after %d recoveries in %.0fs (%s)", len(self.recoveries) - 1, window, why)
+            self._stop_child()  # a hung child is still running
             return 1
         if own_crash:
             self.incarnation = uuid.uuid4().hex[:12]
