@@ -189,25 +189,14 @@ def run(
     from nomadtf.discovery import ConsulDiscovery
     from nomadtf.errors import FollowTimeout
     from nomadtf.nomad import NomadAPI
-    from nomadtf.supervise import Follower, latest_allocs
+    from nomadtf.supervise import Follower, final_lines, submit
 
     spec = spec_mod.load_spec(job_file, var or [])
     job = render_mod.render_job(spec, templates)
     api = NomadAPI.from_env()
-    result = api.validate(job)
-    errors = result.get("ValidationErrors") or ([result["Error"]] if result.get("Error") else [])
-    if errors:
-        raise NomadtfError("Nomad rejected the job; nothing was submitted:\n  " + "\n  ".join(errors))
     job_id = spec["name"]
-    existing = api.job(job_id)
-    if existing and existing.get("Status") != "dead":
-        raise NomadtfError(f"job {job_id} is already running; stop it first (nomadtf stop {job_id}) or pick another name")
     discovery = ConsulDiscovery(job_id)
-    try:
-        discovery.delete_job_keys()  # a previous run's state must not leak into this one
-    except NomadtfError as exc:
-        raise NomadtfError(f"Consul is needed for the job's state: {exc}") from exc
-    registered = api.register(job)
+    registered = submit(api, discovery, spec, job)
     _stamp(f"submitted {job_id} (evaluation {registered['EvalID'][:8]}); Nomad UI: {api.ui_url(job_id, spec['namespace'])}")
     if detach:
         typer.echo(f"follow it with: nomadtf status {job_id}  |  nomadtf logs {job_id} --role chief --follow")
@@ -234,11 +223,8 @@ def run(
             _stamp(f"stopped {job_id}")
         raise
     display.close()
-    chief = [a for (r, _i), a in latest_allocs(api.allocations(job_id)).items() if r == spec_mod.ROLES[0]]
-    if chief:
-        out = api.logs(chief[0]["ID"], "chief", "stdout", origin="end", offset=600)
-        for line in [line for line in out.splitlines() if line.strip()][-3:]:
-            typer.echo(f"chief: {line}")
+    for line in final_lines(api, job_id):
+        typer.echo(line)
     _stamp(f"{job_id} succeeded in {view.elapsed:.0f}s")
 
 

@@ -11,6 +11,7 @@ Usage:
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import os
 from collections.abc import Iterator
@@ -142,18 +143,34 @@ class NomadAPI:
             )
 
     def follow_logs(self, alloc_id: str, task: str, stream: str = "stdout") -> Iterator[str]:
-        """GET /v1/client/fs/logs/:alloc_id?follow=true&plain=true, chunk by chunk until the task ends."""
+        """Stream a task's log until the task is dead.
+
+        GET /v1/client/fs/logs/:alloc_id?follow=true&plain=true&offset=<bytes seen>
+        Nomad keeps a follow stream open after the task ends, so the stream is read with a
+        short read timeout; at each pause we ask whether the task is dead, reconnecting at
+        the byte offset we reached otherwise.
+        """
         url = f"{self.address.rstrip('/')}/v1/client/fs/logs/{alloc_id}"
-        params = {"task": task, "type": stream, "follow": "true", "plain": "true", "origin": "start"}
         headers = {"X-Nomad-Token": os.environ["NOMAD_TOKEN"]} if os.environ.get("NOMAD_TOKEN") else {}
-        try:
-            with requests.get(url, params=params, headers=headers, stream=True, timeout=(5, None)) as resp:
-                if resp.status_code != 200:
-                    raise NomadError(f"Nomad answered {resp.status_code} for logs of {alloc_id[:8]}: {resp.text.strip()}", resp.status_code)
-                for chunk in resp.iter_content(chunk_size=None, decode_unicode=True):
-                    yield chunk
-        except requests.ConnectionError as exc:
-            raise UnreachableError(f"cannot reach Nomad at {self.address}: {exc.__class__.__name__}") from exc
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        received = 0
+        while True:
+            params = {"task": task, "type": stream, "follow": "true", "plain": "true", "origin": "start", "offset": received}
+            try:
+                with requests.get(url, params=params, headers=headers, stream=True, timeout=(5, 2)) as resp:
+                    if resp.status_code != 200:
+                        raise NomadError(f"Nomad answered {resp.status_code} for logs of {alloc_id[:8]}: {resp.text.strip()}", resp.status_code)
+                    for chunk in resp.iter_content(chunk_size=None):
+                        received += len(chunk)
+                        yield decoder.decode(chunk)
+            except (requests.ConnectionError, requests.Timeout) as exc:
+                if "Read timed out" not in str(exc) and not isinstance(exc, requests.ReadTimeout):
+                    raise UnreachableError(f"cannot reach Nomad at {self.address}: {exc.__class__.__name__}") from exc
+            state = ((self.allocation(alloc_id).get("TaskStates") or {}).get(task) or {}).get("State")
+            if state == "dead":
+                rest = self.logs(alloc_id, task, stream, origin="start", offset=received)
+                yield rest + decoder.decode(b"", final=True)
+                return
 
     def blocking(self, path: str, index: int, wait: str = "10s", **params: Any) -> tuple[Any, int]:
         """GET /v1/<path>?index=&wait= ; returns (body, X-Nomad-Index).

@@ -238,6 +238,44 @@ class Follower:
         return "\n".join(lines)
 
 
+# ---- submitting -------------------------------------------------------------------------------
+
+
+def submit(api: NomadAPI, discovery: Any, spec: dict[str, Any], job: dict[str, Any]) -> dict[str, Any]:
+    """Validate with Nomad, refuse to clobber a running job, clear the job's old KV state,
+    register. Nothing is sent unless every check passed. Returns Nomad's register answer.
+
+    POST /v1/validate/job ; GET /v1/job/:id ; DELETE /v1/kv/nomadtf/<job>/?recurse ; POST /v1/jobs
+    """
+    result = api.validate(job)
+    errors = result.get("ValidationErrors") or ([result["Error"]] if result.get("Error") else [])
+    if errors:
+        raise NomadError("Nomad rejected the job; nothing was submitted:\n  " + "\n  ".join(errors))
+    job_id = spec["name"]
+    existing = api.job(job_id)
+    if existing and existing.get("Status") != "dead":
+        raise JobFailed(f"job {job_id} is already running; stop it first (nomadtf stop {job_id}) or pick another name")
+    try:
+        discovery.delete_job_keys()  # a previous run's state must not leak into this one
+    except ServerError as exc:
+        raise ServerError(f"Consul is needed for the job's state: {exc}") from exc
+    return api.register(job)
+
+
+def final_lines(api: NomadAPI, job_id: str, count: int = 3) -> list[str]:
+    """The last lines printed by the task whose exit ends the training (chief, else worker 0)."""
+    latest = latest_allocs(api.allocations(job_id))
+    for role, index in (("chief", 0), ("worker", 0)):
+        alloc = latest.get((role, index))
+        if alloc:
+            try:
+                out = api.logs(alloc["ID"], role, "stdout", origin="end", offset=600)
+            except ServerError:
+                return []
+            return [f"{role}: {line}" for line in out.splitlines() if line.strip()][-count:]
+    return []
+
+
 # ---- reading jobs back ------------------------------------------------------------------------
 
 

@@ -239,3 +239,20 @@ def test_unreachable_nomad_is_one_clear_line(tmp_path):
     assert "cannot reach Nomad at http://127.0.0.1:1" in out.stderr
     assert "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_logs_follow_streams_until_the_task_ends(stack, tmp_path):
+    job_id = unique("follow")
+    out = nomadtf("run", str(write_job(tmp_path, probe_job(job_id, context={"sleep": 8}))), "--detach")
+    assert out.returncode == 0, out.stderr
+    try:
+        wait_until(lambda: [a for a in allocations(job_id) if a["TaskGroup"] == "chief" and a["ClientStatus"] == "running"], 60, "the chief to run")
+        started = time.monotonic()
+        follow = nomadtf("logs", job_id, "--role", "chief", "--follow", timeout=120)
+        assert follow.returncode == 0, follow.stderr
+        assert "TF_CONFIG=" in follow.stdout and f"job={job_id}" in follow.stdout
+        assert time.monotonic() - started < 100  # it returned when the task ended, not at the timeout
+        err = nomadtf("logs", job_id, "--role", "ps", "--stderr")
+        assert err.returncode == 0 and "nomadtf task ps" in err.stdout
+    finally:
+        purge(job_id)
