@@ -119,11 +119,11 @@ def task(role: Annotated[str, typer.Option("--role", help="chief, worker, ps, ev
 
 
 def _view_line(view) -> str:
-    roles = "  ".join(
-        f"{role} {rv.running}/{rv.wanted} run {rv.complete} done {rv.failed} failed {rv.restarts} restarts"
+    roles = " | ".join(
+        f"{role}: {rv.running}/{rv.wanted} running, {rv.complete} done, {rv.failed} failed, {rv.restarts} restarts"
         for role, rv in view.roles.items()
     )
-    step = f"  step {view.step}" if view.step is not None else ""
+    step = f" | step {view.step}" if view.step is not None else ""
     metrics = "".join(f" {k}={v:.4g}" for k, v in sorted(view.metrics.items()))
     return f"[{view.elapsed:5.0f}s] {roles}{step}{metrics}"
 
