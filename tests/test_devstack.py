@@ -147,6 +147,7 @@ def test_down_leaves_no_process_and_up_comes_back(stack):
     assert out.returncode == 0, out.stderr
     assert not any(stack_mod.pid_alive(p) for p in pids)
     assert stack_mod._processes_under(stack.state_dir) == []
+    assert str(stack.state_dir) not in open("/proc/self/mounts").read()  # tasks' tmpfs mounts too
     assert not stack.state_dir.exists()
     # Bring it back for the tests that follow; the session fixture still owns it.
     assert stack.up(progress=lambda _m: None) is True

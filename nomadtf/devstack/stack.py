@@ -275,6 +275,10 @@ class DevStack:
         # client restart keeps them). They all run from inside our state directory.
         for pid in _processes_under(self.state_dir):
             _terminate(pid, 5.0)
+        # Nomad mounts a tmpfs for each task's secrets/ and private/ (as root) and only
+        # unmounts them when it garbage-collects the allocation, which a stopped dev agent
+        # never does.
+        _unmount_under(self.state_dir)
         if self.state_dir.exists():
             _remove_tree(self.state_dir)
 
@@ -419,6 +423,25 @@ def _processes_under(root: Path) -> list[int]:
         if cwd.startswith(root_s) or root_s in _cmdline(pid):
             found.append(pid)
     return found
+
+
+def _unmount_under(root: Path) -> None:
+    """Detach every mount below `root` (deepest first). umount2(MNT_DETACH) via libc."""
+    import ctypes
+
+    root_s = str(root.resolve())
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return
+    points = [line.split()[1].replace("\\040", " ") for line in lines if len(line.split()) > 1]
+    inside = sorted((p for p in points if p == root_s or p.startswith(root_s + "/")), key=len, reverse=True)
+    if not inside:
+        return
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    for point in inside:
+        if libc.umount2(point.encode(), 2) != 0:  # 2 = MNT_DETACH
+            raise DevStackError(f"cannot unmount {point} (errno {ctypes.get_errno()}); unmount it and retry")
 
 
 def _remove_tree(path: Path) -> None:
