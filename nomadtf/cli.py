@@ -214,6 +214,10 @@ def run(
     )
     try:
         view = follower.follow(registered["EvalID"])
+    except KeyboardInterrupt:
+        display.close()
+        _err(f"stopped following; {job_id} keeps running (nomadtf status {job_id}, nomadtf stop {job_id})")
+        raise typer.Exit(130) from None
     except NomadtfError as exc:
         display.close()
         # A failed job must not keep holding capacity (parameter servers and workers wait
