@@ -25,7 +25,6 @@ from nomadtf.spec import schema
 
 MHZ_PER_CPU = 1000
 # DC/OS section -> nomadtf role (gpu_worker joins worker: nomadtf has one worker group).
-ROLE_SECTIONS = {"parameter_server": "ps", "worker": "worker", "gpu_worker": "worker"}
 SECTIONS = ("service", "parameter_server", "worker", "gpu_worker", "tensorboard")
 NOMAD_EPHEMERAL_DISK_MB = 300  # Nomad's default ephemeral_disk per group
 SECRET_HINT = "add a `secrets` entry with the Vault path and key (and the Vault policy to vault.policies)"

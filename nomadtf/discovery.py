@@ -75,6 +75,22 @@ class ConsulDiscovery:
         )
         return int(new_index)
 
+    def wait_for_kv_change(self, index: int, wait_s: float) -> int:
+        """Block until any key under nomadtf/<job>/ changes, or `wait_s` passes.
+
+        GET /v1/kv/nomadtf/<job>/?recurse&keys&index=&wait=
+        """
+        new_index, _ = _call(
+            "a blocking KV query",
+            self.consul.kv.get,
+            self.prefix,
+            index=index or None,
+            wait=f"{max(1, int(wait_s))}s",
+            recurse=True,
+            keys=True,
+        )
+        return int(new_index)
+
     def passing_instances(self, role: str) -> dict[str, str]:
         """alloc id -> "host:port" of the role's registrations whose checks all pass.
 
@@ -91,10 +107,10 @@ class ConsulDiscovery:
                 out[alloc] = f"{address}:{svc['Port']}"
         return out
 
-    def members(self, counts: dict[str, int]) -> list[Member]:
+    def members(self, counts: dict[str, int], slots: dict[tuple[str, int], Slot] | None = None) -> list[Member]:
         """Every task that holds a slot and whose registration passes its checks."""
         members = []
-        slots = self.slots()
+        slots = self.slots() if slots is None else slots
         for role in RENDEZVOUS_ROLES:
             if not counts.get(role):
                 continue

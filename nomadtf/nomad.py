@@ -74,10 +74,17 @@ class NomadAPI:
     def ui_url(self, job_id: str, namespace: str = "default") -> str:
         return f"{self.address.rstrip('/')}/ui/jobs/{job_id}@{namespace}"
 
-    def validate(self, job: dict[str, Any]) -> dict[str, Any]:
-        """POST /v1/validate/job"""
+    def validate(self, job: dict[str, Any]) -> list[str]:
+        """Nomad's own validation; raises NomadError listing every problem, returns warnings.
+
+        POST /v1/validate/job
+        """
         with translated(self.address, "job validation"):
-            return self.client.validate.validate_job(job).json()
+            result = self.client.validate.validate_job(job).json()
+        errors = result.get("ValidationErrors") or ([result["Error"]] if result.get("Error") else [])
+        if errors:
+            raise NomadError("Nomad rejected the job; nothing was submitted:\n  " + "\n  ".join(errors))
+        return [w for w in (result.get("Warnings") or "").split("\n") if w.strip()]
 
     def plan(self, job: dict[str, Any]) -> dict[str, Any]:
         """POST /v1/job/:job_id/plan (with diff)"""

@@ -15,11 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nomadtf.errors import FollowTimeout, JobFailed, NomadError, ServerError
+from nomadtf.errors import FollowTimeout, JobFailed, ServerError
 from nomadtf.nomad import META_VERSION, NomadAPI
 from nomadtf.plan import explain_placement_failure, requested_devices
-
-ROLE_ORDER = ("chief", "worker", "ps", "evaluator", "tensorboard")
 
 
 @dataclass
@@ -220,7 +218,7 @@ class Follower:
     def _log_tail(self, alloc: dict[str, Any], task: str, stream: str, size: int) -> str:
         try:
             return self.api.logs(alloc["ID"], task, stream, origin="end", offset=size)
-        except (ServerError, NomadError):
+        except ServerError:
             return ""
 
     def _failure_report(self, allocs: list[dict[str, Any]]) -> str:
@@ -247,10 +245,7 @@ def submit(api: NomadAPI, discovery: Any, spec: dict[str, Any], job: dict[str, A
 
     POST /v1/validate/job ; GET /v1/job/:id ; DELETE /v1/kv/nomadtf/<job>/?recurse ; POST /v1/jobs
     """
-    result = api.validate(job)
-    errors = result.get("ValidationErrors") or ([result["Error"]] if result.get("Error") else [])
-    if errors:
-        raise NomadError("Nomad rejected the job; nothing was submitted:\n  " + "\n  ".join(errors))
+    api.validate(job)
     job_id = spec["name"]
     existing = api.job(job_id)
     if existing and existing.get("Status") != "dead":
@@ -280,15 +275,17 @@ def final_lines(api: NomadAPI, job_id: str, count: int = 3) -> list[str]:
 
 
 def nomadtf_jobs(api: NomadAPI) -> list[dict[str, Any]]:
-    """Jobs that carry our Meta (never matched by name). GET /v1/jobs, GET /v1/job/:id"""
+    """The full jobs that carry our Meta (never matched by name).
+
+    GET /v1/jobs?meta=true, then GET /v1/job/:id for the ones that may be ours
+    """
     jobs = []
     for stub in api.jobs():
-        meta = stub.get("Meta")
-        if meta is None:
-            full = api.job(stub["ID"]) or {}
-            meta = full.get("Meta") or {}
-        if META_VERSION in (meta or {}):
-            jobs.append(stub)
+        if stub.get("Meta") is not None and META_VERSION not in stub["Meta"]:
+            continue  # Nomad listed its Meta and it is not ours: no need to fetch it
+        job = api.job(stub["ID"])
+        if job and META_VERSION in (job.get("Meta") or {}):
+            jobs.append(job)
     return jobs
 
 

@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -61,7 +61,6 @@ class AllocInfo:
     job_id: str
     alloc_id: str
     alloc_index: int
-    tf_ip: str
     tf_port: int
     health_port: int
     task_dir: Path
@@ -74,7 +73,6 @@ class AllocInfo:
                 job_id=env["NOMAD_JOB_ID"],
                 alloc_id=env["NOMAD_ALLOC_ID"],
                 alloc_index=int(env.get("NOMAD_ALLOC_INDEX", "0")),
-                tf_ip=env.get("NOMAD_IP_tf", "127.0.0.1"),
                 tf_port=int(env["NOMAD_PORT_tf"]),
                 health_port=int(env["NOMAD_PORT_health"]),
                 task_dir=Path(env.get("NOMAD_TASK_DIR", ".")),
@@ -175,7 +173,6 @@ class Child:
     proc: subprocess.Popen
     members: list[Member]
     generation: int
-    started: float = field(default_factory=time.monotonic)
 
 
 class Supervisor:
@@ -258,9 +255,9 @@ class Supervisor:
                 raise TaskError(f"every {self.role} index (0..{count - 1}) is held by a live task; is a previous run still stopping?")
             time.sleep(1.0)
 
-    def _ensure_slot(self) -> None:
+    def _ensure_slot(self, slots: dict) -> None:
         """After a Consul restart (dev agents forget everything) take our slot back."""
-        slot = self.discovery.slots().get((self.role, self.index))
+        slot = slots.get((self.role, self.index))
         if slot and slot.alloc_id == self.alloc.alloc_id and slot.session == self.discovery.session:
             return
         log.warning("our slot %s[%d] is gone (Consul restarted?); claiming it again", self.role, self.index)
@@ -269,18 +266,18 @@ class Supervisor:
         self.alloc.alloc_index = self.index
         self._claim_index()
 
-    def _members(self) -> list[Member]:
+    def _members(self, slots: dict | None = None) -> list[Member]:
+        slots = self.discovery.slots() if slots is None else slots
         if self.spec["discovery"]["reconfigure"] == "template":
-            return self._members_from_template()
-        return self.discovery.members(self.counts)
+            return self._members_from_template(slots)
+        return self.discovery.members(self.counts, slots)
 
-    def _members_from_template(self) -> list[Member]:
+    def _members_from_template(self, slots: dict) -> list[Member]:
         """The file Nomad's template block renders from the Consul catalog (reconfigure=template)."""
         try:
             data = json.loads(self.template_file.read_text())
         except (OSError, ValueError):
             return []
-        slots = self.discovery.slots()
         members = []
         for group in data.get("members", []):
             by_alloc = {}
@@ -321,33 +318,22 @@ class Supervisor:
     # ---- watchers -------------------------------------------------------------------------
 
     def _start_watchers(self) -> None:
-        threading.Thread(target=self._watch_health, name="watch-health", daemon=True).start()
-        threading.Thread(target=self._watch_kv, name="watch-kv", daemon=True).start()
+        for name, blocking_query in (("catalog", self.discovery.wait_for_change), ("kv", self.discovery.wait_for_kv_change)):
+            threading.Thread(target=self._watch, args=(name, blocking_query), name=f"watch-{name}", daemon=True).start()
 
-    def _watch_health(self) -> None:
+    def _watch(self, name: str, blocking_query: Any) -> None:
+        """Turn one Consul blocking query into events on our queue, for ever."""
         index = 0
         while True:
             try:
-                new_index = self.discovery.wait_for_change(index, wait_s=30)
+                new_index = blocking_query(index, wait_s=30)
                 if new_index != index:
-                    self.events.put("catalog")
+                    self.events.put(name)
+                # An index that goes backwards means Consul restarted: start over.
                 index = new_index if new_index >= index else 0
             except NomadtfError:
                 index = 0
                 time.sleep(1.0)  # Consul is restarting; the next blocking query resumes
-
-    def _watch_kv(self) -> None:
-        index = 0
-        while True:
-            try:
-                new_index, _ = self.discovery.consul.kv.get(self.discovery.prefix, index=index or None, wait="30s", recurse=True, keys=True)
-                new_index = int(new_index)
-                if new_index != index:
-                    self.events.put("kv")
-                index = new_index if new_index >= index else 0
-            except Exception:  # noqa: BLE001 - Consul unreachable or restarted: start over
-                index = 0
-                time.sleep(1.0)
 
     def _wait_event(self, timeout: float) -> str | None:
         """The next watch event (several queued ones count as one), or None after `timeout`."""
@@ -494,8 +480,9 @@ class Supervisor:
         Returns True while a change is waiting to settle (look again after the debounce)."""
         assert self.child is not None
         try:
-            self._ensure_slot()
-            members = self._members()
+            slots = self.discovery.slots()
+            self._ensure_slot(slots)
+            members = self._members(slots)
             if cluster.missing_members(self.counts, members):
                 return False  # a peer is away; act once it is back (and only if it changed)
             current = fingerprint(members)
@@ -599,8 +586,8 @@ class Supervisor:
         proc = subprocess.Popen(argv, preexec_fn=_die_with_parent, start_new_session=True)
         self.child = Child(proc, [], 0)
         while True:
-            self._wait_event(timeout=2.0)
-            if self.stop_signal or self._job_state() == "succeeded":
+            event = self._wait_event(timeout=2.0)
+            if self.stop_signal or (event is not None and self._job_state() == "succeeded"):
                 self._stop_child()
                 return 0
             if proc.poll() is not None:

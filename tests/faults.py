@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from nomadtf.devstack.stack import pid_alive  # noqa: F401 - the one liveness check, re-exported for tests
 from tests.helpers import allocations, task_log
 
 
@@ -48,10 +49,3 @@ def chief_stdout(job_id: str) -> str:
 def step(job_id: str) -> int:
     steps = [int(s) for s in re.findall(r"step=(\d+)", chief_stdout(job_id))]
     return max(steps) if steps else 0
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False

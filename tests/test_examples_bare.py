@@ -5,7 +5,6 @@ gives it (TF_CONFIG, NOMADTF_*). For parameter-server strategy the ps and worker
 bare tf.distribute.Server processes, as nomadtf runs them; only the chief runs user code.
 """
 
-import importlib.util
 import json
 import os
 import re
@@ -17,47 +16,15 @@ from pathlib import Path
 
 import pytest
 
-# The children import TensorFlow; this process only checks it is there (importing it costs seconds).
-pytestmark = [
-    pytest.mark.tf,
-    pytest.mark.skipif(
-        not all(importlib.util.find_spec(m) for m in ("tensorflow", "sklearn")),
-        reason="needs the train extra (tensorflow-cpu, scikit-learn)",
-    ),
-]
+from tests.helpers import EXAMPLES
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "digits"
+pytestmark = pytest.mark.tf
+
+DIGITS = EXAMPLES / "digits"
 TIMEOUT_S = 300
-
-# What nomadtf runs for ps and worker tasks under parameter-server strategy.
-SERVER_SCRIPT = """
-import json, os
-import tensorflow as tf
-config = json.loads(os.environ["TF_CONFIG"])
-server = tf.distribute.Server(
-    tf.train.ClusterSpec(config["cluster"]),
-    job_name=config["task"]["type"],
-    task_index=config["task"]["index"],
-    protocol="grpc",
-)
-server.join()
-"""
-
-# A minimal stand-in for nomadtf's legacy (DC/OS-style) entry point: build the server for
-# this task from TF_CONFIG and hand it to the user's main(server, log_dir, context).
-LEGACY_SCRIPT = """
-import json, os, runpy
-import tensorflow as tf
-config = json.loads(os.environ["TF_CONFIG"])
-server = tf.distribute.Server(
-    tf.train.ClusterSpec(config["cluster"]),
-    job_name=config["task"]["type"],
-    task_index=config["task"]["index"],
-    protocol="grpc",
-)
-user = runpy.run_path(os.environ["LEGACY_MAIN"])
-user["main"](server, os.environ["NOMADTF_MODEL_DIR"], json.loads(os.environ["NOMADTF_CONTEXT"]))
-"""
+# What nomadtf itself starts for ps and worker tasks, and for legacy_server tasks.
+SERVER = ["-m", "nomadtf.tfserver", "server"]
+LEGACY = ["-m", "nomadtf.tfserver", "legacy", "legacy_main:main"]
 
 
 def free_ports(count):
@@ -125,7 +92,7 @@ def test_parameter_server_chief_trains_checkpoints_and_resumes(tmp_path):
 
     def run_chief(context, log):
         env = task_env(cluster, "chief", 0, model_dir, context)
-        chiefs.append(start([str(EXAMPLES / "train_ps.py")], env, log))
+        chiefs.append(start([str(DIGITS / "train_ps.py")], env, log))
         [result] = wait_all(chiefs[-1:], [log])
         return result
 
@@ -133,7 +100,7 @@ def test_parameter_server_chief_trains_checkpoints_and_resumes(tmp_path):
         for role in ("ps", "worker"):
             for index in range(len(cluster[role])):
                 env = task_env(cluster, role, index, model_dir, {})
-                servers.append(start(["-c", SERVER_SCRIPT], env, tmp_path / f"{role}{index}.log"))
+                servers.append(start(SERVER, env, tmp_path / f"{role}{index}.log"))
         first = run_chief({"steps": 300}, tmp_path / "chief.log")
         # A restarted chief (as after a Nomad task restart) meets the same live servers and
         # must carry on from the last checkpoint.
@@ -163,7 +130,7 @@ def test_multi_worker_mirrored_every_worker_trains(tmp_path):
     try:
         for index, log in enumerate(logs):
             env = task_env(cluster, "worker", index, model_dir, context)
-            workers.append(start([str(EXAMPLES / "train_mwms.py")], env, log))
+            workers.append(start([str(DIGITS / "train_mwms.py")], env, log))
         results = wait_all(workers, logs)
     finally:
         stop(workers)
@@ -181,10 +148,10 @@ def test_legacy_main_gets_a_ready_server(tmp_path):
     context = {"greeting": "hi"}
     ps, chief = None, None
     try:
-        ps = start(["-c", SERVER_SCRIPT], task_env(cluster, "ps", 0, tmp_path, context), tmp_path / "ps0.log")
+        ps = start(LEGACY, task_env(cluster, "ps", 0, tmp_path, context), tmp_path / "ps0.log")
         env = task_env(cluster, "chief", 0, tmp_path, context)
-        env["LEGACY_MAIN"] = str(EXAMPLES / "legacy_main.py")
-        chief = start(["-c", LEGACY_SCRIPT], env, tmp_path / "chief.log")
+        env["PYTHONPATH"] = str(DIGITS)  # nomadtf puts entrypoint.workdir there
+        chief = start(LEGACY, env, tmp_path / "chief.log")
         [(returncode, output)] = wait_all([chief], [tmp_path / "chief.log"])
     finally:
         stop([p for p in (ps, chief) if p])

@@ -256,3 +256,39 @@ def test_logs_follow_streams_until_the_task_ends(stack, tmp_path):
         assert err.returncode == 0 and "nomadtf task ps" in err.stdout
     finally:
         purge(job_id)
+
+
+def test_evaluator_and_tensorboard_roles(stack, tmp_path):
+    job_id = unique("roles")
+    spec = probe_job(job_id, context={"sleep": 12})
+    spec["roles"]["evaluator"] = {"count": 1, "cpu": 200, "memory": 600}
+    spec["roles"]["tensorboard"] = {"count": 1, "cpu": 200, "memory": 600}
+    out = nomadtf("run", str(write_job(tmp_path, spec)), "--detach")
+    assert out.returncode == 0, out.stderr
+    try:
+        def tensorboard_url():
+            for alloc in allocations(job_id):
+                if alloc["TaskGroup"] == "tensorboard" and alloc["ClientStatus"] == "running":
+                    ports = nomad(f"allocation/{alloc['ID']}")["AllocatedResources"]["Shared"]["Ports"]
+                    return f"http://127.0.0.1:{next(p['Value'] for p in ports if p['Label'] == 'tf')}/"
+            return None
+
+        url = wait_until(tensorboard_url, 60, "the tensorboard allocation")
+        page = wait_until(lambda: _get_or_none(url), 90, "TensorBoard to answer")
+        assert "TensorBoard" in page
+        wait_until(lambda: nomad(f"job/{job_id}")["Status"] == "dead", 180, "the job to finish")
+        _assert_all_complete(job_id)  # tensorboard and evaluator stopped on their own, exit 0
+        evaluator = [a for a in allocations(job_id) if a["TaskGroup"] == "evaluator"][0]
+        config = json.loads(task_log(evaluator["ID"], "evaluator").split("TF_CONFIG=", 1)[1].splitlines()[0])
+        assert config["task"] == {"type": "evaluator", "index": 0}
+        assert "evaluator" not in config["cluster"] and set(config["cluster"]) == {"chief", "worker", "ps"}
+    finally:
+        purge(job_id)
+
+
+def _get_or_none(url: str) -> str | None:
+    try:
+        resp = requests.get(url, timeout=5)
+    except requests.RequestException:
+        return None
+    return resp.text if resp.status_code == 200 else None
