@@ -260,7 +260,8 @@ def test_logs_follow_streams_until_the_task_ends(stack, tmp_path):
 
 def test_evaluator_and_tensorboard_roles(stack, tmp_path):
     job_id = unique("roles")
-    spec = probe_job(job_id, context={"sleep": 12})
+    release = tmp_path / "release"  # the probes (chief, evaluator) finish once it exists
+    spec = probe_job(job_id, context={"until_file": str(release)})
     spec["roles"]["evaluator"] = {"count": 1, "cpu": 200, "memory": 600}
     spec["roles"]["tensorboard"] = {"count": 1, "cpu": 200, "memory": 600}
     out = nomadtf("run", str(write_job(tmp_path, spec)), "--detach")
@@ -276,6 +277,7 @@ def test_evaluator_and_tensorboard_roles(stack, tmp_path):
         url = wait_until(tensorboard_url, 60, "the tensorboard allocation")
         page = wait_until(lambda: _get_or_none(url), 90, "TensorBoard to answer")
         assert "TensorBoard" in page
+        release.touch()
         wait_until(lambda: nomad(f"job/{job_id}")["Status"] == "dead", 180, "the job to finish")
         _assert_all_complete(job_id)  # tensorboard and evaluator stopped on their own, exit 0
         evaluator = [a for a in allocations(job_id) if a["TaskGroup"] == "evaluator"][0]

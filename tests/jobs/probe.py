@@ -1,6 +1,7 @@
 """A stand-in for training code in integration tests: shows what nomadtf handed it.
 
-Context keys: "sleep" (seconds, -1 = forever), "raise" (raise an error), "exit" (exit code).
+Context keys: "sleep" (seconds, -1 = forever), "until_file" (wait until that path exists),
+"raise" (raise an error), "exit" (exit code).
 """
 
 import hashlib
@@ -24,6 +25,8 @@ if os.path.exists(secret_file):
     print(f"secret_file_sha256={digest} mode={mode}", flush=True)
 if context.get("raise"):
     raise ValueError("boom from user code")
+while context.get("until_file") and not os.path.exists(context["until_file"]):
+    time.sleep(0.2)
 sleep = context.get("sleep", 0)
 if sleep < 0:
     while True:
