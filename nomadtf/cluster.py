@@ -12,12 +12,15 @@ training"):
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from nomadtf import roles as role_table
+
 TRAINING_ROLES = ("chief", "worker", "ps")
-# Roles whose members rendezvous before training starts (evaluator waits too, so that it
-# knows the cluster; tensorboard needs nobody).
+# Roles that hold a slot and a registration (the evaluator registers so that it is seen;
+# nobody waits for it: see roles.rendezvous_roles). TensorBoard needs nobody.
 RENDEZVOUS_ROLES = ("chief", "worker", "ps", "evaluator")
 
 
@@ -31,24 +34,24 @@ class Member:
     alloc_id: str = ""
 
 
-def expected_members(counts: dict[str, int]) -> list[tuple[str, int]]:
-    """Every (role, index) that must be present before training starts."""
-    return [(role, i) for role in RENDEZVOUS_ROLES for i in range(counts.get(role, 0))]
+def expected_members(counts: dict[str, int], roles: Iterable[str] = RENDEZVOUS_ROLES) -> list[tuple[str, int]]:
+    """Every (role, index) of `roles` the job has."""
+    return [(role, i) for role in roles for i in range(counts.get(role, 0))]
 
 
-def missing_members(counts: dict[str, int], members: list[Member]) -> list[str]:
+def missing_members(counts: dict[str, int], members: list[Member], roles: Iterable[str] = RENDEZVOUS_ROLES) -> list[str]:
     """Human-readable list of who is not there yet, e.g. ["worker[1]", "ps[0]"]."""
     present = {(m.role, m.index) for m in members}
-    return [f"{role}[{i}]" for role, i in expected_members(counts) if (role, i) not in present]
+    return [f"{role}[{i}]" for role, i in expected_members(counts, roles) if (role, i) not in present]
 
 
 def build_cluster_spec(strategy: str, counts: dict[str, int], members: list[Member]) -> dict[str, list[str]]:
     """The `cluster` part of TF_CONFIG. Raises ValueError when a member is missing."""
-    missing = [m for m in missing_members(counts, members) if not m.startswith("evaluator")]
+    roles = role_table.cluster_roles(strategy)
+    missing = missing_members(counts, members, roles)
     if missing:
         raise ValueError(f"cannot build the cluster spec; missing {', '.join(missing)}")
     by_slot = {(m.role, m.index): m.address for m in members}
-    roles = ("chief", "worker") if strategy == "multi_worker_mirrored" else TRAINING_ROLES
     cluster: dict[str, list[str]] = {}
     for role in roles:
         count = counts.get(role, 0)
@@ -82,12 +85,6 @@ def all_tf_configs(job_id: str, strategy: str, counts: dict[str, int]) -> dict[s
 
 
 def runs_user_code(strategy: str, role: str) -> bool:
-    """Who runs the user's entrypoint. Under parameter_server only the chief does: workers
-    and parameter servers run a bare TensorFlow server that nomadtf starts itself."""
-    if role == "tensorboard":
-        return False
-    if strategy == "parameter_server":
-        return role in ("chief", "evaluator")
-    if strategy == "legacy_server":
-        return role in ("chief", "worker", "evaluator")
-    return role in ("chief", "worker", "evaluator")
+    """Who runs the user's entrypoint (see roles.TABLE). Under parameter_server only the
+    chief and the evaluator do: workers and parameter servers run a bare TensorFlow server."""
+    return role_table.runs_user_code(strategy, role)

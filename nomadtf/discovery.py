@@ -1,31 +1,34 @@
-"""Consul: who is in the cluster, which index each task holds, and the job's shared state.
+"""Consul (through py-consul): who is in the cluster, which index each task holds, and
+the job's shared state. Every name used here comes from `nomadtf.wire`.
 
-Names (stable, documented in the README):
-    service  <job>-<role>                    registered by Nomad from the job's service
-                                             block, tags nomadtf, role=<role>, alloc=<id>
-    KV       nomadtf/<job>/slots/<role>/<i>  which allocation holds index i (session-locked)
-    KV       nomadtf/<job>/generation        {"generation": n, "fingerprint": ...}
-    KV       nomadtf/<job>/state             "succeeded" once the chief's code exited 0
-    KV       nomadtf/<job>/progress          {"step": n, "metrics": {...}, "time": t}
+Watches are Consul blocking queries (`index` + `wait`), never a sleep loop. Calls that a
+failure path depends on (bump the generation, set the job state, update our incarnation)
+retry with bounded backoff through `retrying`, so a Consul restart does not kill a task.
 
-Watches use Consul blocking queries (`index` + `wait`), never a sleep loop.
+Honours CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN, CONSUL_HTTP_SSL, CONSUL_HTTP_SSL_VERIFY,
+CONSUL_CACERT, CONSUL_CLIENT_CERT and CONSUL_CLIENT_KEY like the consul CLI.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import consul
 import requests
+import tenacity
 
+from nomadtf import wire
 from nomadtf.cluster import RENDEZVOUS_ROLES, Member
-from nomadtf.errors import ConsulError, UnreachableError
+from nomadtf.errors import ConsulError, ServerError, UnreachableError
 
 SESSION_TTL_S = 15
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -35,55 +38,92 @@ class Slot:
     session: str | None
 
 
-def _call(what: str, fn, *args, **kwargs):
+def _call(what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run a py-consul call; map its failures to ours (one place)."""
     try:
         return fn(*args, **kwargs)
     except (requests.ConnectionError, requests.Timeout, consul.Timeout) as exc:
         raise UnreachableError(f"cannot reach Consul ({what}): {exc.__class__.__name__}") from exc
+    except consul.ACLPermissionDenied as exc:
+        token = "CONSUL_HTTP_TOKEN" if os.environ.get("CONSUL_HTTP_TOKEN") else "the anonymous token (CONSUL_HTTP_TOKEN is not set)"
+        raise ConsulError(f"Consul denied {what} to {token}: its policy lacks the capability; see `nomadtf acl`") from exc
     except consul.ConsulException as exc:
         raise ConsulError(f"Consul refused {what}: {exc}") from exc
 
 
+def retrying(deadline_s: float = 60.0, give_up: Callable[[], bool] = lambda: False) -> tenacity.Retrying:
+    """Bounded retries for Consul calls on a failure path: exponential backoff up to 5 s,
+    at most `deadline_s` in all, and no longer once `give_up()` says so (a stop signal)."""
+    return tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(ServerError),
+        wait=tenacity.wait_exponential(multiplier=0.2, max=5.0),
+        stop=tenacity.stop_after_delay(deadline_s) | tenacity.stop_when_event_set(_GiveUp(give_up)),
+        reraise=True,
+    )
+
+
+class _GiveUp:
+    """tenacity's stop_when_event_set wants an object with is_set()."""
+
+    def __init__(self, check: Callable[[], bool]):
+        self.is_set = check
+
+
+def consul_client() -> consul.Consul:
+    """A py-consul client from the consul CLI's environment variables (TLS included)."""
+    verify: bool | str = True
+    if os.environ.get("CONSUL_CACERT"):
+        verify = os.environ["CONSUL_CACERT"]
+    elif os.environ.get("CONSUL_HTTP_SSL_VERIFY", "").lower() == "false":
+        verify = False
+    cert = None
+    if os.environ.get("CONSUL_CLIENT_CERT") and os.environ.get("CONSUL_CLIENT_KEY"):
+        cert = (os.environ["CONSUL_CLIENT_CERT"], os.environ["CONSUL_CLIENT_KEY"])
+    return consul.Consul(verify=verify, cert=cert)
+
+
 class ConsulDiscovery:
-    def __init__(self, job_id: str, client: consul.Consul | None = None):
+    def __init__(self, job_id: str, namespace: str = wire.DEFAULT_NAMESPACE, client: consul.Consul | None = None):
         self.job_id = job_id
-        self.consul = client or consul.Consul()  # CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN
-        self.prefix = f"nomadtf/{job_id}/"
+        self.namespace = namespace
+        self.consul = client or consul_client()
+        self.prefix = wire.kv_prefix(namespace, job_id)
         self.session: str | None = None
+        self._session_name = ""
         self._renewer: threading.Thread | None = None
         self._stop = threading.Event()
 
     # ---- catalog ------------------------------------------------------------------------
 
     def service_name(self, role: str) -> str:
-        return f"{self.job_id}-{role}"
+        return wire.service_name(self.namespace, self.job_id, role)
 
-    def wait_for_change(self, index: int, wait_s: float) -> int:
-        """Block until any check of this job's services changes, or `wait_s` passes.
+    def wait_for_catalog_change(self, index: int, wait_s: float, roles: tuple[str, ...]) -> int:
+        """Block until a check of one of this job's services changes, or `wait_s` passes.
 
-        GET /v1/health/state/any?index=&wait=&filter=ServiceName matches "^<job>-"
+        GET /v1/health/state/any?index=&wait=&filter=ServiceName == "..." or ...
         """
-        expr = f'ServiceName matches "^{self.job_id}-"'
+        expr = " or ".join(f"ServiceName == {json.dumps(self.service_name(r))}" for r in roles)
         new_index, _ = _call(
             "a blocking health query",
             self.consul.health.state,
             "any",
             index=index or None,
             wait=f"{max(1, int(wait_s))}s",
-            filter_expr=expr,
+            filter_expr=expr or None,
         )
         return int(new_index)
 
-    def wait_for_kv_change(self, index: int, wait_s: float) -> int:
-        """Block until any key under nomadtf/<job>/ changes, or `wait_s` passes.
+    def wait_for_cluster_kv_change(self, index: int, wait_s: float) -> int:
+        """Block until a key that decides changes (slots, generation, state), or `wait_s` passes.
+        Progress lives outside this prefix, so it wakes nobody.
 
-        GET /v1/kv/nomadtf/<job>/?recurse&keys&index=&wait=
+        GET /v1/kv/nomadtf/<ns>/<job>/cluster/?recurse&keys&index=&wait=
         """
         new_index, _ = _call(
             "a blocking KV query",
             self.consul.kv.get,
-            self.prefix,
+            wire.kv_cluster_prefix(self.namespace, self.job_id),
             index=index or None,
             wait=f"{max(1, int(wait_s))}s",
             recurse=True,
@@ -94,14 +134,13 @@ class ConsulDiscovery:
     def passing_instances(self, role: str) -> dict[str, str]:
         """alloc id -> "host:port" of the role's registrations whose checks all pass.
 
-        GET /v1/health/service/<job>-<role>?passing=1
+        GET /v1/health/service/<service>?passing=1
         """
         _, entries = _call(f"service {self.service_name(role)}", self.consul.health.service, self.service_name(role), passing=True)
         out = {}
         for entry in entries:
             svc = entry["Service"]
-            tags = dict(t.split("=", 1) for t in svc.get("Tags", []) if "=" in t)
-            alloc = tags.get("alloc")
+            alloc = wire.parse_tags(svc.get("Tags", [])).get(wire.TAG_ALLOC)
             if alloc:
                 address = svc.get("Address") or entry["Node"]["Address"]
                 out[alloc] = f"{address}:{svc['Port']}"
@@ -121,14 +160,16 @@ class ConsulDiscovery:
                     members.append(Member(role, index, addresses[slot.alloc_id], f"{slot.alloc_id}/{slot.incarnation}"))
         return members
 
-    # ---- slots: a stable, unique index per task -------------------------------------------
+    # ---- the session: dies with this process ----------------------------------------------
 
     def open_session(self, name: str) -> str:
-        """A session that dies with this process: renewed every few seconds, deleted on exit,
-        expires (and frees our slot) when we stop renewing it.
+        """A session renewed every TTL/3 by one thread for this object's whole life; deleted
+        on close; expires (and frees our slot) when we stop renewing it. Opening again (after
+        Consul forgot it) replaces the id the same thread renews; no thread is added.
 
         PUT /v1/session/create
         """
+        self._session_name = name
         self.session = _call(
             "creating a session",
             self.consul.session.create,
@@ -137,20 +178,34 @@ class ConsulDiscovery:
             behavior="delete",
             lock_delay=0,
         )
-        self._stop.clear()
-        self._renewer = threading.Thread(target=self._renew_loop, name="consul-session", daemon=True)
-        self._renewer.start()
+        if self._renewer is None:
+            self._stop.clear()
+            self._renewer = threading.Thread(target=self._renew_loop, name="consul-session", daemon=True)
+            self._renewer.start()
         return self.session
 
     def _renew_loop(self) -> None:
         while not self._stop.wait(SESSION_TTL_S / 3):
-            try:
-                self.consul.session.renew(self.session)  # PUT /v1/session/renew/:id
-            except Exception:  # noqa: BLE001 - Consul restarting; the next renewal retries
+            session = self.session
+            if not session:
                 continue
+            try:
+                self.consul.session.renew(session)  # PUT /v1/session/renew/:id
+            except Exception:  # noqa: BLE001 - Consul restarting or the session is gone: the supervisor re-claims
+                continue
+
+    def renewer_threads(self) -> int:
+        """How many renewer threads this object runs (0 or 1); for tests."""
+        return int(self._renewer is not None and self._renewer.is_alive())
 
     def close(self) -> None:
         self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join(timeout=1.0)
+            self._renewer = None
+        self._destroy_session()
+
+    def _destroy_session(self) -> None:
         if self.session:
             try:
                 self.consul.session.destroy(self.session)  # PUT /v1/session/destroy/:id
@@ -158,9 +213,16 @@ class ConsulDiscovery:
                 pass
             self.session = None
 
+    def reopen_session(self) -> str:
+        """After a Consul restart: drop the old id, take a new one (same renewer thread)."""
+        self._destroy_session()
+        return self.open_session(self._session_name)
+
+    # ---- slots: a stable, unique index per task -------------------------------------------
+
     def slots(self) -> dict[tuple[str, int], Slot]:
-        """GET /v1/kv/nomadtf/<job>/slots/?recurse"""
-        _, items = _call("reading slots", self.consul.kv.get, self.prefix + "slots/", recurse=True)
+        """GET /v1/kv/nomadtf/<ns>/<job>/cluster/slots/?recurse"""
+        _, items = _call("reading slots", self.consul.kv.get, wire.kv_slots_prefix(self.namespace, self.job_id), recurse=True)
         out = {}
         for item in items or []:
             if not item.get("Session"):
@@ -171,47 +233,55 @@ class ConsulDiscovery:
         return out
 
     def claim_slot(self, role: str, count: int, alloc_id: str, preferred: int, incarnation: str) -> int | None:
-        """Take index `preferred` if free (or already ours), else the lowest free one.
+        """One non-blocking attempt: the slot our allocation already holds (a restarted
+        supervisor takes its own index back first), else `preferred` if free, else the
+        lowest free one. None when every slot is held by another live task.
 
         NOMAD_ALLOC_INDEX may repeat across reschedules and canaries, so it is only a
-        preference: the Consul lock on nomadtf/<job>/slots/<role>/<i> makes the index unique.
-        Returns None when every slot is held by a live task.
+        preference: the Consul lock on .../slots/<role>/<i> makes the index unique.
 
-        PUT /v1/kv/nomadtf/<job>/slots/<role>/<i>?acquire=<session>
+        GET .../slots/?recurse ; PUT .../slots/<role>/<i>?acquire=<session>
         """
-        order = ([preferred] if 0 <= preferred < count else []) + [i for i in range(count) if i != preferred]
         held = self.slots()
+        ours = [i for (r, i), slot in held.items() if r == role and slot.alloc_id == alloc_id and i < count]
+        order = ours + ([preferred] if 0 <= preferred < count else []) + list(range(count))
         value = json.dumps({"alloc": alloc_id, "incarnation": incarnation})
-        for index in order:
+        for index in dict.fromkeys(order):
             slot = held.get((role, index))
             if slot and slot.alloc_id != alloc_id:
                 continue
             if slot and slot.session != self.session:
                 # Our own allocation restarted (same alloc id): its old session is dead weight.
                 _call("freeing our old slot", self.consul.session.destroy, slot.session)
-            key = f"{self.prefix}slots/{role}/{index}"
-            if _call("claiming a slot", self.consul.kv.put, key, value, acquire=self.session):
+            if _call("claiming a slot", self.consul.kv.put, wire.kv_slot(self.namespace, self.job_id, role, index), value, acquire=self.session):
                 return index
         return None
 
     def update_incarnation(self, role: str, index: int, alloc_id: str, incarnation: str) -> None:
-        """Tell peers our TensorFlow process restarted (a PS that restarts loses its variables)."""
-        key = f"{self.prefix}slots/{role}/{index}"
+        """Tell peers our TensorFlow process restarted (a PS that restarts loses its variables).
+
+        PUT .../slots/<role>/<i>?acquire=<session>
+        """
         value = json.dumps({"alloc": alloc_id, "incarnation": incarnation})
-        _call("updating our slot", self.consul.kv.put, key, value, acquire=self.session)
+        _call("updating our slot", self.consul.kv.put, wire.kv_slot(self.namespace, self.job_id, role, index), value, acquire=self.session)
 
     # ---- job state ------------------------------------------------------------------------
 
     def job_state(self) -> str | None:
-        _, item = _call("reading job state", self.consul.kv.get, self.prefix + "state")
+        """"succeeded", "failed: <why>" or None.  GET .../cluster/state"""
+        _, item = _call("reading job state", self.consul.kv.get, wire.kv_state(self.namespace, self.job_id))
         return item["Value"].decode() if item and item.get("Value") else None
 
     def set_job_state(self, state: str) -> None:
-        _call("writing job state", self.consul.kv.put, self.prefix + "state", state)
+        """PUT .../cluster/state"""
+        _call("writing job state", self.consul.kv.put, wire.kv_state(self.namespace, self.job_id), state)
 
     def generation(self) -> tuple[dict[str, Any], int]:
-        """(value, modify index) of the generation key; ({}, 0) before the first one."""
-        _, item = _call("reading the generation", self.consul.kv.get, self.prefix + "generation")
+        """(value, modify index) of the generation key; ({}, 0) before the first one.
+
+        GET .../cluster/generation
+        """
+        _, item = _call("reading the generation", self.consul.kv.get, wire.kv_generation(self.namespace, self.job_id))
         if not item:
             return {}, 0
         return json.loads(item["Value"] or b"{}"), int(item["ModifyIndex"])
@@ -220,24 +290,32 @@ class ConsulDiscovery:
         """Move the whole job to a new generation for `fingerprint`, exactly once.
 
         Every task that sees the same change tries; check-and-set lets one win and the
-        others read the winner's value.  PUT /v1/kv/nomadtf/<job>/generation?cas=<index>
+        others read the winner's value.  PUT .../cluster/generation?cas=<index>
         """
         for _attempt in range(10):
             current, modify_index = self.generation()
             if current.get("fingerprint") == fingerprint:
                 return current
             new = {"generation": int(current.get("generation", 0)) + 1, "fingerprint": fingerprint, "time": time.time()}
-            if _call("bumping the generation", self.consul.kv.put, self.prefix + "generation", json.dumps(new), cas=modify_index):
+            key = wire.kv_generation(self.namespace, self.job_id)
+            if _call("bumping the generation", self.consul.kv.put, key, json.dumps(new), cas=modify_index):
                 return new
         return self.generation()[0]
 
     def publish_progress(self, progress: dict[str, Any]) -> None:
-        _call("publishing progress", self.consul.kv.put, self.prefix + "progress", json.dumps(progress, sort_keys=True))
+        """PUT .../progress (outside the watched prefix)"""
+        _call("publishing progress", self.consul.kv.put, wire.kv_progress(self.namespace, self.job_id), json.dumps(progress, sort_keys=True))
 
     def progress(self) -> dict[str, Any] | None:
-        _, item = _call("reading progress", self.consul.kv.get, self.prefix + "progress")
+        """GET .../progress"""
+        _, item = _call("reading progress", self.consul.kv.get, wire.kv_progress(self.namespace, self.job_id))
         return json.loads(item["Value"]) if item and item.get("Value") else None
 
+    def sessions(self) -> list[dict[str, Any]]:
+        """This job's live sessions (by name).  GET /v1/session/list"""
+        _, items = _call("listing sessions", self.consul.session.list)
+        return [s for s in items if s.get("Name", "").startswith(f"nomadtf {self.job_id} ")]
+
     def delete_job_keys(self) -> None:
-        """DELETE /v1/kv/nomadtf/<job>/?recurse (used by `nomadtf stop --purge`)."""
+        """DELETE /v1/kv/nomadtf/<ns>/<job>/?recurse (a new run; `nomadtf stop --purge`)."""
         _call("deleting job keys", self.consul.kv.delete, self.prefix, recurse=True)

@@ -8,6 +8,7 @@ Usage:
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 from importlib import resources
@@ -16,10 +17,11 @@ from typing import Any
 
 import jinja2
 
-from nomadtf import __version__
+from nomadtf import __version__, wire
 from nomadtf.cluster import runs_user_code
 from nomadtf.errors import RenderError
-from nomadtf.spec import ROLES, duration_seconds, gpu_request, spec_sha256
+from nomadtf.roles import ROLES
+from nomadtf.spec import duration_seconds, gpu_request, spec_file_text, spec_sha256
 
 TEMPLATE_FILES = ("job.json.j2", "group.json.j2", "cluster.ctmpl.j2")
 
@@ -98,31 +100,47 @@ def task_env(spec: dict[str, Any], role: str) -> dict[str, str]:
     """The environment of one role's task: the user's env, then what `nomadtf task` reads."""
     cfg = spec["roles"][role]
     env = {**spec["env"], **cfg["env"]}
-    env.update(
-        {
-            "NOMADTF_ROLE": role,
-            "NOMADTF_SPEC": json.dumps(spec, sort_keys=True, separators=(",", ":")),
-            "CONSUL_HTTP_ADDR": spec["discovery"]["consul_address"],
-        }
-    )
+    env.update({wire.ENV_TASK_ROLE: role, "CONSUL_HTTP_ADDR": spec["discovery"]["consul_address"]})
     if spec["vault"].get("address"):
         env["VAULT_ADDR"] = spec["vault"]["address"]
     return env
 
 
+def spec_template(spec: dict[str, Any]) -> str:
+    """consul-template source that writes the spec file every task reads (wire.SPEC_FILE).
+    Base64 keeps the JSON out of reach of both template languages (no `{{`, no `${`)."""
+    encoded = base64.b64encode(spec_file_text(spec).encode()).decode()
+    return '{{ base64Decode "' + encoded + '" }}'
+
+
+def embedded_spec(task: dict[str, Any]) -> dict[str, Any]:
+    """The normalised spec a rendered task carries (the inverse of `spec_template`)."""
+    for template in task.get("Templates") or []:
+        if template.get("DestPath") == f"local/{wire.SPEC_FILE}":
+            encoded = template["EmbeddedTmpl"].split('"')[1]
+            return json.loads(base64.b64decode(encoded))
+    raise RenderError(f"task {task.get('Name')!r} carries no {wire.SPEC_FILE} template")
+
+
 def job_meta(spec: dict[str, Any]) -> dict[str, str]:
     return {
         **spec["meta"],
-        "nomadtf.version": __version__,
-        "nomadtf.spec_sha256": spec_sha256(spec),
-        "nomadtf.strategy": spec["strategy"],
+        wire.META_VERSION: __version__,
+        wire.META_SPEC_SHA256: spec_sha256(spec),
+        wire.META_STRATEGY: spec["strategy"],
     }
 
 
 def render_job(spec: dict[str, Any], templates_dir: Path | None = None) -> dict[str, Any]:
     env = environment(templates_dir)
     roles = present_roles(spec)
-    context = {"spec": spec, "roles": roles}
+    context = {
+        "spec": spec,
+        "roles": roles,
+        "service_names": {role: wire.service_name(spec["namespace"], spec["name"], role) for role in ROLES},
+        "service_tags": {role: wire.service_tags(role) for role in ROLES},
+        "wire": wire,
+    }
     try:
         cluster_template = env.get_template("cluster.ctmpl.j2").render(context)
         text = env.get_template("job.json.j2").render(
@@ -130,6 +148,7 @@ def render_job(spec: dict[str, Any], templates_dir: Path | None = None) -> dict[
             meta=job_meta(spec),
             task_env={role: task_env(spec, role) for role in roles},
             cluster_template=cluster_template,
+            spec_template=spec_template(spec),
         )
     except jinja2.TemplateNotFound as exc:
         raise RenderError(f"template {exc.name!r} not found in {templates_dir or default_templates_dir()}") from exc

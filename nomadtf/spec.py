@@ -1,11 +1,15 @@
 """The options file: load JSON or YAML, apply `--var` overrides, validate, fill defaults.
 
-Pure: no network, no client libraries. The result is a plain dict (the normalised spec)
-that the renderer and the in-allocation supervisor both read.
+Pure: no network, no client libraries. `load_spec` gives the normalised dict the templates
+render from; `JobSpec.from_normalized` turns it into the typed spec the in-allocation
+runtime uses (durations in seconds, counts, GPUs, every default already there). The
+normalised dict reaches every task as a file Nomad writes into the task directory
+(wire.SPEC_FILE), never as an environment variable.
 
 Usage:
     spec = load_spec(Path("job.json"), overrides=["roles.worker.count=4"])
     spec["roles"]["worker"]["count"]  # 4, every default filled in
+    JobSpec.from_normalized(spec).recovery.hang_timeout_s  # 600.0
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import copy
 import difflib
 import hashlib
 import json
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -22,17 +27,9 @@ from typing import Any
 import jsonschema
 import yaml
 
+from nomadtf import roles as role_table
 from nomadtf.errors import SpecError
-
-ROLES = ("chief", "worker", "ps", "evaluator", "tensorboard")
-
-# Which roles each strategy needs (count >= 1) and which it accepts at all.
-STRATEGY_ROLES: dict[str, dict[str, set[str]]] = {
-    "parameter_server": {"required": {"chief", "worker", "ps"}, "allowed": set(ROLES)},
-    "multi_worker_mirrored": {"required": {"worker"}, "allowed": {"chief", "worker", "evaluator", "tensorboard"}},
-    "legacy_server": {"required": {"worker"}, "allowed": set(ROLES)},
-}
-SINGLETON_ROLES = ("chief", "evaluator", "tensorboard")
+from nomadtf.roles import SINGLETON_ROLES
 
 
 @cache
@@ -201,12 +198,11 @@ def fill_defaults(value: Any, node: dict[str, Any], root: dict[str, Any]) -> Any
 def cross_field_problems(spec: dict[str, Any]) -> list[str]:
     problems = []
     strategy = spec["strategy"]
-    rules = STRATEGY_ROLES[strategy]
     roles = spec["roles"]
-    for role in sorted(rules["required"]):
+    for role in sorted(role_table.required_roles(strategy)):
         if roles.get(role, {}).get("count", 0) < 1:
             problems.append(f"roles.{role}: strategy {strategy!r} needs at least one {role}; add roles.{role}")
-    for role in sorted(set(roles) - rules["allowed"]):
+    for role in sorted(set(roles) - role_table.allowed_roles(strategy)):
         if roles[role]["count"] > 0:
             problems.append(f"roles.{role}: strategy {strategy!r} has no {role} role; remove it")
     for role in SINGLETON_ROLES:
@@ -257,3 +253,93 @@ def duration_seconds(text: str) -> float:
         if text.endswith(suffix) and text[: -len(suffix)].isdigit():
             return int(text[: -len(suffix)]) * units[suffix]
     raise SpecError(f"{text!r} is not a duration; write e.g. 30s, 5m or 2h")
+
+
+# ---- the typed spec the runtime reads ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Entrypoint:
+    kind: str  # "script", "module" or "function"
+    target: str
+    args: tuple[str, ...]
+    workdir: str | None
+    pythonpath: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Recovery:
+    restart_attempts: int
+    restart_interval_s: float
+    hang_timeout_s: float
+    deadline_s: float
+    permanent_exit_codes: frozenset[int]
+
+
+@dataclass(frozen=True)
+class Discovery:
+    reconfigure: str  # "watch" or "template"
+    rendezvous_timeout_s: float
+    debounce_s: float
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What `nomadtf task` needs, typed and normalised once (see `from_normalized`)."""
+
+    name: str
+    namespace: str
+    strategy: str
+    counts: dict[str, int]
+    entrypoint: Entrypoint
+    model_dir: str
+    context: dict[str, Any]
+    secrets: tuple[dict[str, Any], ...]
+    vault: dict[str, Any]
+    recovery: Recovery
+    discovery: Discovery
+    gpus: dict[str, dict[str, Any] | None]
+
+    @classmethod
+    def from_normalized(cls, spec: dict[str, Any]) -> JobSpec:
+        entry = spec["entrypoint"]
+        kind = next(k for k in ("script", "module", "function") if k in entry)
+        rec, disc = spec["recovery"], spec["discovery"]
+        return cls(
+            name=spec["name"],
+            namespace=spec.get("namespace", "default"),
+            strategy=spec["strategy"],
+            counts=role_counts(spec),
+            entrypoint=Entrypoint(
+                kind, entry[kind], tuple(entry.get("args", [])), entry.get("workdir"), tuple(entry.get("pythonpath", []))
+            ),
+            model_dir=spec["model_dir"],
+            context=spec["context"],
+            secrets=tuple(spec["secrets"]),
+            vault=spec["vault"],
+            recovery=Recovery(
+                restart_attempts=rec["restart_attempts"],
+                restart_interval_s=duration_seconds(rec["restart_interval"]),
+                hang_timeout_s=duration_seconds(rec["hang_timeout"]),
+                deadline_s=duration_seconds(rec["deadline"]),
+                permanent_exit_codes=frozenset(rec["permanent_exit_codes"]),
+            ),
+            discovery=Discovery(
+                reconfigure=disc["reconfigure"],
+                rendezvous_timeout_s=duration_seconds(disc["rendezvous_timeout"]),
+                debounce_s=duration_seconds(disc["debounce"]),
+            ),
+            gpus={role: gpu_request(cfg) for role, cfg in spec["roles"].items() if cfg["count"] > 0},
+        )
+
+
+def spec_file_text(spec: dict[str, Any]) -> str:
+    """The normalised spec as the file every task reads (wire.SPEC_FILE)."""
+    return json.dumps(spec, sort_keys=True, separators=(",", ":"))
+
+
+def read_spec_file(path: Path) -> JobSpec:
+    try:
+        return JobSpec.from_normalized(json.loads(path.read_text()))
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read the job's spec ({exc.strerror}); `nomadtf task` runs in a job rendered by nomadtf") from exc

@@ -18,7 +18,7 @@ import pytest
 from nomadtf import __version__
 from nomadtf.dcos import convert_options
 from nomadtf.errors import RenderError, SpecError
-from nomadtf.render import default_templates_dir, job_json, render_job
+from nomadtf.render import default_templates_dir, embedded_spec, job_json, render_job
 from nomadtf.spec import load_spec, normalize, read_options, spec_sha256
 from tests.helpers import EXAMPLES, nomadtf
 
@@ -90,8 +90,10 @@ def test_template_mode_embeds_consul_template_verbatim():
     assert result.returncode == 0, result.stderr
     job = json.loads(result.stdout)
     for role in ("chief", "worker", "ps"):
-        template = task(job, role)["Templates"][0]
-        assert template["ChangeMode"] == "signal" and template["ChangeSignal"] == "SIGHUP"
+        template = task(job, role)["Templates"][1]
+        assert template["DestPath"] == "local/nomadtf-cluster.json"
+        # No change signal: Nomad fails a task it cannot signal, e.g. one that is finishing.
+        assert template["ChangeMode"] == "noop" and "ChangeSignal" not in template
         text = template["EmbeddedTmpl"]
         for member in ("chief", "worker", "ps"):
             assert f'{{{{ range service "digits-{member}" }}}}' in text
@@ -104,9 +106,15 @@ def test_nomad_native_services_are_refused_until_supported():
         normalize({**read_options(JOB_EXAMPLES["digits"]), "discovery": {"provider": "nomad"}})
 
 
-def test_watch_mode_has_no_template():
-    job = render_job(example_spec("digits"))
-    assert all(task(job, role)["Templates"] == [] for role in ("chief", "worker", "ps"))
+def test_watch_mode_has_only_the_spec_template():
+    spec = example_spec("digits")
+    job = render_job(spec)
+    for role in ("chief", "worker", "ps"):
+        [template] = task(job, role)["Templates"]
+        assert template["DestPath"] == "local/nomadtf-spec.json" and template["ChangeMode"] == "noop"
+        assert "{{" not in template["EmbeddedTmpl"].removeprefix("{{ base64Decode ").removesuffix(" }}")
+        assert embedded_spec(task(job, role)) == spec
+        assert "NOMADTF_SPEC" not in task(job, role)["Env"]  # no 128 KiB env limit, no ${} interpolation
 
 
 def test_gpu_roles_get_devices_with_constraints():
@@ -142,7 +150,7 @@ def test_secrets_give_a_vault_block_and_no_value():
     for role in ("chief", "worker", "ps"):
         # The secret's target env name is set by `nomadtf task` in the child only.
         assert "DIGITS_API_TOKEN" not in task(job, role)["Env"]
-    text = job_json(job)
+    text = job_json(job) + json.dumps(embedded_spec(task(job, "chief")))
     assert "secret/nomadtf/digits" in text  # the reference travels ...
     assert not re.search(r'"value"\s*:', text.lower())  # ... and nothing that holds a value
     assert all("Vault" not in task(render_job(example_spec("digits")), r) for r in ("chief", "worker", "ps"))

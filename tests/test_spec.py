@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from nomadtf.errors import SpecError
+from nomadtf.render import embedded_spec
 from nomadtf.spec import apply_overrides, load_spec, normalize, read_options, schema
 from tests.helpers import EXAMPLES, nomadtf, write_job
 
@@ -191,7 +192,7 @@ def test_yaml_options_load_like_json(tmp_path):
 def task_spec(job, role):
     """The normalised spec as the task of `role` receives it."""
     group = next(g for g in job["Job"]["TaskGroups"] if g["Name"] == role)
-    return json.loads(group["Tasks"][0]["Env"]["NOMADTF_SPEC"])
+    return embedded_spec(group["Tasks"][0])
 
 
 def test_var_overrides_reach_the_rendered_job():
@@ -266,6 +267,7 @@ def test_normalize_fills_every_default():
         "provider": "consul",
         "reconfigure": "watch",
         "rendezvous_timeout": "5m",
+        "debounce": "1500ms",
         "consul_address": "127.0.0.1:8500",
     }
     assert spec["entrypoint"] == {"script": "t.py", "args": [], "pythonpath": []}

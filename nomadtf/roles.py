@@ -1,0 +1,112 @@
+"""The strategy x role table: the one place that says what each role is under each strategy.
+
+    strategy               role         user code  in TF cluster  restarts its child when a peer...
+    parameter_server       chief        yes        yes            ps moved/restarted, worker moved
+                           worker       no (server) yes           never
+                           ps           no (server) yes           never
+                           evaluator    yes        no             never (reads checkpoints)
+                           tensorboard  no         no             never
+    multi_worker_mirrored  chief/worker yes        yes            chief/worker moved/restarted
+                           evaluator    yes        no             never
+    legacy_server          chief/worker yes        yes            ps moved/restarted, chief/worker moved
+                           ps           no (server) yes           never
+                           evaluator    yes        no             never
+
+"moved": the peer's address changed (a new allocation elsewhere). "restarted": same
+address, new TensorFlow process (a parameter server that restarts has lost its variables;
+a restarted worker is simply reconnected by TensorFlow's coordinator under
+parameter_server). Soft roles (evaluator, tensorboard) are never waited for and never
+cause a restart: training is not disturbed by them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ROLES = ("chief", "worker", "ps", "evaluator", "tensorboard")
+SINGLETON_ROLES = ("chief", "evaluator", "tensorboard")
+STRATEGIES = ("parameter_server", "multi_worker_mirrored", "legacy_server")
+
+MOVED = "moved"
+RESTARTED = "restarted"
+BOTH = frozenset({MOVED, RESTARTED})
+
+
+@dataclass(frozen=True)
+class RoleRule:
+    allowed: bool
+    required: bool = False
+    runs_user_code: bool = False
+    in_cluster: bool = False  # listed in TF_CONFIG's cluster
+    # peer role -> the kinds of change of that peer that restart this role's child
+    restart_on: tuple[tuple[str, frozenset[str]], ...] = ()
+
+    def restarts_for(self, peer_role: str, kind: str) -> bool:
+        return any(role == peer_role and kind in kinds for role, kinds in self.restart_on)
+
+
+_NOT_ALLOWED = RoleRule(allowed=False)
+_EVALUATOR = RoleRule(allowed=True, runs_user_code=True)
+_TENSORBOARD = RoleRule(allowed=True)
+_SERVER = RoleRule(allowed=True, in_cluster=True)
+
+TABLE: dict[str, dict[str, RoleRule]] = {
+    "parameter_server": {
+        "chief": RoleRule(True, True, True, True, (("ps", BOTH), ("worker", frozenset({MOVED})))),
+        "worker": RoleRule(True, True, False, True),
+        "ps": RoleRule(True, True, False, True),
+        "evaluator": _EVALUATOR,
+        "tensorboard": _TENSORBOARD,
+    },
+    "multi_worker_mirrored": {
+        "chief": RoleRule(True, False, True, True, (("chief", BOTH), ("worker", BOTH))),
+        "worker": RoleRule(True, True, True, True, (("chief", BOTH), ("worker", BOTH))),
+        "ps": _NOT_ALLOWED,
+        "evaluator": _EVALUATOR,
+        "tensorboard": _TENSORBOARD,
+    },
+    "legacy_server": {
+        "chief": RoleRule(True, False, True, True, (("ps", BOTH), ("chief", frozenset({MOVED})), ("worker", frozenset({MOVED})))),
+        "worker": RoleRule(True, True, True, True, (("ps", BOTH), ("chief", frozenset({MOVED})), ("worker", frozenset({MOVED})))),
+        "ps": _SERVER,
+        "evaluator": _EVALUATOR,
+        "tensorboard": _TENSORBOARD,
+    },
+}
+
+
+def rule(strategy: str, role: str) -> RoleRule:
+    return TABLE[strategy][role]
+
+
+def runs_user_code(strategy: str, role: str) -> bool:
+    return rule(strategy, role).runs_user_code
+
+
+def cluster_roles(strategy: str) -> tuple[str, ...]:
+    """The roles listed in TF_CONFIG's cluster, in TensorFlow's order."""
+    return tuple(role for role in ("chief", "worker", "ps") if rule(strategy, role).in_cluster)
+
+
+def rendezvous_roles(strategy: str, role: str) -> tuple[str, ...]:
+    """Whom a task of `role` waits for before its child starts: the training cluster.
+    Soft roles wait for the cluster too (the evaluator needs its addresses); nobody waits
+    for a soft role."""
+    if role == "tensorboard":
+        return ()
+    return cluster_roles(strategy)
+
+
+def completes_job(strategy: str, role: str, index: int, counts: dict[str, int]) -> bool:
+    """Whose clean exit means the training is done: the chief, else worker 0 (MWMS/legacy)."""
+    if counts.get("chief"):
+        return role == "chief"
+    return strategy != "parameter_server" and role == "worker" and index == 0
+
+
+def required_roles(strategy: str) -> set[str]:
+    return {role for role, r in TABLE[strategy].items() if r.required}
+
+
+def allowed_roles(strategy: str) -> set[str]:
+    return {role for role, r in TABLE[strategy].items() if r.allowed}

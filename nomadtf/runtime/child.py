@@ -1,0 +1,148 @@
+"""The TensorFlow process: start it, stop it and everything it started, never leave an
+orphan or a zombie.
+
+- The child gets its own process group, so one killpg reaches it and its children.
+- Parent death: the child is exec'd through a tiny wrapper (a fresh `python -S`) that arms
+  PR_SET_PDEATHSIG and then execs the real command. Nothing runs between fork and exec in
+  our (multi-threaded) process: no preexec_fn, no ctypes there.
+- The supervisor is a child subreaper (PR_SET_CHILD_SUBREAPER), so grandchildren that
+  daemonise or leave the group are re-parented to us; `stop` kills every descendant psutil
+  finds (collected before anything is signalled) and reaps them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+
+import psutil
+
+log = logging.getLogger("nomadtf.task")
+
+STOP_GRACE_S = 8.0  # SIGTERM -> SIGKILL (below Nomad's kill_timeout of 20 s)
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+# argv: [python, -S, -c, WRAPPER, <expected parent pid>, command...]. If our parent died
+# before the signal was armed, getppid() already differs: exit instead of running alone.
+PDEATH_WRAPPER = (
+    "import ctypes,os,sys\n"
+    "ctypes.CDLL(None,use_errno=True).prctl(1,9)\n"
+    "if os.getppid()!=int(sys.argv[1]):os._exit(137)\n"
+    "os.execvp(sys.argv[2],sys.argv[2:])\n"
+)
+
+
+def become_subreaper() -> bool:
+    """Orphaned descendants of our child are re-parented to us instead of to init."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def with_parent_death(argv: list[str]) -> list[str]:
+    return [sys.executable, "-S", "-c", PDEATH_WRAPPER, str(os.getpid()), *argv]
+
+
+class Child:
+    """One run of the child. `on_exit(pid, code)` is called from a waiter thread when it
+    ends by itself (the event loop turns that into an event); not after `stop`."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: str, on_exit: Callable[[int, int], None]):
+        self.argv = argv
+        self.proc = subprocess.Popen(with_parent_death(argv), env=env, cwd=cwd, process_group=0, close_fds=True)
+        self.pid = self.proc.pid
+        self._stopping = False
+        self._waiter = threading.Thread(target=self._wait, args=(on_exit,), name=f"child-{self.pid}", daemon=True)
+        self._waiter.start()
+
+    def _wait(self, on_exit: Callable[[int, int], None]) -> None:
+        code = self.proc.wait()
+        if not self._stopping:
+            on_exit(self.pid, code)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.poll()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def descendants(self) -> list[psutil.Process]:
+        """Every process below us except the child itself: its children and grandchildren,
+        and orphans re-parented to us (subreaper). The child is Popen's to wait for."""
+        try:
+            return [p for p in psutil.Process().children(recursive=True) if p.pid != self.pid]
+        except psutil.Error:
+            return []
+
+    def stop(self, grace: float = STOP_GRACE_S) -> int | None:
+        """SIGTERM the group and every descendant, SIGKILL what is left after `grace`,
+        reap them all. Returns the child's exit code."""
+        self._stopping = True
+        tree = self.descendants()  # before anything is signalled: orphans cannot hide
+        _signal_group(self.pid, signal.SIGTERM)
+        for proc in tree:
+            _signal(proc, signal.SIGTERM)
+        code = self._wait_for(grace)
+        _, alive = psutil.wait_procs(tree, timeout=0.5 if code is not None else 0)
+        if code is None or alive:
+            # MWMS workers ignore SIGTERM (TensorFlow's preemption handler), hence the hard stop.
+            _signal_group(self.pid, signal.SIGKILL)
+            for proc in alive:
+                _signal(proc, signal.SIGKILL)
+            code = self._wait_for(grace) if code is None else code
+            psutil.wait_procs(alive, timeout=grace)
+        reap_orphans(keep=None)
+        return code
+
+    def _wait_for(self, timeout: float) -> int | None:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def pause(self) -> None:
+        """SIGSTOP the group (the chaos soak's "hung child")."""
+        _signal_group(self.pid, signal.SIGSTOP)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _signal(proc: psutil.Process, sig: int) -> None:
+    try:
+        proc.send_signal(sig)
+    except psutil.Error:
+        pass
+
+
+def reap_orphans(keep: int | None = None) -> int:
+    """Collect exited descendants re-parented to us (never `keep`, our current child,
+    whose status its Popen owns). Returns how many were reaped."""
+    reaped = 0
+    try:
+        children = psutil.Process().children()
+    except psutil.Error:
+        return 0
+    for proc in children:
+        if proc.pid == keep:
+            continue
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(proc.pid, os.WNOHANG)
+                reaped += 1
+        except (psutil.Error, ChildProcessError):
+            continue
+    return reaped

@@ -1,0 +1,190 @@
+"""Who this task is and who its peers are: the health endpoint, the index claim, the
+cluster as Consul (or the template-rendered file) sees it, and the watches that turn
+Consul changes into loop events. Every call here is one non-blocking step; waiting is
+the event loop's job, so a SIGTERM is handled at once, in any phase.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from nomadtf import cluster, roles, wire
+from nomadtf.cluster import Member
+from nomadtf.discovery import ConsulDiscovery, Slot
+from nomadtf.errors import NomadtfError
+from nomadtf.runtime.loop import CATALOG, CLUSTER_KV, Event
+from nomadtf.spec import JobSpec
+
+log = logging.getLogger("nomadtf.task")
+
+WATCH_WAIT_S = 30.0  # a blocking query's wait; answered at once on a change
+WATCH_RETRY_S = 1.0  # after a failed query (Consul restarting)
+
+
+# ---- the health endpoint -------------------------------------------------------------------
+
+
+class _Health(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        body = b"ok\n"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_args: Any) -> None:
+        pass  # Nomad checks every 2 s; not worth a log line each
+
+
+def start_health_server(port: int) -> ThreadingHTTPServer:
+    """Nomad's service check: the task is registered as passing once this answers."""
+    server = ThreadingHTTPServer(("0.0.0.0", port), _Health)
+    threading.Thread(target=server.serve_forever, name="health", daemon=True).start()
+    return server
+
+
+# ---- watches -------------------------------------------------------------------------------
+
+
+class Watch:
+    """One Consul blocking query turned into loop events, on its own thread, for ever.
+    An index that goes backwards means Consul restarted: start over from 0."""
+
+    def __init__(self, kind: str, query: Callable[[int, float], int], post: Callable[[Event], None]):
+        self.kind = kind
+        self.query = query
+        self.post = post
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f"watch-{kind}", daemon=True)
+
+    def start(self) -> Watch:
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        index = 0
+        while not self.stop.is_set():
+            try:
+                new_index = self.query(index, WATCH_WAIT_S)
+            except NomadtfError:
+                index = 0
+                self.stop.wait(WATCH_RETRY_S)
+                continue
+            if new_index != index:
+                self.post(Event(self.kind, new_index))
+            index = new_index if new_index >= index else 0
+
+
+# ---- membership ----------------------------------------------------------------------------
+
+
+@dataclass
+class Identity:
+    role: str
+    alloc_id: str
+    alloc_index: int
+    incarnation: str
+    index: int = -1
+
+
+class Membership:
+    def __init__(self, spec: JobSpec, identity: Identity, discovery: ConsulDiscovery, cluster_file: Path):
+        self.spec = spec
+        self.me = identity
+        self.discovery = discovery
+        self.cluster_file = cluster_file
+        self.watches: list[Watch] = []
+
+    # the roles whose registrations matter to us
+    @property
+    def watched_roles(self) -> tuple[str, ...]:
+        return tuple(r for r in cluster.RENDEZVOUS_ROLES if self.spec.counts.get(r))
+
+    @property
+    def wait_for(self) -> tuple[str, ...]:
+        return roles.rendezvous_roles(self.spec.strategy, self.me.role)
+
+    def open(self) -> None:
+        self.discovery.open_session(wire.session_name(self.spec.name, self.me.role, self.me.alloc_id))
+
+    def start_watches(self, post: Callable[[Event], None]) -> None:
+        roles_ = self.watched_roles
+        self.watches = [
+            Watch(CATALOG, lambda i, w: self.discovery.wait_for_catalog_change(i, w, roles_), post).start(),
+            Watch(CLUSTER_KV, self.discovery.wait_for_cluster_kv_change, post).start(),
+        ]
+
+    def close(self) -> None:
+        for watch in self.watches:
+            watch.stop.set()
+        self.discovery.close()
+
+    # ---- index claim ------------------------------------------------------------------------
+
+    def try_claim(self) -> bool:
+        """One attempt at a unique index; True once we hold one."""
+        count = self.spec.counts.get(self.me.role, 1)
+        index = self.discovery.claim_slot(self.me.role, count, self.me.alloc_id, self.me.alloc_index, self.me.incarnation)
+        if index is None:
+            return False
+        if index != self.me.alloc_index:
+            log.warning("NOMAD_ALLOC_INDEX=%d is held by another allocation; using index %d", self.me.alloc_index, index)
+        self.me.index = index
+        log.info("holding %s[%d] (alloc %s, incarnation %s)", self.me.role, index, self.me.alloc_id[:8], self.me.incarnation)
+        return True
+
+    def holds_slot(self, slots: dict[tuple[str, int], Slot]) -> bool:
+        slot = slots.get((self.me.role, self.me.index))
+        return bool(slot and slot.alloc_id == self.me.alloc_id and slot.session == self.discovery.session)
+
+    def reclaim(self) -> bool:
+        """After Consul forgot us (a dev agent restarted): a new session, our index again."""
+        log.warning("our slot %s[%d] is gone (Consul restarted?); claiming it again", self.me.role, self.me.index)
+        self.discovery.reopen_session()
+        self.me.alloc_index = self.me.index
+        return self.try_claim()
+
+    def announce_incarnation(self, incarnation: str) -> None:
+        self.me.incarnation = incarnation
+        self.discovery.update_incarnation(self.me.role, self.me.index, self.me.alloc_id, incarnation)
+
+    # ---- the cluster ------------------------------------------------------------------------
+
+    def members(self, slots: dict[tuple[str, int], Slot] | None = None) -> list[Member]:
+        slots = self.discovery.slots() if slots is None else slots
+        if self.spec.discovery.reconfigure == "template":
+            return members_from_template(self.cluster_file, slots, self.spec.counts)
+        return self.discovery.members(self.spec.counts, slots)
+
+    def missing(self, members: list[Member]) -> list[str]:
+        return cluster.missing_members(self.spec.counts, members, self.wait_for)
+
+
+def members_from_template(path: Path, slots: dict[tuple[str, int], Slot], counts: dict[str, int]) -> list[Member]:
+    """The file Nomad's template block renders from the Consul catalog (reconfigure=template)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    members = []
+    for group in data.get("members", []):
+        by_alloc = {}
+        for inst in group.get("instances", []):
+            by_alloc[wire.parse_tags(inst.get("tags", [])).get(wire.TAG_ALLOC, "")] = inst["address"]
+        for (role, index), slot in slots.items():
+            if role == group["role"] and slot.alloc_id in by_alloc and index < counts.get(role, 0):
+                members.append(Member(role, index, by_alloc[slot.alloc_id], f"{slot.alloc_id}/{slot.incarnation}"))
+    return sorted(members)
+
+
+def describe(members: list[Member]) -> str:
+    return ", ".join(f"{m.role}[{m.index}]={m.address}" for m in sorted(members))
+
+

@@ -1,0 +1,201 @@
+"""Every decision the in-allocation runtime makes, as pure functions and small value
+objects. No I/O, no clock: callers pass `now`. Unit-tested exhaustively
+(tests/test_runtime_policy.py).
+
+What restarts when is the role table (nomadtf.roles); this module applies it:
+    peer change              restart our child if roles.TABLE says so for that peer's
+                             role and the kind of change (moved / restarted)
+    own child exits 0        the role that completes the job marks it succeeded; others end
+    own child crashed        (signal, exit >= 128, or any code not listed as permanent)
+                             restart in place with a new incarnation, peers are told
+    own child hung           the same as a crash in every respect
+    permanent exit code      the job is marked failed; every task stops; nothing retries it
+    job succeeded            bare servers stop now; user code gets a grace period
+    job failed               every task stops its child and exits 1
+    budget                   at most restart_attempts recoveries per restart_interval
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from nomadtf import roles
+from nomadtf.cluster import Member
+
+STRAGGLER_GRACE_S = 30.0  # after success, how long user code that is still running gets
+PEER_SETTLE_S = 12.0  # after a child failure, how long to look for a peer change that explains it
+
+
+def fingerprint(members: Iterable[Member]) -> str:
+    return json.dumps(sorted((m.role, m.index, m.address, m.alloc_id) for m in members))
+
+
+@dataclass(frozen=True, order=True)
+class PeerChange:
+    role: str
+    index: int
+    kind: str  # roles.MOVED or roles.RESTARTED
+
+
+def peer_changes(old: Iterable[Member], new: Iterable[Member]) -> list[PeerChange]:
+    """How each slot present in both complete clusters changed."""
+    before = {(m.role, m.index): m for m in old}
+    after = {(m.role, m.index): m for m in new}
+    out = []
+    for slot in sorted(set(before) & set(after)):
+        a, b = before[slot], after[slot]
+        if a.address != b.address:
+            out.append(PeerChange(slot[0], slot[1], roles.MOVED))
+        elif a.alloc_id != b.alloc_id:
+            out.append(PeerChange(slot[0], slot[1], roles.RESTARTED))
+    return out
+
+
+def must_restart(strategy: str, role: str, index: int, old: Iterable[Member], new: Iterable[Member]) -> bool:
+    """Does this task's child need the new cluster? roles.TABLE decides, per peer role and kind."""
+    rule = roles.rule(strategy, role)
+    return any(
+        rule.restarts_for(change.role, change.kind)
+        for change in peer_changes(old, new)
+        if (change.role, change.index) != (role, index)
+    )
+
+
+# ---- exits ---------------------------------------------------------------------------------
+
+
+class ExitClass(enum.Enum):
+    OK = "ok"
+    PERMANENT = "permanent"  # the code is broken: retrying cannot help
+    RETRYABLE = "retryable"  # crash, signal, OOM, or a code the job did not call permanent
+
+
+def exit_class(code: int, permanent: Iterable[int]) -> ExitClass:
+    if code == 0:
+        return ExitClass.OK
+    if code < 0 or code >= 128:
+        return ExitClass.RETRYABLE
+    return ExitClass.PERMANENT if code in set(permanent) else ExitClass.RETRYABLE
+
+
+class Act(enum.Enum):
+    SUCCEED_JOB = "mark the job succeeded, exit 0"
+    EXIT_OK = "exit 0"
+    RECOVER = "restart our child in place (a crash: new incarnation)"
+    RECOVER_WITH_CLUSTER = "restart our child with the new cluster"
+    CHECK_PEERS = "look for a peer change that explains the failure"
+    FAIL_JOB = "mark the job failed, exit with the child's code"
+    GIVE_UP = "recovery budget spent: exit 1, Nomad's policy applies"
+    STOP_NOW = "stop our child, exit 0"
+    STOP_AFTER_GRACE = "let our code finish, stop it after the grace period"
+    STOP_FAILED = "stop our child, exit 1"
+    NOTHING = "nothing"
+
+
+def on_child_exit(code: int, permanent: Iterable[int], job_state: str | None, completes_job: bool) -> Act:
+    """The first decision after our child exited."""
+    if job_state == "succeeded":
+        return Act.EXIT_OK
+    kind = exit_class(code, permanent)
+    if kind is ExitClass.OK:
+        return Act.SUCCEED_JOB if completes_job else Act.EXIT_OK
+    if code < 0:
+        return Act.RECOVER  # killed by a signal from outside: our own crash, no peer to wait for
+    return Act.CHECK_PEERS
+
+
+def after_peer_check(code: int, permanent: Iterable[int], peer_changed: bool) -> Act:
+    """The decision once we know whether a peer moved or lost its state meanwhile."""
+    if peer_changed:
+        return Act.RECOVER_WITH_CLUSTER
+    return Act.FAIL_JOB if exit_class(code, permanent) is ExitClass.PERMANENT else Act.RECOVER
+
+
+def on_job_state(state: str | None, strategy: str, role: str, completes_job: bool, succeeded_for_s: float) -> Act:
+    """What the job's recorded state means for a task whose child still runs."""
+    if state is None:
+        return Act.NOTHING
+    if state.startswith("failed"):
+        return Act.STOP_FAILED
+    if state != "succeeded" or completes_job:
+        return Act.NOTHING
+    if not roles.runs_user_code(strategy, role):
+        return Act.STOP_NOW
+    return Act.STOP_AFTER_GRACE if succeeded_for_s < STRAGGLER_GRACE_S else Act.STOP_NOW
+
+
+def on_start(state: str | None) -> Act:
+    """A supervisor that starts (or restarts) after the job already ended does nothing."""
+    if state == "succeeded":
+        return Act.EXIT_OK
+    if state and state.startswith("failed"):
+        return Act.STOP_FAILED
+    return Act.NOTHING
+
+
+# ---- budgets, debounce, hang ---------------------------------------------------------------
+
+
+@dataclass
+class RestartBudget:
+    """At most `attempts` recoveries in any `window_s` (Nomad's restart policy, in place)."""
+
+    attempts: int
+    window_s: float
+    spent: list[float] = field(default_factory=list)
+
+    def spend(self, now: float) -> bool:
+        """Record one recovery at `now`; False when that one is over the budget."""
+        self.spent = [t for t in self.spent if now - t < self.window_s] + [now]
+        return len(self.spent) <= self.attempts
+
+
+@dataclass
+class Debounce:
+    """A change counts once the same value has been seen continuously for `hold_s`
+    (consul-template's wait). Anything else in between, an incomplete cluster included,
+    starts the clock again; so does acting on it (`reset`)."""
+
+    hold_s: float
+    value: str | None = None
+    since: float = 0.0
+
+    def observe(self, value: str, now: float) -> bool:
+        if value != self.value:
+            self.value, self.since = value, now
+            return self.hold_s <= 0
+        return now - self.since >= self.hold_s
+
+    def due(self) -> float | None:
+        """When a pending value will have held long enough (a timer for the loop)."""
+        return None if self.value is None else self.since + self.hold_s
+
+    def reset(self) -> None:
+        self.value, self.since = None, 0.0
+
+
+@dataclass
+class HangClock:
+    """No training step for `timeout_s` is a hang. Only code that reports progress can be
+    judged: silence from the start is not a hang."""
+
+    timeout_s: float
+    step: int | None = None
+    changed_at: float = 0.0
+
+    def observe(self, step: int | None, now: float) -> None:
+        if step is not None and step != self.step:
+            self.step, self.changed_at = step, now
+
+    def restart(self, now: float) -> None:
+        """A new child: it has the whole timeout again, and must report before it is judged."""
+        self.step, self.changed_at = None, now
+
+    def hung(self, now: float) -> bool:
+        return self.step is not None and now - self.changed_at > self.timeout_s
+
+    def due(self) -> float | None:
+        return None if self.step is None else self.changed_at + self.timeout_s

@@ -1,0 +1,463 @@
+"""The life of one task: claim an index, rendezvous, run the child, follow the cluster,
+end cleanly. It reads one event at a time from the loop, asks `policy` what to do, and
+does it; the phases are explicit:
+
+    CLAIMING     taking a unique index (a Consul lock); retried on a timer
+    RENDEZVOUS   waiting until everyone we depend on is registered and passing
+    RUNNING      the child runs; membership changes and job state are acted on
+    CHECKING     our child failed; a peer change that explains it is looked for
+
+A Consul error in any step is logged and the step is retried on the next event or after
+a second; writes a failure path depends on retry with bounded backoff (discovery.retrying).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import signal
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from nomadtf import roles, wire
+from nomadtf.cluster import Member
+from nomadtf.discovery import ConsulDiscovery, retrying
+from nomadtf.errors import RendezvousTimeout, ServerError, TaskError
+from nomadtf.progress import read as read_progress
+from nomadtf.runtime import launch, policy
+from nomadtf.runtime.child import Child, become_subreaper, reap_orphans
+from nomadtf.runtime.loop import CATALOG, CHILD_EXIT, CLUSTER_KV, SIGNAL, TIMER, Event, EventLoop
+from nomadtf.runtime.membership import Identity, Membership, describe, start_health_server
+from nomadtf.runtime.policy import Act
+from nomadtf.spec import JobSpec, read_spec_file
+
+log = logging.getLogger("nomadtf.task")
+
+RETRY_S = 1.0  # a step that failed on a Consul error is tried again this soon
+PROGRESS_TICK_S = 1.0  # the local progress file is read this often (no Consul read)
+PROGRESS_PUBLISH_S = 2.0  # and published at most this often
+
+
+class Phase(enum.Enum):
+    CLAIMING = "claiming"
+    RENDEZVOUS = "rendezvous"
+    RUNNING = "running"
+    CHECKING = "checking"
+
+
+@dataclass
+class AllocInfo:
+    """What Nomad tells the task about itself through its environment."""
+
+    job_id: str
+    alloc_id: str
+    alloc_index: int
+    tf_port: int
+    health_port: int
+    task_dir: Path
+    secrets_dir: Path
+
+    @classmethod
+    def from_environ(cls, env: dict[str, str]) -> AllocInfo:
+        try:
+            return cls(
+                job_id=env["NOMAD_JOB_ID"],
+                alloc_id=env["NOMAD_ALLOC_ID"],
+                alloc_index=int(env.get("NOMAD_ALLOC_INDEX", "0")),
+                tf_port=int(env["NOMAD_PORT_tf"]),
+                health_port=int(env["NOMAD_PORT_health"]),
+                task_dir=Path(env.get("NOMAD_TASK_DIR", ".")),
+                secrets_dir=Path(env.get("NOMAD_SECRETS_DIR", ".")),
+            )
+        except KeyError as exc:
+            raise TaskError(f"{exc.args[0]} is not set: `nomadtf task` runs inside a Nomad allocation of a rendered job") from None
+
+
+@dataclass
+class Running:
+    child: Child
+    members: list[Member]
+    generation: int
+
+
+class Supervisor:
+    def __init__(self, spec: JobSpec, role: str, alloc: AllocInfo, discovery: ConsulDiscovery, loop: EventLoop | None = None):
+        self.spec = spec
+        self.role = role
+        self.alloc = alloc
+        self.discovery = discovery
+        self.loop = loop or EventLoop()
+        self.me = Identity(role, alloc.alloc_id, alloc.alloc_index, _incarnation())
+        self.membership = Membership(spec, self.me, discovery, alloc.task_dir / wire.CLUSTER_FILE)
+        self.phase = Phase.CLAIMING
+        self.running: Running | None = None
+        self.budget = policy.RestartBudget(spec.recovery.restart_attempts, spec.recovery.restart_interval_s)
+        self.debounce = policy.Debounce(spec.discovery.debounce_s)
+        self.hang = policy.HangClock(spec.recovery.hang_timeout_s)
+        self.progress_file = alloc.task_dir / wire.PROGRESS_FILE
+        self.last_progress: dict | None = None
+        self.published_at = 0.0
+        self.secret_env: dict[str, str] = {}
+        self.renewer = None
+        self.succeeded_at: float | None = None
+        self.failed_code = 0
+        self.last_missing: list[str] = []
+        self.stop_requested = False
+
+    @property
+    def completes_job(self) -> bool:
+        return roles.completes_job(self.spec.strategy, self.role, self.me.index, self.spec.counts)
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    def run(self) -> int:
+        self.loop.install_signals()
+        become_subreaper()
+        health = start_health_server(self.alloc.health_port)
+        try:
+            return self._main()
+        finally:
+            self._stop_child()
+            if self.renewer:
+                self.renewer.stop_event.set()
+            self.membership.close()
+            health.shutdown()
+            reap_orphans()
+
+    def _main(self) -> int:
+        state = self._job_state()
+        act = policy.on_start(state)
+        if act is Act.EXIT_OK:
+            log.info("the job already succeeded; nothing to do")
+            return 0
+        if act is Act.STOP_FAILED:
+            log.error("the job already failed (%s); not starting", state)
+            return 1
+        self._retry(self.membership.open, "opening a Consul session")
+        self.membership.start_watches(self.loop.post)
+        self.loop.call_at(time.monotonic() + self.spec.discovery.rendezvous_timeout_s, "rendezvous-deadline")
+        self.loop.call_at(time.monotonic(), "step")
+        while True:
+            event = self.loop.next()
+            outcome = self._handle(event)
+            if outcome is not None:
+                return outcome
+
+    def _handle(self, event: Event | None) -> int | None:
+        if event is None:
+            return None
+        if event.kind == SIGNAL:
+            if event.data == signal.SIGHUP:
+                return self._step()  # someone asks us to re-read the cluster (file)
+            log.info("received signal %d; stopping", event.data)
+            self.stop_requested = True
+            code = self._stop_child()
+            return 0 if code in (None, 0, -signal.SIGTERM, -signal.SIGKILL) else code
+        if event.kind == CHILD_EXIT:
+            pid, code = event.data
+            if not self.running or pid != self.running.child.pid:
+                return None  # a child we already replaced
+            return self._guard(lambda: self._on_child_exit(code))
+        if event.kind == TIMER:
+            return self._on_timer(event.data)
+        if event.kind == CATALOG:
+            # In template mode the file may be re-rendered just after the catalog changed:
+            # look again once the debounce has passed.
+            self.loop.call_at(time.monotonic() + self.spec.discovery.debounce_s, "step")
+        if event.kind in (CATALOG, CLUSTER_KV):
+            return self._step()
+        return None
+
+    def _on_timer(self, name: str) -> int | None:
+        if name == "step":
+            return self._step()
+        if name == "rendezvous-deadline":
+            if self.phase is Phase.CLAIMING:
+                count = self.spec.counts.get(self.role, 1)
+                raise TaskError(f"every {self.role} index (0..{count - 1}) is held by a live task; is a previous run still stopping?")
+            if self.phase is Phase.RENDEZVOUS or (self.phase is Phase.CHECKING and self.last_missing):
+                raise RendezvousTimeout(self.last_missing, self.spec.discovery.rendezvous_timeout_s)
+            return None
+        if name == "progress":
+            return self._on_progress_tick()
+        if name == "peer-settle" and self.phase is Phase.CHECKING:
+            return self._guard(lambda: self._decide_after_peer_check(False, []))
+        if name == "straggler":
+            log.info("the job succeeded %.0fs ago and our code is still running; stopping it", policy.STRAGGLER_GRACE_S)
+            self._stop_child()
+            return 0
+        return None
+
+    def _guard(self, step) -> int | None:
+        """Run a step; a Consul error leaves the state as it is and retries the step soon."""
+        try:
+            return step()
+        except ServerError as exc:
+            log.warning("Consul: %s; retrying in %.0fs", exc, RETRY_S)
+            self.loop.call_at(time.monotonic() + RETRY_S, "step")
+            return None
+
+    def _step(self) -> int | None:
+        return self._guard(
+            {
+                Phase.CLAIMING: self._claim,
+                Phase.RENDEZVOUS: self._rendezvous,
+                Phase.RUNNING: self._look,
+                Phase.CHECKING: self._check_peers,
+            }[self.phase]
+        )
+
+    # ---- claiming and rendezvous ------------------------------------------------------------
+
+    def _claim(self) -> int | None:
+        if self.membership.try_claim():
+            self.phase = Phase.RENDEZVOUS
+            return self._rendezvous()
+        self.loop.call_at(time.monotonic() + RETRY_S, "step")
+        return None
+
+    def _rendezvous(self) -> int | None:
+        state = self.discovery.job_state()
+        act = policy.on_start(state)
+        if act is Act.EXIT_OK:
+            log.info("the job succeeded while we waited for the cluster; nothing to do")
+            return 0
+        if act is Act.STOP_FAILED:
+            log.error("the job failed while we waited for the cluster (%s)", state)
+            return 1
+        slots = self.discovery.slots()
+        if not self.membership.holds_slot(slots):
+            self.membership.reclaim()
+            slots = self.discovery.slots()
+        members = self.membership.members(slots)
+        missing = self.membership.missing(members)
+        if missing:
+            if missing != self.last_missing:
+                log.info("waiting for %s", ", ".join(missing))
+            self.last_missing = missing
+            return None
+        self.last_missing = []
+        self.loop.cancel("rendezvous-deadline")
+        log.info("cluster complete: %s", describe(members) or "(nobody to wait for)")
+        generation = self._bump(policy.fingerprint(members))
+        if roles.runs_user_code(self.spec.strategy, self.role) and self.spec.secrets and not self.secret_env:
+            self._fetch_secrets()
+        self._start_child(members, generation)
+        return None
+
+    # ---- running ----------------------------------------------------------------------------
+
+    def _look(self) -> int | None:
+        """Act on the job's state, then on a settled change of the complete cluster."""
+        assert self.running is not None
+        state = self.discovery.job_state()
+        if state == "succeeded" and self.succeeded_at is None:
+            self.succeeded_at = time.monotonic()
+        since = time.monotonic() - self.succeeded_at if self.succeeded_at else 0.0
+        act = policy.on_job_state(state, self.spec.strategy, self.role, self.completes_job, since)
+        if act is Act.STOP_NOW:
+            log.info("the job succeeded; stopping our %s", "TensorFlow server" if not roles.runs_user_code(self.spec.strategy, self.role) else "child")
+            self._stop_child()
+            return 0
+        if act is Act.STOP_FAILED:
+            log.error("the job failed (%s); stopping our child", state)
+            self._stop_child()
+            return 1
+        if act is Act.STOP_AFTER_GRACE:
+            self.loop.call_at(self.succeeded_at + policy.STRAGGLER_GRACE_S, "straggler")
+            return None
+        slots = self.discovery.slots()
+        if not self.membership.holds_slot(slots):
+            self.membership.reclaim()
+            return None  # the claim's KV write wakes us again
+        members = self.membership.members(slots)
+        if self.membership.missing(members):
+            self.debounce.reset()  # a peer is away; act once it is back (and only if it changed)
+            return None
+        current = policy.fingerprint(members)
+        generation, _ = self.discovery.generation()
+        if generation.get("fingerprint") != current:
+            if not self.debounce.observe(current, time.monotonic()):
+                self.loop.call_at(self.debounce.due() or time.monotonic(), "step")
+                return None
+            self.debounce.reset()
+            generation = self.discovery.bump_generation(current)
+            log.info("cluster changed: generation %d: %s", generation["generation"], describe(members))
+        else:
+            self.debounce.reset()
+        number = int(generation.get("generation", 0))
+        if number != self.running.generation and generation.get("fingerprint") == current:
+            if policy.must_restart(self.spec.strategy, self.role, self.me.index, self.running.members, members):
+                self._restart_child(members, number, f"generation {number} changed peers we depend on")
+            else:
+                self.running.generation, self.running.members = number, members
+        return None
+
+    def _on_child_exit(self, code: int) -> int | None:
+        state = self._job_state()
+        act = policy.on_child_exit(code, self.spec.recovery.permanent_exit_codes, state, self.completes_job)
+        if act is Act.SUCCEED_JOB:
+            self._retry(lambda: self.discovery.set_job_state(wire.STATE_SUCCEEDED), "marking the job succeeded")
+            log.info("training finished; job marked succeeded")
+            return 0
+        if act is Act.EXIT_OK:
+            log.info("our child exited %d%s; done", code, " after the job succeeded" if state == "succeeded" else "")
+            return 0
+        if act is Act.RECOVER:
+            return self._recover(f"crashed ({_describe_code(code)})")
+        # CHECK_PEERS: did a peer move or lose its state? Wait a little to see.
+        self.phase = Phase.CHECKING
+        self.failed_code = code
+        self.loop.call_at(time.monotonic() + policy.PEER_SETTLE_S, "peer-settle")
+        self.loop.call_at(time.monotonic() + self.spec.discovery.rendezvous_timeout_s, "rendezvous-deadline")
+        return self._check_peers()
+
+    def _check_peers(self) -> int | None:
+        assert self.running is not None
+        members = self.membership.members()
+        missing = self.membership.missing(members)
+        self.last_missing = missing
+        if not missing and policy.fingerprint(members) != policy.fingerprint(self.running.members):
+            return self._decide_after_peer_check(True, members)
+        return None
+
+    def _decide_after_peer_check(self, changed: bool, members: list[Member]) -> int | None:
+        self.loop.cancel("peer-settle")
+        self.loop.cancel("rendezvous-deadline")
+        code = self.failed_code
+        act = policy.after_peer_check(code, self.spec.recovery.permanent_exit_codes, changed)
+        if act is Act.RECOVER_WITH_CLUSTER:
+            return self._recover(f"exit {code} after a peer changed", own_crash=False)
+        if act is Act.RECOVER:
+            return self._recover(f"crashed ({_describe_code(code)})")
+        why = f"failed: {self.role}[{self.me.index}] exited {code}, a permanent exit code"
+        log.error("our code %s; marking the job failed so that nothing retries it", why.removeprefix("failed: "))
+        self._retry(lambda: self.discovery.set_job_state(why), "marking the job failed")
+        return code
+
+    def _recover(self, why: str, own_crash: bool = True) -> int | None:
+        """Restart our child in place through a new rendezvous, within the budget. A crash
+        (and a hang) gets a new incarnation, so peers that depend on our state restart too."""
+        if not self.budget.spend(time.monotonic()):
+            log.error("giving up after %d recoveries in %.0fs (%s)", self.spec.recovery.restart_attempts, self.budget.window_s, why)
+            self._stop_child()
+            return 1
+        log.info("recovering: %s", why)
+        self._stop_child()
+        if own_crash:
+            incarnation = _incarnation()
+            self._retry(lambda: self.membership.announce_incarnation(incarnation), "telling peers we restarted")
+        self.phase = Phase.RENDEZVOUS
+        self.loop.call_at(time.monotonic() + self.spec.discovery.rendezvous_timeout_s, "rendezvous-deadline")
+        return self._step()
+
+    # ---- the child --------------------------------------------------------------------------
+
+    def _start_child(self, members: list[Member], generation: int) -> None:
+        Path(self.spec.model_dir).mkdir(parents=True, exist_ok=True)
+        env = launch.child_env(
+            self.spec, self.role, self.me.index, members, generation, dict(os.environ), str(self.progress_file), self.secret_env
+        )
+        argv = launch.child_argv(self.spec, self.role, self.alloc.tf_port)
+        cwd = self.spec.entrypoint.workdir or str(self.alloc.task_dir)
+        log.info("generation %d: starting %s with TF_CONFIG %s", generation, " ".join(argv[1:4]), env.get(wire.ENV_TF_CONFIG, "(none)"))
+
+        child = Child(argv, env, cwd, lambda pid, code: self.loop.post(Event(CHILD_EXIT, (pid, code))))
+        self.running = Running(child, members, generation)
+        self.phase = Phase.RUNNING
+        self.hang.restart(time.monotonic())
+        self.loop.call_at(time.monotonic() + PROGRESS_TICK_S, "progress")
+
+    def _restart_child(self, members: list[Member], generation: int, why: str) -> None:
+        log.info("restarting our child: %s", why)
+        self._stop_child()
+        self._start_child(members, generation)
+
+    def _stop_child(self) -> int | None:
+        if not self.running:
+            return None
+        child = self.running.child
+        return child.returncode if not child.alive() and child.returncode is not None else child.stop()
+
+    # ---- progress and hang -----------------------------------------------------------------
+
+    def _on_progress_tick(self) -> int | None:
+        if self.phase is not Phase.RUNNING:
+            return None
+        self.loop.call_at(time.monotonic() + PROGRESS_TICK_S, "progress")
+        now = time.monotonic()
+        progress = read_progress(str(self.progress_file))
+        if progress and progress != self.last_progress:
+            self.hang.observe(progress.get("step"), now)
+            self.last_progress = progress
+            if now - self.published_at >= PROGRESS_PUBLISH_S:
+                self.published_at = now
+                try:
+                    self.discovery.publish_progress({**progress, "role": self.role, "index": self.me.index})
+                except ServerError:
+                    pass  # progress is best effort
+        if self.hang.hung(now):
+            return self._guard(lambda: self._recover(f"no training step for {self.hang.timeout_s:.0f}s (hang)"))
+        return None
+
+    # ---- helpers ---------------------------------------------------------------------------
+
+    def _bump(self, fingerprint: str) -> int:
+        generation = self._retry(lambda: self.discovery.bump_generation(fingerprint), "moving to a new generation")
+        return int(generation.get("generation", 1))
+
+    def _job_state(self) -> str | None:
+        try:
+            return self._retry(self.discovery.job_state, "reading the job state", deadline_s=10.0)
+        except ServerError:
+            return None
+
+    def _retry(self, call, what: str, deadline_s: float = 60.0):
+        for attempt in retrying(deadline_s, give_up=lambda: self.stop_requested):
+            with attempt:
+                if attempt.retry_state.attempt_number > 1:
+                    log.warning("Consul: retrying %s (attempt %d)", what, attempt.retry_state.attempt_number)
+                return call()
+        raise AssertionError("unreachable")  # tenacity re-raises the last error
+
+    def _fetch_secrets(self) -> None:
+        from nomadtf import secrets as secrets_mod  # hvac only when the job has secrets
+
+        client = secrets_mod.login(self.spec.vault)
+        fetched = secrets_mod.fetch_secrets(client, list(self.spec.secrets), self.alloc.secrets_dir)
+        self.secret_env = fetched.env
+        log.info("read %d secret(s) for the training process (%s)", len(self.spec.secrets), ", ".join(
+            s.get("env") or f"file {s['file']}" for s in self.spec.secrets))
+        if fetched.leases:
+            self.renewer = secrets_mod.LeaseRenewer(client, fetched.leases, on_error=log.warning)
+            self.renewer.start()
+
+
+def _incarnation() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def _describe_code(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit {code}"
+
+
+def spec_path(environ: dict[str, str]) -> Path:
+    explicit = environ.get(wire.ENV_SPEC_FILE)
+    if explicit:
+        return Path(explicit)
+    return Path(environ.get("NOMAD_TASK_DIR", ".")) / wire.SPEC_FILE
+
+
+def run_task(role: str) -> int:
+    spec = read_spec_file(spec_path(dict(os.environ)))
+    alloc = AllocInfo.from_environ(dict(os.environ))
+    discovery = ConsulDiscovery(spec.name, spec.namespace)
+    return Supervisor(spec, role, alloc, discovery).run()

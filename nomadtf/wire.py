@@ -1,0 +1,116 @@
+"""Every name that crosses the wire, built in one place (documented in the README).
+
+Consul services (registered by Nomad from each group's service block):
+    <job>-<role>                     in Nomad's `default` namespace
+    <namespace>--<job>-<role>        in any other namespace
+    names longer than a DNS label (63) keep their head and end in a digest of the whole
+    tags: nomadtf, role=<role>, alloc=<alloc id>, alloc_index=<n>
+
+Consul KV, one prefix per job and namespace:
+    nomadtf/<namespace>/<job>/cluster/slots/<role>/<i>   which allocation holds index i
+    nomadtf/<namespace>/<job>/cluster/generation         {"generation": n, "fingerprint": ...}
+    nomadtf/<namespace>/<job>/cluster/state              "succeeded" or "failed: <why>"
+    nomadtf/<namespace>/<job>/progress                   {"step": n, "metrics": {...}}
+Tasks watch only .../cluster/ (what decides); progress lives beside it, so a progress
+write wakes nobody.
+
+Nomad job Meta: nomadtf.version, nomadtf.spec_sha256, nomadtf.strategy; task Meta: nomadtf.role.
+Environment of the training process: the ENV_* names below, plus the secrets' own names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+DEFAULT_NAMESPACE = "default"
+DNS_LABEL_MAX = 63
+
+SERVICE_TAG = "nomadtf"
+TAG_ROLE = "role"
+TAG_ALLOC = "alloc"
+
+META_VERSION = "nomadtf.version"
+META_SPEC_SHA256 = "nomadtf.spec_sha256"
+META_STRATEGY = "nomadtf.strategy"
+META_ROLE = "nomadtf.role"
+
+# Files Nomad writes into the task directory (templates) and nomadtf writes there itself.
+SPEC_FILE = "nomadtf-spec.json"
+CLUSTER_FILE = "nomadtf-cluster.json"
+PROGRESS_FILE = "nomadtf-progress.json"
+
+# What `nomadtf task` reads from the task's environment (set by the rendered job).
+ENV_TASK_ROLE = "NOMADTF_ROLE"
+ENV_SPEC_FILE = "NOMADTF_SPEC_FILE"
+
+# What the training process is given.
+ENV_TF_CONFIG = "TF_CONFIG"
+ENV_ROLE = "NOMADTF_ROLE"
+ENV_INDEX = "NOMADTF_INDEX"
+ENV_JOB_ID = "NOMADTF_JOB_ID"
+ENV_NAMESPACE = "NOMADTF_NAMESPACE"
+ENV_MODEL_DIR = "NOMADTF_MODEL_DIR"
+ENV_CONTEXT = "NOMADTF_CONTEXT"
+ENV_GENERATION = "NOMADTF_GENERATION"
+ENV_PROGRESS_FILE = "NOMADTF_PROGRESS_FILE"
+
+# Never handed to user code: credentials of the supervisor, and its own plumbing.
+CHILD_ENV_DROPPED = ("VAULT_TOKEN", "NOMAD_TOKEN", "CONSUL_HTTP_TOKEN", ENV_SPEC_FILE, "NOMADTF_SPEC")
+
+STATE_SUCCEEDED = "succeeded"
+STATE_FAILED = "failed"
+
+
+def _label(text: str) -> str:
+    """Fit a DNS label: long names keep their head and end in a digest of the whole."""
+    if len(text) <= DNS_LABEL_MAX:
+        return text
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    return f"{text[: DNS_LABEL_MAX - 9].rstrip('-')}-{digest}"
+
+
+def service_name(namespace: str, job_id: str, role: str) -> str:
+    base = f"{job_id}-{role}" if namespace == DEFAULT_NAMESPACE else f"{namespace}--{job_id}-{role}"
+    return _label(base)
+
+
+def service_tags(role: str) -> list[str]:
+    # ${...} is interpolated by Nomad when it registers the service.
+    return [SERVICE_TAG, f"{TAG_ROLE}={role}", f"{TAG_ALLOC}=${{NOMAD_ALLOC_ID}}", "alloc_index=${NOMAD_ALLOC_INDEX}"]
+
+
+def parse_tags(tags: list[str]) -> dict[str, str]:
+    return dict(t.split("=", 1) for t in tags if "=" in t)
+
+
+def kv_prefix(namespace: str, job_id: str) -> str:
+    return f"nomadtf/{namespace}/{job_id}/"
+
+
+def kv_cluster_prefix(namespace: str, job_id: str) -> str:
+    """What the tasks watch: slots, generation, state."""
+    return kv_prefix(namespace, job_id) + "cluster/"
+
+
+def kv_slots_prefix(namespace: str, job_id: str) -> str:
+    return kv_cluster_prefix(namespace, job_id) + "slots/"
+
+
+def kv_slot(namespace: str, job_id: str, role: str, index: int) -> str:
+    return f"{kv_slots_prefix(namespace, job_id)}{role}/{index}"
+
+
+def kv_generation(namespace: str, job_id: str) -> str:
+    return kv_cluster_prefix(namespace, job_id) + "generation"
+
+
+def kv_state(namespace: str, job_id: str) -> str:
+    return kv_cluster_prefix(namespace, job_id) + "state"
+
+
+def kv_progress(namespace: str, job_id: str) -> str:
+    return kv_prefix(namespace, job_id) + "progress"
+
+
+def session_name(job_id: str, role: str, alloc_id: str) -> str:
+    return f"nomadtf {job_id} {role} {alloc_id[:8]}"
