@@ -2,7 +2,8 @@
 
 Everything lives under one state directory:
 
-    <state>/stack.json     PIDs, binaries and addresses of what `up` started
+    <state>/.nomadtf-devstack  marks a directory `up` created: `down` removes no other
+    <state>/stack.json     PID, start time, binary and log of each server `up` started
     <state>/root-token     the OpenBao root token (0600, random per stack)
     <state>/nomad.hcl      Nomad agent config (consul + vault wiring)
     <state>/<name>.log     each server's output
@@ -20,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
 import socket
 import subprocess
 import sys
@@ -29,9 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import requests
 
-from nomadtf.devstack import binaries
+from nomadtf.devstack import binaries, processes
+from nomadtf.devstack.processes import pid_alive  # noqa: F401 - the one liveness check; tests import it from here
 from nomadtf.errors import DevStackError, PortInUseError
 
 Progress = Callable[[str], None]
@@ -40,6 +42,10 @@ HOST = "127.0.0.1"
 CONSUL_PORTS = {"consul http": 8500, "consul dns": 8600, "consul server": 8300, "consul serf": 8301}
 VAULT_PORTS = {"openbao http": 8200}
 NOMAD_PORTS = {"nomad http": 4646, "nomad rpc": 4647, "nomad serf": 4648}
+
+# Nomad first, so its tasks stop while Consul and OpenBao still answer them.
+STOP_ORDER = ("nomad", "openbao", "consul")
+MARKER = ".nomadtf-devstack"
 
 NOMAD_ADDR = f"http://{HOST}:4646"
 CONSUL_ADDR = f"{HOST}:8500"
@@ -80,33 +86,15 @@ def port_is_open(port: int, host: str = HOST) -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child still answers kill(0); it is gone for our purposes.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
 @dataclass
 class Component:
     name: str
     pid: int
     binary: str
     log: str
+    # psutil's create_time of `pid` at spawn; None in records of older versions, whose
+    # processes can no longer be told apart from a PID reused by someone else.
+    create_time: float | None = None
 
 
 class DevStack:
@@ -114,6 +102,7 @@ class DevStack:
         self.state_dir = state_dir
         self.record_path = state_dir / "stack.json"
         self.token_path = state_dir / "root-token"
+        self.marker_path = state_dir / MARKER
 
     @classmethod
     def default(cls) -> DevStack:
@@ -127,9 +116,14 @@ class DevStack:
         data = json.loads(self.record_path.read_text())
         return [Component(**c) for c in data.get("components", [])]
 
+    def _process(self, comp: Component) -> psutil.Process | None:
+        """The process `up` started for `comp`, if it still runs (PIDs get reused)."""
+        if comp.create_time is None:
+            return None
+        return processes.find(comp.pid, comp.create_time)
+
     def _ours(self, comp: Component) -> bool:
-        """The recorded PID is still the process we started (PIDs get reused)."""
-        return pid_alive(comp.pid) and Path(comp.binary).name in _cmdline(comp.pid)
+        return self._process(comp) is not None
 
     def is_up(self) -> bool:
         comps = self.components()
@@ -175,9 +169,8 @@ class DevStack:
             progress("a previous stack is partly running; stopping it first")
             self.down(progress)
         self._check_ports_free()
+        self._claim_state_dir()
         bins = {name: binaries.find_or_build(name, progress) for name in ("consul", "bao", "nomad")}
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.state_dir.chmod(0o700)
         token = secrets.token_urlsafe(24)
         _write_private(self.token_path, token)
         started: list[Component] = []
@@ -202,6 +195,19 @@ class DevStack:
             raise
         return True
 
+    def _claim_state_dir(self) -> None:
+        """Create the state directory with its marker; refuse a foreign one, which `down`
+        would later delete."""
+        if self.state_dir.exists() and not self.marker_path.is_file():
+            if not self.state_dir.is_dir() or any(self.state_dir.iterdir()):
+                raise DevStackError(
+                    f"{self.state_dir} exists and was not created by `nomadtf dev up` (no {MARKER} in it); "
+                    "point NOMADTF_DEV_DIR at a new directory"
+                )
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir.chmod(0o700)
+        _write_private(self.marker_path, "created by `nomadtf dev up`; `nomadtf dev down` deletes this directory\n")
+
     def _check_ports_free(self) -> None:
         for label, port in {**CONSUL_PORTS, **VAULT_PORTS, **NOMAD_PORTS}.items():
             if port_is_open(port):
@@ -223,7 +229,9 @@ class DevStack:
                 # Its own session: Ctrl-C in the shell that ran `up` does not stop it.
                 start_new_session=True,
             )
-        return Component(name=name, pid=proc.pid, binary=argv[0], log=str(log))
+        return Component(
+            name=name, pid=proc.pid, binary=argv[0], log=str(log), create_time=processes.started_at(proc.pid)
+        )
 
     def _start_consul(self, binary: Path) -> Component:
         argv = [str(binary), "agent", "-dev", "-bind", HOST, "-client", HOST, "-node", "nomadtf-dev"]
@@ -255,7 +263,9 @@ class DevStack:
         fault-injection tests use this to prove watches and claims survive it)."""
         comps = self.components()
         consul_comp = next(c for c in comps if c.name == "consul")
-        _terminate(consul_comp.pid, 10.0)
+        running = self._process(consul_comp)
+        if running is not None:
+            processes.stop(processes.tree(running), 10.0)
         restarted = self._start_consul(Path(consul_comp.binary))
         self._record([restarted if c.name == "consul" else c for c in comps])
         wait_for(lambda: _consul_leader(), timeout, "consul", restarted.log)
@@ -264,23 +274,36 @@ class DevStack:
     # ---- down ------------------------------------------------------------------------
 
     def down(self, progress: Progress, grace: float = 15.0) -> None:
-        """Stop what `up` started (by recorded PID), then remove the state directory."""
-        comps = self.components()
-        # Nomad first, so it can stop its tasks; then OpenBao and Consul.
-        for comp in sorted(comps, key=lambda c: ["nomad", "openbao", "consul"].index(c.name)):
-            if self._ours(comp):
-                progress(f"stopping {comp.name} (pid {comp.pid})")
-                _terminate(comp.pid, grace)
-        # Nomad's executors and the tasks they ran outlive the agent by design (so a
-        # client restart keeps them). They all run from inside our state directory.
-        for pid in _processes_under(self.state_dir):
-            _terminate(pid, 5.0)
+        """Stop what `up` started and everything it spawned, then remove the state directory.
+
+        Only the recorded processes (same PID and start time) and their descendants are
+        stopped. A directory without the marker is refused and left as it is.
+        """
+        if not self.state_dir.exists():
+            return
+        if not self.marker_path.is_file():
+            raise DevStackError(
+                f"refusing to stop or delete anything in {self.state_dir}: it has no {MARKER}, so "
+                "`nomadtf dev up` did not create it. If NOMADTF_DEV_DIR or XDG_STATE_HOME points there "
+                "by mistake, fix it; if an older nomadtf started a stack there, stop the PIDs in its "
+                "stack.json and delete the directory yourself"
+            )
+        comps = sorted(self.components(), key=lambda c: STOP_ORDER.index(c.name))
+        # Every tree is collected before anything stops: Nomad's executors and their tasks
+        # outlive the agent by design, re-parented to init, where nothing links them to it.
+        trees = [(comp, processes.tree(proc)) for comp in comps if (proc := self._process(comp))]
+        survivors: list[psutil.Process] = []
+        for comp, procs in trees:
+            progress(f"stopping {comp.name} (pid {comp.pid}) and {len(procs) - 1} processes it started")
+            survivors += processes.stop(procs, grace)
+        if survivors:
+            pids = ", ".join(str(p.pid) for p in survivors)
+            raise DevStackError(f"could not stop pid {pids}; stop them (as their owner) and run `nomadtf dev down` again")
         # Nomad mounts a tmpfs for each task's secrets/ and private/ (as root) and only
         # unmounts them when it garbage-collects the allocation, which a stopped dev agent
         # never does.
         _unmount_under(self.state_dir)
-        if self.state_dir.exists():
-            _remove_tree(self.state_dir)
+        _remove_tree(self.state_dir)
 
 
 def nomad_config(data_dir: Path) -> str:
@@ -381,48 +404,6 @@ def _nomad_client_ready() -> bool:
         if drivers.get("raw_exec", {}).get("Healthy"):
             return True
     return False
-
-
-def _terminate(pid: int, grace: float) -> None:
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if not pid_alive(pid):
-            _reap(pid)
-            return
-        time.sleep(0.1)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    _reap(pid)
-
-
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-
-
-def _processes_under(root: Path) -> list[int]:
-    """PIDs whose working directory or command line lies inside `root`."""
-    root_s = str(root.resolve())
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        pid = int(entry.name)
-        try:
-            cwd = os.readlink(entry / "cwd")
-        except OSError:
-            cwd = ""
-        if cwd.startswith(root_s) or root_s in _cmdline(pid):
-            found.append(pid)
-    return found
 
 
 def _unmount_under(root: Path) -> None:

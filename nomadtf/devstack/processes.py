@@ -1,0 +1,86 @@
+"""The processes of the local stack, through psutil.
+
+A process we started is named by its PID and its start time together: once it exits, the
+kernel may hand the same PID to an unrelated process, and only the start time tells them
+apart.
+
+Usage:
+    started = started_at(pid)             # record it next to the PID at spawn
+    proc = find(pid, started)             # None once that process is gone
+    survivors = stop(tree(proc), grace=15)
+"""
+
+from __future__ import annotations
+
+import signal
+
+import psutil
+
+# After SIGKILL a process dies at once; this only bounds the wait for its parent (or
+# init, for an orphan) to reap it.
+REAP_WAIT = 10.0
+
+
+def pid_alive(pid: int) -> bool:
+    """Some process runs as `pid` (a zombie has finished: it does not count)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def started_at(pid: int) -> float:
+    """The start time psutil reports for `pid`, to record beside it."""
+    return psutil.Process(pid).create_time()
+
+
+def find(pid: int, create_time: float) -> psutil.Process | None:
+    """The running process `pid`, if it is the one that started at `create_time`."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.create_time() != create_time or proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+    except psutil.NoSuchProcess:
+        return None
+    return proc
+
+
+def tree(root: psutil.Process) -> list[psutil.Process]:
+    """`root` and every descendant it has now (parents before children).
+
+    Collect it before stopping anything: once a parent exits, its children are re-parented
+    to init and nothing links them to `root` any more.
+    """
+    try:
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def stop(procs: list[psutil.Process], grace: float) -> list[psutil.Process]:
+    """SIGTERM every process, SIGKILL the ones still running after `grace` seconds, and
+    wait until each is gone (psutil reaps the ones that are our own children).
+
+    Signals go through psutil, which refuses a PID that now belongs to another process.
+    Returns the processes still running at the end (e.g. owned by another user).
+    """
+    _signal_all(procs, signal.SIGTERM)
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    _signal_all(alive, signal.SIGKILL)
+    _, alive = psutil.wait_procs(alive, timeout=REAP_WAIT)
+    return [p for p in alive if _running(p)]
+
+
+def _signal_all(procs: list[psutil.Process], sig: signal.Signals) -> None:
+    for proc in procs:
+        try:
+            proc.send_signal(sig)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass  # gone already, or not ours to signal: stop() reports it if it stays
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
