@@ -208,24 +208,34 @@ def download_module(module: str, version: str, dest: Path) -> dict[str, str]:
     return {"Version": info["Version"], "Time": info.get("Time", ""), "Hash": origin.get("Hash", "")}
 
 
-def local_replacements(go_mod: str) -> dict[str, str]:
-    """The `module => ./dir` lines of a go.mod (both single and block form)."""
-    found = {}
-    for line in go_mod.splitlines():
-        match = re.match(r"\s*(?:replace\s+)?(\S+)\s*=>\s*(\./\S+)\s*$", line)
-        if match:
-            found[match[1]] = match[2]
-    return found
+def read_go_mod(path: Path) -> dict:
+    """A go.mod as the go command itself parses it (`go mod edit -json`)."""
+    if shutil.which("go") is None:
+        raise BinaryError("go is not on PATH; install Go to build Nomad and Consul")
+    # GOTOOLCHAIN=local: reading a file must never download a toolchain.
+    result = subprocess.run(
+        ["go", "mod", "edit", "-json", str(path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "GOTOOLCHAIN": "local"},
+    )
+    if result.returncode != 0:
+        raise BinaryError(f"cannot read {path}: {result.stderr.strip()}")
+    return json.loads(result.stdout)
 
 
-def required_versions(go_mod: str) -> dict[str, str]:
-    """module -> version from the go.mod `require` lines."""
-    found = {}
-    for line in go_mod.splitlines():
-        match = re.match(r"\s*(?:require\s+)?([\w.\-/]+\.[\w.\-/]+)\s+(v\S+)", line)
-        if match:
-            found[match[1]] = match[2]
-    return found
+def local_replacements(go_mod: dict) -> dict[str, str]:
+    """module -> ./dir for each `replace` that points into the module's own tree."""
+    return {
+        r["Old"]["Path"]: r["New"]["Path"]
+        for r in go_mod.get("Replace") or []
+        if r["New"]["Path"].startswith("./") and "Version" not in r["New"]
+    }
+
+
+def required_versions(go_mod: dict) -> dict[str, str]:
+    """module -> version from the go.mod `require` directives."""
+    return {r["Path"]: r["Version"] for r in go_mod.get("Require") or []}
 
 
 def prepare_source(release: GoRelease, progress: Progress) -> tuple[Path, str, dict[str, str]]:
@@ -247,7 +257,7 @@ def prepare_source(release: GoRelease, progress: Progress) -> tuple[Path, str, d
     else:
         raise BinaryError(f"{release.name}: no allowed version could be downloaded:\n  " + "\n  ".join(refusals))
     licences = {f"{release.module}@{version}": check_license(tree, f"{release.module}@{version}")}
-    go_mod = (tree / "go.mod").read_text()
+    go_mod = read_go_mod(tree / "go.mod")
     required = required_versions(go_mod)
     for nested, rel in local_replacements(go_mod).items():
         candidates = [root["Hash"], release.nested_fallback.get(nested) or required.get(nested)]
