@@ -82,7 +82,8 @@ def test_every_present_role_gets_a_group_with_its_count():
     assert job["Job"]["Type"] == "batch"
     for role, group in groups(job).items():
         assert group["Services"][0]["Name"] == f"digits-{role}"
-        assert task(job, role)["Config"]["args"] == ["-m", "nomadtf", "task", "--role", role]
+        assert task(job, role)["Config"]["command"] == "nohup"  # SIGHUP ignored from the first instant
+        assert task(job, role)["Config"]["args"] == ["python3", "-m", "nomadtf", "task", "--role", role]
 
 
 def test_template_mode_embeds_consul_template_verbatim():

@@ -31,8 +31,10 @@ _PR_SET_CHILD_SUBREAPER = 36
 
 # argv: [python, -S, -c, WRAPPER, <expected parent pid>, command...]. If our parent died
 # before the signal was armed, getppid() already differs: exit instead of running alone.
+# SIGHUP goes back to its default: the supervisor was started with it ignored (nohup).
 PDEATH_WRAPPER = (
-    "import ctypes,os,sys\n"
+    "import ctypes,os,signal,sys\n"
+    "signal.signal(signal.SIGHUP,signal.SIG_DFL)\n"
     "ctypes.CDLL(None,use_errno=True).prctl(1,9)\n"
     "if os.getppid()!=int(sys.argv[1]):os._exit(137)\n"
     "os.execvp(sys.argv[2],sys.argv[2:])\n"
