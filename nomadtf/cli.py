@@ -30,6 +30,10 @@ _state = {"debug": False}
 JobFile = Annotated[Path, typer.Argument(help="job.json (or .yaml)", show_default=False)]
 Vars = Annotated[Optional[list[str]], typer.Option("--var", help="Override a field: path=value (repeatable)")]
 TemplatesDir = Annotated[Optional[Path], typer.Option("--templates", help="Render with your own copies of the templates")]
+Namespace = Annotated[
+    Optional[str], typer.Option("--namespace", help="Nomad namespace ('*' lists all); default NOMAD_NAMESPACE or default")
+]
+Region = Annotated[Optional[str], typer.Option("--region", help="Nomad region; default NOMAD_REGION or the agent's")]
 
 
 def _err(message: str) -> None:
@@ -160,6 +164,7 @@ class _Display:
     def close(self) -> None:
         if self.live is not None:
             self.live.stop()
+            self.live = None
 
     @staticmethod
     def _table(view):
@@ -184,79 +189,60 @@ def run(
     templates: TemplatesDir = None,
 ) -> None:
     """Validate, render, submit, and follow the job to its outcome (exit 0 = training succeeded)."""
-    from nomadtf import render as render_mod
-    from nomadtf import spec as spec_mod
-    from nomadtf.discovery import ConsulDiscovery
-    from nomadtf.errors import FollowTimeout
-    from nomadtf.nomad import NomadAPI
-    from nomadtf.supervise import Follower, final_lines, submit
+    from nomadtf.run import Run
+    from nomadtf.spec import duration_seconds
 
-    spec = spec_mod.load_spec(job_file, var or [])
-    job = render_mod.render_job(spec, templates)
-    api = NomadAPI.from_env()
-    job_id = spec["name"]
-    discovery = ConsulDiscovery(job_id)
-    registered = submit(api, discovery, spec, job)
-    _stamp(f"submitted {job_id} (evaluation {registered['EvalID'][:8]}); Nomad UI: {api.ui_url(job_id, spec['namespace'])}")
+    timeout_s = duration_seconds(timeout) if timeout else None
+    job_run = Run.prepare(job_file, var or [], templates)
+    submitted = job_run.submit()
+    _stamp(f"submitted {submitted.job_id} (evaluation {submitted.eval_id[:8]}); Nomad UI: {submitted.ui_url}")
     if detach:
-        typer.echo(f"follow it with: nomadtf status {job_id}  |  nomadtf logs {job_id} --role chief --follow")
+        typer.echo(f"follow it with: nomadtf status {submitted.job_id}  |  nomadtf logs {submitted.job_id} --role chief --follow")
         return
-    limit = spec_mod.duration_seconds(timeout) if timeout else spec_mod.duration_seconds(spec["recovery"]["deadline"])
     display = _Display()
-    follower = Follower(
-        api,
-        job_id,
-        timeout=limit,
-        reschedule_attempts=spec["recovery"]["reschedule_attempts"],
-        on_view=display.view,
-        on_event=display.event,
-        progress=discovery.progress,
-    )
     try:
-        view = follower.follow(registered["EvalID"])
+        outcome = job_run.follow(submitted, timeout_s, on_view=display.view, on_event=display.event)
     except KeyboardInterrupt:
         display.close()
+        job_id = submitted.job_id
         _err(f"stopped following; {job_id} keeps running (nomadtf status {job_id}, nomadtf stop {job_id})")
         raise typer.Exit(130) from None
-    except NomadtfError as exc:
+    finally:
         display.close()
-        # A failed job must not keep holding capacity (parameter servers and workers wait
-        # for a chief that will never succeed); a timed-out one keeps running on purpose.
-        if not isinstance(exc, FollowTimeout):
-            api.stop(job_id)
-            _stamp(f"stopped {job_id}")
-        raise
-    display.close()
-    for line in final_lines(api, job_id):
+    for line in outcome.final_lines:
         typer.echo(line)
-    _stamp(f"{job_id} succeeded in {view.elapsed:.0f}s")
+    _stamp(f"{submitted.job_id} succeeded in {outcome.view.elapsed:.0f}s")
 
 
 @app.command()
-def status(job_id: Annotated[Optional[str], typer.Argument(help="One job in detail")] = None) -> None:
+def status(
+    job_id: Annotated[Optional[str], typer.Argument(help="One job in detail")] = None,
+    namespace: Namespace = None,
+    region: Region = None,
+) -> None:
     """The jobs nomadtf started (matched by their Meta), or one of them in detail."""
+    from nomadtf.follow import alloc_slot, job_state, nomadtf_jobs, restarts_of
     from nomadtf.nomad import NomadAPI
-    from nomadtf.supervise import alloc_slot, nomadtf_jobs, require_nomadtf_job, restarts_of, summarize
 
-    api = NomadAPI.from_env()
+    api = NomadAPI.from_env(namespace=namespace, region=region)
     if job_id is None:
-        jobs = nomadtf_jobs(api)
-        if not jobs:
+        states = nomadtf_jobs(api)
+        if not states:
             typer.echo("no nomadtf jobs")
             return
-        for job in jobs:
-            view = summarize(job, api.allocations(job["ID"]))
+        for state in states:
+            job, view = state.job, state.view
             age = time.time() - job["SubmitTime"] / 1e9
             roles = ", ".join(f"{r} {v.running}/{v.wanted}" + (f" ({v.restarts} restarts)" if v.restarts else "") for r, v in view.roles.items())
-            typer.echo(f"{job['ID']:<24} {job['Status']:<8} {age / 60:6.1f}m  {roles}")
+            name = job["ID"] if job.get("Namespace", "default") == "default" else f"{job['ID']}@{job['Namespace']}"
+            typer.echo(f"{name:<24} {job['Status']:<8} {age / 60:6.1f}m  {roles}")
         return
-    job = require_nomadtf_job(api, job_id)
-    allocs = api.allocations(job_id)
-    view = summarize(job, allocs)
+    state = job_state(api, job_id)
+    job = state.job
     typer.echo(f"{job_id}: {job['Status']}  strategy {job['Meta'].get('nomadtf.strategy', '?')}  nomadtf {job['Meta']['nomadtf.version']}")
-    for role, rv in view.roles.items():
+    for role, rv in state.view.roles.items():
         typer.echo(f"  {role:<11} wanted {rv.wanted}  running {rv.running}  complete {rv.complete}  failed {rv.failed}  restarts {rv.restarts}")
-    for alloc in sorted(allocs, key=lambda a: a.get("CreateIndex", 0)):
+    for alloc in sorted(state.allocs, key=lambda a: a.get("CreateIndex", 0)):
         role, index = alloc_slot(alloc)
         typer.echo(f"    {role}[{index}] {alloc['ID'][:8]} {alloc['ClientStatus']:<9} restarts {restarts_of(alloc)}")
 
@@ -268,16 +254,15 @@ def logs(
     index: Annotated[Optional[int], typer.Option("--index", help="Task index within the role")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep streaming")] = False,
     stderr: Annotated[bool, typer.Option("--stderr", help="stderr instead of stdout")] = False,
+    namespace: Namespace = None,
+    region: Region = None,
 ) -> None:
     """A task's logs through Nomad's API (also after the job finished, until Nomad's GC)."""
+    from nomadtf.follow import log_allocations
     from nomadtf.nomad import NomadAPI
-    from nomadtf.supervise import pick_allocs, require_nomadtf_job
 
-    api = NomadAPI.from_env()
-    require_nomadtf_job(api, job_id)
-    allocs = pick_allocs(api.allocations(job_id), role, index)
-    if not allocs:
-        raise NomadtfError(f"job {job_id} has no allocation for role {role!r}" + (f" index {index}" if index is not None else ""))
+    api = NomadAPI.from_env(namespace=namespace, region=region)
+    allocs = log_allocations(api, job_id, role, index)
     stream = "stderr" if stderr else "stdout"
     for alloc in allocs:
         if len(allocs) > 1:
@@ -293,17 +278,14 @@ def logs(
 def stop(
     job_id: Annotated[str, typer.Argument(help="Job ID")],
     purge: Annotated[bool, typer.Option("--purge", help="Also remove it from Nomad and its keys from Consul")] = False,
+    namespace: Namespace = None,
+    region: Region = None,
 ) -> None:
     """Stop a nomadtf job; nothing else is touched."""
-    from nomadtf.discovery import ConsulDiscovery
     from nomadtf.nomad import NomadAPI
-    from nomadtf.supervise import require_nomadtf_job
+    from nomadtf.run import stop_job
 
-    api = NomadAPI.from_env()
-    require_nomadtf_job(api, job_id)
-    api.stop(job_id, purge=purge)
-    if purge:
-        ConsulDiscovery(job_id).delete_job_keys()
+    stop_job(NomadAPI.from_env(namespace=namespace, region=region), job_id, purge=purge)
     typer.echo(f"stopped {job_id}" + (" and purged it" if purge else ""))
 
 
@@ -339,41 +321,35 @@ def render(
 @app.command()
 def validate(job_file: JobFile, var: Vars = None, templates: TemplatesDir = None) -> None:
     """Check job.json (schema, cross-field rules), then Nomad's own validation if reachable."""
-    from nomadtf import render as render_mod
-    from nomadtf import spec as spec_mod
     from nomadtf.errors import UnreachableError
-    from nomadtf.nomad import NomadAPI
+    from nomadtf.run import Run
+    from nomadtf.spec import role_counts
 
-    spec = spec_mod.load_spec(job_file, var or [])
-    job = render_mod.render_job(spec, templates)
-    typer.echo(f"{job_file}: valid ({spec['strategy']}, roles {spec_mod.role_counts(spec)})")
-    api = NomadAPI.from_env()
+    job_run = Run.prepare(job_file, var or [], templates)
+    typer.echo(f"{job_file}: valid ({job_run.spec['strategy']}, roles {role_counts(job_run.spec)})")
     try:
-        warnings = api.validate(job)
+        warnings = job_run.api.validate(job_run.job)
     except UnreachableError as exc:
         typer.echo(f"Nomad validation skipped: {exc}")
         return
     for warning in warnings:
         typer.echo(f"Nomad warning: {warning}")
-    typer.echo(f"Nomad at {api.address}: valid")
+    typer.echo(f"Nomad at {job_run.api.address}: valid")
 
 
 @app.command()
 def plan(job_file: JobFile, var: Vars = None, templates: TemplatesDir = None) -> None:
     """Nomad's plan for the job. Exit 0: no change; 1: changes or placement problems; 255: error."""
     from nomadtf import plan as plan_mod
-    from nomadtf import render as render_mod
-    from nomadtf import spec as spec_mod
-    from nomadtf.nomad import NomadAPI
+    from nomadtf.run import Run
 
     try:
-        spec = spec_mod.load_spec(job_file, var or [])
-        job = render_mod.render_job(spec, templates)
-        result = NomadAPI.from_env().plan(job)
+        job_run = Run.prepare(job_file, var or [], templates)
+        result = job_run.api.plan(job_run.job)
     except NomadtfError as exc:
         _err(str(exc) if not _state["debug"] else repr(exc))
         raise typer.Exit(255) from exc
-    summary = plan_mod.describe_plan(result, job["Job"])
+    summary = plan_mod.describe_plan(result, job_run.job["Job"])
     typer.echo("\n".join(summary.lines))
     raise typer.Exit(1 if summary.changes or summary.failures else 0)
 

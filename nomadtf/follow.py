@@ -1,10 +1,16 @@
-"""Following a job from submission to its outcome, and reading jobs back (status, logs).
+"""Following a submitted job to its outcome, and reading jobs back (status, logs).
 
-Nothing here prints: `follow()` hands `JobView`s and event lines to callbacks, and the CLI
-decides how they look (a live table on a terminal, timestamped lines elsewhere).
+The views and decisions are pure (`summarize`, `outcome`, `task_events`, `pick_allocs`);
+`Follower` and the read-back functions ask Nomad through `NomadAPI`. Nothing here prints:
+`Follower` hands `JobView`s and event lines to callbacks, and the CLI decides how they look.
 
 Waiting uses Nomad blocking queries (GET /v1/job/:id/allocations?index=&wait=), so a
 change is seen as soon as Nomad knows it, with no polling sleep in between.
+
+Usage:
+    view = Follower(api, "digits", timeout=600, reschedule_attempts=2,
+                    on_view=show, on_event=log).follow(eval_id)
+    [(job, summarize(job, allocs)) for job, allocs in nomadtf_jobs_with_allocations(api)]
 """
 
 from __future__ import annotations
@@ -15,9 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nomadtf.errors import FollowTimeout, JobFailed, ServerError
-from nomadtf.nomad import META_VERSION, NomadAPI
+from nomadtf.errors import FollowTimeout, JobFailed, NomadtfError, ServerError
+from nomadtf.nomad import NomadAPI
 from nomadtf.plan import explain_placement_failure, requested_devices
+from nomadtf.wire import META_VERSION
 
 
 @dataclass
@@ -117,7 +124,11 @@ def task_events(alloc: dict[str, Any]) -> list[tuple[int, str, str]]:
 
 
 class Follower:
-    """Follows one submitted job until it succeeds, fails or runs out of time."""
+    """Follows one submitted job until it succeeds, fails or runs out of time.
+
+    Usage:
+        view = Follower(api, "digits", 600, 2, on_view=show, on_event=log).follow(eval_id)
+    """
 
     def __init__(
         self,
@@ -142,15 +153,21 @@ class Follower:
         self.last_line = ""
 
     def follow(self, eval_id: str) -> JobView:
+        """The final view once the job succeeded; JobFailed (with the failing tasks' events
+        and stderr) or FollowTimeout otherwise.
+
+        GET /v1/evaluation/:eval_id (blocking) until placed, then in turn
+        GET /v1/job/:job_id/allocations (blocking), GET /v1/job/:job_id,
+        GET /v1/client/fs/logs/:alloc_id (the chief's last line; stderr of failed tasks)
+        """
         self._wait_for_placement(eval_id)
         index = 0
         while True:
             self._check_deadline()
-            allocs, index = self.api.blocking(f"job/{self.job_id}/allocations", index, wait="5s")
+            allocs, index = self.api.watch_allocations(self.job_id, index)
             job = self.api.job(self.job_id)
             if job is None:
                 raise JobFailed(f"job {self.job_id} disappeared (stopped from outside?)")
-            allocs = allocs or []
             self._report_events(allocs)
             view = summarize(job, allocs)
             self._fill_progress(view, allocs)
@@ -166,11 +183,14 @@ class Follower:
             raise FollowTimeout(f"job {self.job_id} did not finish within the timeout; it keeps running (nomadtf stop {self.job_id})")
 
     def _wait_for_placement(self, eval_id: str) -> None:
-        """Block on the evaluation; placement failures become one explained error."""
+        """Block on the evaluation; placement failures become one explained error.
+
+        GET /v1/evaluation/:eval_id?index= (blocking) ; GET /v1/job/:job_id when placement failed
+        """
         index = 0
         while True:
             self._check_deadline()
-            evaluation, index = self.api.blocking(f"evaluation/{eval_id}", index, wait="5s")
+            evaluation, index = self.api.watch_evaluation(eval_id, index)
             if not evaluation:
                 continue
             failed = evaluation.get("FailedTGAllocs") or {}
@@ -216,6 +236,7 @@ class Follower:
         view.last_line = self.last_line
 
     def _log_tail(self, alloc: dict[str, Any], task: str, stream: str, size: int) -> str:
+        """GET /v1/client/fs/logs/:alloc_id?origin=end ; "" when Nomad cannot say."""
         try:
             return self.api.logs(alloc["ID"], task, stream, origin="end", offset=size)
         except ServerError:
@@ -236,29 +257,79 @@ class Follower:
         return "\n".join(lines)
 
 
-# ---- submitting -------------------------------------------------------------------------------
+# ---- reading jobs back ------------------------------------------------------------------------
 
 
-def submit(api: NomadAPI, discovery: Any, spec: dict[str, Any], job: dict[str, Any]) -> dict[str, Any]:
-    """Validate with Nomad, refuse to clobber a running job, clear the job's old KV state,
-    register. Nothing is sent unless every check passed. Returns Nomad's register answer.
+@dataclass(frozen=True)
+class JobState:
+    """A nomadtf job as Nomad records it, also when nobody followed it."""
 
-    POST /v1/validate/job ; GET /v1/job/:id ; DELETE /v1/kv/nomadtf/<job>/?recurse ; POST /v1/jobs
+    job: dict[str, Any]
+    allocs: list[dict[str, Any]]
+
+    @property
+    def view(self) -> JobView:
+        return summarize(self.job, self.allocs)
+
+
+def nomadtf_jobs(api: NomadAPI) -> list[JobState]:
+    """The jobs that carry our Meta (never matched by name) in the API's namespace ("*": all).
+
+    GET /v1/jobs?meta=true, then GET /v1/job/:id and GET /v1/job/:id/allocations for the
+    ones that may be ours, each in its own namespace
     """
-    api.validate(job)
-    job_id = spec["name"]
-    existing = api.job(job_id)
-    if existing and existing.get("Status") != "dead":
-        raise JobFailed(f"job {job_id} is already running; stop it first (nomadtf stop {job_id}) or pick another name")
-    try:
-        discovery.delete_job_keys()  # a previous run's state must not leak into this one
-    except ServerError as exc:
-        raise ServerError(f"Consul is needed for the job's state: {exc}") from exc
-    return api.register(job)
+    states = []
+    for stub in api.jobs():
+        if stub.get("Meta") is not None and META_VERSION not in stub["Meta"]:
+            continue  # Nomad listed its Meta and it is not ours: no need to fetch it
+        scoped = api.in_namespace(stub.get("Namespace") or api.namespace)
+        job = scoped.job(stub["ID"])
+        if job and META_VERSION in (job.get("Meta") or {}):
+            states.append(JobState(job, scoped.allocations(stub["ID"])))
+    return states
+
+
+def require_nomadtf_job(api: NomadAPI, job_id: str) -> dict[str, Any]:
+    """GET /v1/job/:job_id ; JobFailed unless the job is there and carries our Meta."""
+    job = api.job(job_id)
+    if job is None:
+        raise JobFailed(f"no job {job_id!r} in Nomad namespace {api.namespace!r}")
+    if META_VERSION not in (job.get("Meta") or {}):
+        raise JobFailed(f"job {job_id!r} was not started by nomadtf (no {META_VERSION} in its Meta); not touching it")
+    return job
+
+
+def job_state(api: NomadAPI, job_id: str) -> JobState:
+    """GET /v1/job/:job_id ; GET /v1/job/:job_id/allocations"""
+    return JobState(require_nomadtf_job(api, job_id), api.allocations(job_id))
+
+
+def pick_allocs(allocs: list[dict[str, Any]], role: str | None, index: int | None) -> list[dict[str, Any]]:
+    """The newest allocation of each matching (role, index). Pure."""
+    chosen = []
+    for (r, i), alloc in sorted(latest_allocs(allocs).items()):
+        if (role is None or r == role) and (index is None or i == index):
+            chosen.append(alloc)
+    return chosen
+
+
+def log_allocations(api: NomadAPI, job_id: str, role: str, index: int | None) -> list[dict[str, Any]]:
+    """The allocations whose logs `nomadtf logs` shows; NomadtfError when there is none.
+
+    GET /v1/job/:job_id ; GET /v1/job/:job_id/allocations
+    """
+    allocs = pick_allocs(job_state(api, job_id).allocs, role, index)
+    if not allocs:
+        which = f" index {index}" if index is not None else ""
+        raise NomadtfError(f"job {job_id} has no allocation for role {role!r}{which}")
+    return allocs
 
 
 def final_lines(api: NomadAPI, job_id: str, count: int = 3) -> list[str]:
-    """The last lines printed by the task whose exit ends the training (chief, else worker 0)."""
+    """The last lines printed by the task whose exit ends the training (chief, else worker 0).
+
+    GET /v1/job/:job_id/allocations ; GET /v1/client/fs/logs/:alloc_id?origin=end
+    """
     latest = latest_allocs(api.allocations(job_id))
     for role, index in (("chief", 0), ("worker", 0)):
         alloc = latest.get((role, index))
@@ -269,39 +340,3 @@ def final_lines(api: NomadAPI, job_id: str, count: int = 3) -> list[str]:
                 return []
             return [f"{role}: {line}" for line in out.splitlines() if line.strip()][-count:]
     return []
-
-
-# ---- reading jobs back ------------------------------------------------------------------------
-
-
-def nomadtf_jobs(api: NomadAPI) -> list[dict[str, Any]]:
-    """The full jobs that carry our Meta (never matched by name).
-
-    GET /v1/jobs?meta=true, then GET /v1/job/:id for the ones that may be ours
-    """
-    jobs = []
-    for stub in api.jobs():
-        if stub.get("Meta") is not None and META_VERSION not in stub["Meta"]:
-            continue  # Nomad listed its Meta and it is not ours: no need to fetch it
-        job = api.job(stub["ID"])
-        if job and META_VERSION in (job.get("Meta") or {}):
-            jobs.append(job)
-    return jobs
-
-
-def require_nomadtf_job(api: NomadAPI, job_id: str) -> dict[str, Any]:
-    job = api.job(job_id)
-    if job is None:
-        raise JobFailed(f"no job {job_id!r} in Nomad")
-    if META_VERSION not in (job.get("Meta") or {}):
-        raise JobFailed(f"job {job_id!r} was not started by nomadtf (no {META_VERSION} in its Meta); not touching it")
-    return job
-
-
-def pick_allocs(allocs: list[dict[str, Any]], role: str | None, index: int | None) -> list[dict[str, Any]]:
-    """The newest allocation of each matching (role, index)."""
-    chosen = []
-    for (r, i), alloc in sorted(latest_allocs(allocs).items()):
-        if (role is None or r == role) and (index is None or i == index):
-            chosen.append(alloc)
-    return chosen

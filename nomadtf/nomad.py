@@ -1,12 +1,17 @@
-"""Thin adapter over python-nomad. The one place that maps its exceptions to ours.
+"""The Nomad adapter: every Nomad HTTP call goes through python-nomad, and this is the one
+place that maps python-nomad's exceptions to ours.
 
-Honours NOMAD_ADDR, NOMAD_TOKEN, NOMAD_NAMESPACE, NOMAD_REGION, NOMAD_CACERT,
-NOMAD_CLIENT_CERT and NOMAD_CLIENT_KEY like the nomad CLI.
+Where and how to reach Nomad comes from the nomad CLI's environment variables, read once
+into `NomadSettings` and applied to every call alike (plain calls, blocking queries, log
+streams): NOMAD_ADDR, NOMAD_TOKEN, NOMAD_NAMESPACE, NOMAD_REGION, NOMAD_CACERT,
+NOMAD_CLIENT_CERT + NOMAD_CLIENT_KEY, NOMAD_TLS_SERVER_NAME and NOMAD_SKIP_VERIFY.
+A caller that knows better (a job.json names its namespace and region) passes them.
 
 Usage:
-    api = NomadAPI.from_env()
-    api.validate(job)["Warnings"]
+    api = NomadAPI.from_env(namespace="ml", region="global")
+    api.validate(job)                      # Nomad's warnings
     api.register(job)["EvalID"]
+    allocs, index = api.watch_allocations("digits", index=0)
 """
 
 from __future__ import annotations
@@ -14,73 +19,256 @@ from __future__ import annotations
 import codecs
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
-from urllib.parse import urlparse
 
 import nomad
 import nomad.api.exceptions as nomad_exc
 import requests
+import requests.adapters
+import urllib3.exceptions
+from nomad.api.base import Requester
 
+from nomadtf import wire
 from nomadtf.errors import NomadError, UnreachableError
 
 DEFAULT_ADDR = "http://127.0.0.1:4646"
-META_VERSION = "nomadtf.version"
+CALL_TIMEOUT_S = 10.0
+# A follow stream stays open after its task ended; pausing this long without bytes is our
+# cue to ask whether the task is dead.
+STREAM_TIMEOUT_S = (5.0, 2.0)
+_TRUE = ("1", "t", "true")  # what Go's strconv.ParseBool accepts, as the nomad CLI reads it
+_FALSE = ("0", "f", "false")
 
 
-def _describe(exc: nomad_exc.BaseNomadException) -> tuple[str, int | None]:
-    resp = getattr(exc, "nomad_resp", None)
-    if isinstance(resp, requests.Response):
-        return resp.text.strip() or resp.reason, resp.status_code
-    return str(resp or exc), None
+@dataclass(frozen=True)
+class NomadSettings:
+    """How to reach Nomad, checked once; `from_env` reads what the nomad CLI reads.
+
+    Usage:
+        NomadSettings.from_env(namespace="ml").namespace   # "ml" even if NOMAD_NAMESPACE says otherwise
+    """
+
+    address: str = DEFAULT_ADDR
+    token: str | None = None
+    token_source: str = "NOMAD_TOKEN"  # named in permission errors; never the token itself
+    namespace: str = wire.DEFAULT_NAMESPACE
+    region: str | None = None
+    verify: bool | str = True  # True, a CA bundle path, or False (NOMAD_SKIP_VERIFY)
+    client_cert: tuple[str, str] | None = None
+    tls_server_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if "://" not in self.address:
+            raise NomadError(f"NOMAD_ADDR {self.address!r} needs a scheme: http://… or https://…")
+        if self.client_cert is not None and not all(self.client_cert):
+            raise NomadError("NOMAD_CLIENT_CERT and NOMAD_CLIENT_KEY go together; set both or neither")
+
+    @classmethod
+    def from_env(
+        cls, env: Mapping[str, str] | None = None, *, namespace: str | None = None, region: str | None = None
+    ) -> NomadSettings:
+        env = os.environ if env is None else env
+        address = (env.get("NOMAD_ADDR") or DEFAULT_ADDR).rstrip("/")
+        if "://" not in address:
+            address = f"http://{address}"  # as the nomad CLI reads "127.0.0.1:4646"
+        cert, key = env.get("NOMAD_CLIENT_CERT"), env.get("NOMAD_CLIENT_KEY")
+        return cls(
+            address=address,
+            token=env.get("NOMAD_TOKEN") or None,
+            namespace=namespace or env.get("NOMAD_NAMESPACE") or wire.DEFAULT_NAMESPACE,
+            region=region or env.get("NOMAD_REGION") or None,
+            verify=False if _skip_verify(env.get("NOMAD_SKIP_VERIFY", "")) else env.get("NOMAD_CACERT") or True,
+            client_cert=(cert or "", key or "") if cert or key else None,
+            tls_server_name=env.get("NOMAD_TLS_SERVER_NAME") or None,
+        )
+
+    def describe_token(self) -> str:
+        if self.token:
+            return f"the token in {self.token_source}"
+        return f"no token ({self.token_source} is not set, so Nomad applied its anonymous policy)"
+
+
+def _skip_verify(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("",) + _FALSE:
+        return False
+    if value in _TRUE:
+        return True
+    raise NomadError(f"NOMAD_SKIP_VERIFY={text!r} is not a boolean; write 1/true or 0/false")
+
+
+class _ServerNameAdapter(requests.adapters.HTTPAdapter):
+    """TLS to an address whose certificate is issued for another name (NOMAD_TLS_SERVER_NAME,
+    e.g. server.global.nomad): that name is sent as SNI and checked against the certificate."""
+
+    def __init__(self, server_name: str):
+        self.server_name = server_name
+        super().__init__()
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.update(server_hostname=self.server_name, assert_hostname=self.server_name)
+        super().init_poolmanager(*args, **kwargs)
+
+
+# ---- the one mapping from python-nomad's (and requests') exceptions to ours ------------------
+
+
+def _cause(exc: BaseException) -> Any:
+    """What went wrong underneath: a requests.Response (Nomad answered) or a requests error."""
+    if isinstance(exc, nomad_exc.TimeoutNomadException):  # python-nomad's name for any stream connection error
+        return exc.args[0] if exc.args else exc
+    if isinstance(exc, nomad_exc.BaseNomadException):
+        return exc.nomad_resp
+    return exc
+
+
+def _is_read_pause(exc: BaseException) -> bool:
+    """No bytes within the read timeout: before the response headers or in the body."""
+    cause = _cause(exc)
+    if isinstance(cause, requests.ReadTimeout):
+        return True
+    return isinstance(cause, requests.ConnectionError) and bool(cause.args) and isinstance(
+        cause.args[0], urllib3.exceptions.ReadTimeoutError
+    )
+
+
+def nomad_error(exc: BaseException, settings: NomadSettings, what: str, needs: str) -> NomadError | UnreachableError:
+    """Ours for one of python-nomad's (or, while a stream is read, requests') exceptions."""
+    cause = _cause(exc)
+    where = f"Nomad at {settings.address}"
+    if isinstance(cause, requests.Response):
+        message = cause.text.strip() or cause.reason or ""
+        status = cause.status_code
+        if status == 403:
+            return NomadError(
+                f"Nomad refused {what} (403 {message or 'Permission denied'}): {settings.describe_token()} "
+                f"lacks the {needs} capability in namespace {settings.namespace!r}; "
+                "grant it in the token's ACL policy or use a token that has it",
+                status,
+            )
+        return NomadError(f"Nomad refused {what} ({status}): {message}", status)
+    if isinstance(cause, requests.exceptions.SSLError):
+        return NomadError(
+            f"TLS with {where} failed ({what}): {_reason(cause)}; set NOMAD_CACERT to the CA that signed "
+            "Nomad's certificate, NOMAD_TLS_SERVER_NAME to the name it was issued for "
+            "(e.g. server.global.nomad), and NOMAD_CLIENT_CERT/NOMAD_CLIENT_KEY if Nomad asks for one"
+        )
+    if isinstance(cause, requests.Timeout) and not isinstance(cause, requests.ConnectTimeout):
+        return UnreachableError(f"{where} did not answer in time ({what})")
+    if isinstance(cause, (requests.ConnectionError, requests.ConnectTimeout)):
+        return UnreachableError(f"cannot reach {where} ({what}); is it running? set NOMAD_ADDR")
+    return NomadError(f"talking to {where} failed ({what}): {_reason(cause)}")
+
+
+def _reason(error: Any) -> str:
+    inner = error.args[0] if isinstance(error, Exception) and error.args else error
+    return str(getattr(inner, "reason", None) or inner)
 
 
 @contextlib.contextmanager
-def translated(address: str, what: str) -> Iterator[None]:
-    """Run a python-nomad call; raise UnreachableError / NomadError instead of its errors."""
+def translated(settings: NomadSettings, what: str, needs: str = "read-job") -> Iterator[None]:
+    """Run python-nomad calls; raise NomadError / UnreachableError instead of their errors.
+
+    `needs` is the ACL capability the call needs, named when Nomad answers 403.
+    """
     try:
         yield
-    except (nomad_exc.TimeoutNomadException, requests.ConnectionError) as exc:
-        raise UnreachableError(f"cannot reach Nomad at {address} ({what}); is it running? set NOMAD_ADDR") from exc
-    except nomad_exc.BaseNomadException as exc:
-        message, status = _describe(exc)
-        if status is None and "Connection" in message:
-            raise UnreachableError(f"cannot reach Nomad at {address} ({what}); is it running? set NOMAD_ADDR") from exc
-        raise NomadError(f"Nomad refused {what}: {message}", status) from exc
+    except (nomad_exc.BaseNomadException, requests.RequestException) as exc:
+        raise nomad_error(exc, settings, what, needs) from exc
+
+
+# ---- the adapter ------------------------------------------------------------------------------
 
 
 class NomadAPI:
-    def __init__(self, address: str | None = None):
-        self.address = address or os.environ.get("NOMAD_ADDR") or DEFAULT_ADDR
-        parsed = urlparse(self.address if "://" in self.address else f"http://{self.address}")
-        verify: Any = os.environ.get("NOMAD_CACERT") or True
-        cert = ()
-        if os.environ.get("NOMAD_CLIENT_CERT") and os.environ.get("NOMAD_CLIENT_KEY"):
-            cert = (os.environ["NOMAD_CLIENT_CERT"], os.environ["NOMAD_CLIENT_KEY"])
+    """Nomad's HTTP API as nomadtf uses it, with one NomadSettings applied to every call.
+
+    Usage:
+        api = NomadAPI.from_env(namespace=spec["namespace"], region=spec["region"])
+        api.job("digits")            # None when there is no such job
+        api.in_namespace("*").jobs()  # every namespace the token may list
+    """
+
+    def __init__(self, settings: NomadSettings | None = None):
+        self.settings = settings or NomadSettings.from_env()
+        session = requests.Session()
+        if self.settings.tls_server_name:
+            session.mount("https://", _ServerNameAdapter(self.settings.tls_server_name))
         self.client = nomad.Nomad(
-            host=parsed.hostname or "127.0.0.1",
-            port=parsed.port or 4646,
-            secure=parsed.scheme == "https",
-            address=f"{parsed.scheme}://{parsed.netloc}",
-            verify=verify,
-            cert=cert,
-            timeout=10,
+            address=self.settings.address,
+            token=self.settings.token,
+            namespace=self.settings.namespace,
+            region=self.settings.region,
+            verify=self.settings.verify,  # python-nomad's own default is not to verify
+            cert=self.settings.client_cert or (),
+            timeout=CALL_TIMEOUT_S,
+            session=session,
         )
 
     @classmethod
-    def from_env(cls) -> NomadAPI:
-        return cls()
+    def from_env(cls, namespace: str | None = None, region: str | None = None) -> NomadAPI:
+        return cls(NomadSettings.from_env(namespace=namespace, region=region))
 
-    def ui_url(self, job_id: str, namespace: str = "default") -> str:
-        return f"{self.address.rstrip('/')}/ui/jobs/{job_id}@{namespace}"
+    def in_namespace(self, namespace: str) -> NomadAPI:
+        return NomadAPI(replace(self.settings, namespace=namespace))
+
+    @property
+    def address(self) -> str:
+        return self.settings.address
+
+    @property
+    def namespace(self) -> str:
+        return self.settings.namespace
+
+    def ui_url(self, job_id: str) -> str:
+        return f"{self.address}/ui/jobs/{job_id}@{self.namespace}"
+
+    def _send(
+        self,
+        requester: Requester,
+        *path: str,
+        method: str = "get",
+        params: dict[str, Any] | None = None,
+        json: Any = None,
+        stream: bool = False,
+        timeout: Any = None,
+    ) -> requests.Response:
+        """One request through python-nomad's requester. Namespace and region go on every
+        call, also on endpoints python-nomad would leave them off (evaluations, validate)."""
+        query = {"namespace": self.settings.namespace, **(params or {})}
+        if self.settings.region:
+            query["region"] = self.settings.region
+        return requester.request(
+            *path, method=method, params=query, json=json, stream=stream, timeout=timeout or CALL_TIMEOUT_S
+        )
+
+    def _json(self, what: str, needs: str, requester: Requester, *path: str, **kwargs: Any) -> Any:
+        with translated(self.settings, what, needs):
+            return self._send(requester, *path, **kwargs).json()
+
+    def _blocking(self, what: str, requester: Requester, *path: str, index: int, wait_s: float) -> tuple[Any, int]:
+        """A blocking query: Nomad answers as soon as something changes, or after `wait_s`
+        (plus up to 1/16 jitter). Returns (body or None when not found, X-Nomad-Index)."""
+        params = {"index": index, "wait": f"{wait_s:g}s"}
+        try:
+            with translated(self.settings, what):
+                resp = self._send(requester, *path, params=params, timeout=wait_s * 1.1 + CALL_TIMEOUT_S)
+        except NomadError as exc:
+            if exc.status == 404:
+                return None, index
+            raise
+        return resp.json(), int(resp.headers.get("X-Nomad-Index", index))
+
+    # ---- jobs -----------------------------------------------------------------------------
 
     def validate(self, job: dict[str, Any]) -> list[str]:
         """Nomad's own validation; raises NomadError listing every problem, returns warnings.
 
         POST /v1/validate/job
         """
-        with translated(self.address, "job validation"):
-            result = self.client.validate.validate_job(job).json()
+        result = self._json("job validation", "read-job", self.client.validate, "job", method="post", json=job)
         errors = result.get("ValidationErrors") or ([result["Error"]] if result.get("Error") else [])
         if errors:
             raise NomadError("Nomad rejected the job; nothing was submitted:\n  " + "\n  ".join(errors))
@@ -88,118 +276,99 @@ class NomadAPI:
 
     def plan(self, job: dict[str, Any]) -> dict[str, Any]:
         """POST /v1/job/:job_id/plan (with diff)"""
-        with translated(self.address, "the plan"):
-            return self.client.job.plan_job(job["Job"]["ID"], job, diff=True)
+        job_id = job["Job"]["ID"]
+        body = {**job, "Diff": True}
+        return self._json("the plan", "submit-job", self.client.job, job_id, "plan", method="post", json=body)
 
     def register(self, job: dict[str, Any]) -> dict[str, Any]:
         """POST /v1/jobs"""
-        with translated(self.address, "the job"):
-            return self.client.jobs.register_job(job)
+        return self._json(f"submitting job {job['Job']['ID']}", "submit-job", self.client.jobs, method="post", json=job)
 
     def job(self, job_id: str) -> dict[str, Any] | None:
         """GET /v1/job/:job_id ; None when there is no such job."""
         try:
-            with translated(self.address, f"job {job_id}"):
-                return self.client.job.get_job(job_id)
+            return self._json(f"job {job_id}", "read-job", self.client.job, job_id)
         except NomadError as exc:
             if exc.status == 404:
                 return None
             raise
 
     def jobs(self) -> list[dict[str, Any]]:
-        """GET /v1/jobs?meta=true"""
-        with translated(self.address, "the job list"):
-            resp = self.client.jobs.request(method="get", params={"meta": "true"})
-            return resp.json()
-
-    def allocations(self, job_id: str) -> list[dict[str, Any]]:
-        """GET /v1/job/:job_id/allocations"""
-        with translated(self.address, f"allocations of {job_id}"):
-            return self.client.job.get_allocations(job_id)
-
-    def allocation(self, alloc_id: str) -> dict[str, Any]:
-        """GET /v1/allocation/:alloc_id"""
-        with translated(self.address, f"allocation {alloc_id[:8]}"):
-            return self.client.allocation.get_allocation(alloc_id)
-
-    def evaluations(self, job_id: str) -> list[dict[str, Any]]:
-        """GET /v1/job/:job_id/evaluations"""
-        with translated(self.address, f"evaluations of {job_id}"):
-            return self.client.job.get_evaluations(job_id)
+        """GET /v1/jobs?meta=true (namespace "*": every namespace the token may list)"""
+        return self._json("the job list", "list-jobs", self.client.jobs, params={"meta": "true"})
 
     def summary(self, job_id: str) -> dict[str, Any]:
         """GET /v1/job/:job_id/summary"""
-        with translated(self.address, f"summary of {job_id}"):
-            return self.client.job.get_summary(job_id)
+        return self._json(f"summary of {job_id}", "read-job", self.client.job, job_id, "summary")
 
     def stop(self, job_id: str, purge: bool = False) -> dict[str, Any]:
-        """DELETE /v1/job/:job_id"""
-        with translated(self.address, f"stopping {job_id}"):
-            return self.client.job.deregister_job(job_id, purge=purge)
+        """DELETE /v1/job/:job_id?purge="""
+        params = {"purge": "true"} if purge else {}
+        return self._json(f"stopping {job_id}", "submit-job", self.client.job, job_id, method="delete", params=params)
+
+    # ---- allocations and evaluations ------------------------------------------------------
+
+    def allocations(self, job_id: str) -> list[dict[str, Any]]:
+        """GET /v1/job/:job_id/allocations"""
+        return self._json(f"allocations of {job_id}", "read-job", self.client.job, job_id, "allocations")
+
+    def watch_allocations(self, job_id: str, index: int, wait_s: float = 5.0) -> tuple[list[dict[str, Any]], int]:
+        """GET /v1/job/:job_id/allocations?index=&wait= (blocking) ; ([] when no such job, index)"""
+        allocs, index = self._blocking(f"allocations of {job_id}", self.client.job, job_id, "allocations", index=index, wait_s=wait_s)
+        return allocs or [], index
+
+    def allocation(self, alloc_id: str) -> dict[str, Any]:
+        """GET /v1/allocation/:alloc_id"""
+        return self._json(f"allocation {alloc_id[:8]}", "read-job", self.client.allocation, alloc_id)
 
     def stop_allocation(self, alloc_id: str) -> dict[str, Any]:
         """POST /v1/allocation/:alloc_id/stop"""
-        with translated(self.address, f"stopping allocation {alloc_id[:8]}"):
-            return self.client.allocation.stop_allocation(alloc_id)
+        return self._json(
+            f"stopping allocation {alloc_id[:8]}", "alloc-lifecycle", self.client.allocation, alloc_id, "stop", method="post"
+        )
+
+    def evaluations(self, job_id: str) -> list[dict[str, Any]]:
+        """GET /v1/job/:job_id/evaluations"""
+        return self._json(f"evaluations of {job_id}", "read-job", self.client.job, job_id, "evaluations")
+
+    def watch_evaluation(self, eval_id: str, index: int, wait_s: float = 5.0) -> tuple[dict[str, Any] | None, int]:
+        """GET /v1/evaluation/:eval_id?index=&wait= (blocking) ; (None while not found, index)"""
+        return self._blocking(f"evaluation {eval_id[:8]}", self.client.evaluation, eval_id, index=index, wait_s=wait_s)
+
+    # ---- logs -----------------------------------------------------------------------------
 
     def logs(self, alloc_id: str, task: str, stream: str = "stdout", origin: str = "start", offset: int = 0) -> str:
-        """GET /v1/client/fs/logs/:alloc_id?task=&type=&plain=true"""
-        with translated(self.address, f"logs of {alloc_id[:8]}"):
-            return self.client.client.stream_logs.stream(
-                alloc_id, task, stream, follow=False, origin=origin, offset=offset, plain=True
-            )
+        """GET /v1/client/fs/logs/:alloc_id?task=&type=&origin=&offset=&plain=true"""
+        params = {"task": task, "type": stream, "origin": origin, "offset": offset, "plain": "true"}
+        with translated(self.settings, f"logs of {alloc_id[:8]}", "read-logs"):
+            return self._send(self.client.client.stream_logs, alloc_id, params=params).text
 
     def follow_logs(self, alloc_id: str, task: str, stream: str = "stdout") -> Iterator[str]:
         """Stream a task's log until the task is dead.
 
-        GET /v1/client/fs/logs/:alloc_id?follow=true&plain=true&offset=<bytes seen>
+        GET /v1/client/fs/logs/:alloc_id?follow=true&plain=true&offset=<bytes seen> ;
+        GET /v1/allocation/:alloc_id at each pause.
         Nomad keeps a follow stream open after the task ends, so the stream is read with a
         short read timeout; at each pause we ask whether the task is dead, reconnecting at
         the byte offset we reached otherwise.
         """
-        url = f"{self.address.rstrip('/')}/v1/client/fs/logs/{alloc_id}"
-        headers = {"X-Nomad-Token": os.environ["NOMAD_TOKEN"]} if os.environ.get("NOMAD_TOKEN") else {}
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         received = 0
         while True:
             params = {"task": task, "type": stream, "follow": "true", "plain": "true", "origin": "start", "offset": received}
-            try:
-                with requests.get(url, params=params, headers=headers, stream=True, timeout=(5, 2)) as resp:
-                    if resp.status_code != 200:
-                        raise NomadError(f"Nomad answered {resp.status_code} for logs of {alloc_id[:8]}: {resp.text.strip()}", resp.status_code)
-                    for chunk in resp.iter_content(chunk_size=None):
-                        received += len(chunk)
-                        yield decoder.decode(chunk)
-            except (requests.ConnectionError, requests.Timeout) as exc:
-                if "Read timed out" not in str(exc) and not isinstance(exc, requests.ReadTimeout):
-                    raise UnreachableError(f"cannot reach Nomad at {self.address}: {exc.__class__.__name__}") from exc
+            with translated(self.settings, f"logs of {alloc_id[:8]}", "read-logs"):
+                try:
+                    with self._send(
+                        self.client.client.stream_logs, alloc_id, params=params, stream=True, timeout=STREAM_TIMEOUT_S
+                    ) as resp:
+                        for chunk in resp.iter_content(chunk_size=None):
+                            received += len(chunk)
+                            yield decoder.decode(chunk)
+                except (nomad_exc.BaseNomadException, requests.RequestException) as exc:
+                    if not _is_read_pause(exc):
+                        raise
             state = ((self.allocation(alloc_id).get("TaskStates") or {}).get(task) or {}).get("State")
             if state == "dead":
                 rest = self.logs(alloc_id, task, stream, origin="start", offset=received)
                 yield rest + decoder.decode(b"", final=True)
                 return
-
-    def blocking(self, path: str, index: int, wait: str = "10s", **params: Any) -> tuple[Any, int]:
-        """GET /v1/<path>?index=&wait= ; returns (body, X-Nomad-Index).
-
-        A blocking query: Nomad answers as soon as something changes, or after `wait`.
-        """
-        url = f"{self.address.rstrip('/')}/v1/{path}"
-        headers = {"X-Nomad-Token": os.environ["NOMAD_TOKEN"]} if os.environ.get("NOMAD_TOKEN") else {}
-        wait_s = float(wait.rstrip("s"))
-        try:
-            resp = requests.get(
-                url,
-                params={"index": index, "wait": wait, **params},
-                headers=headers,
-                timeout=wait_s + 10,
-                verify=self.client.verify,
-                cert=self.client.cert or None,
-            )
-        except requests.RequestException as exc:
-            raise UnreachableError(f"cannot reach Nomad at {self.address}: {exc.__class__.__name__}") from exc
-        if resp.status_code == 404:
-            return None, index
-        if resp.status_code != 200:
-            raise NomadError(f"Nomad answered {resp.status_code} for {path}: {resp.text.strip()}", resp.status_code)
-        return resp.json(), int(resp.headers.get("X-Nomad-Index", index))
