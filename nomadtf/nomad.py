@@ -19,6 +19,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import os
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -240,9 +241,12 @@ class NomadAPI:
         query = {"namespace": self.settings.namespace, **(params or {})}
         if self.settings.region:
             query["region"] = self.settings.region
-        return requester.request(
-            *path, method=method, params=query, json=json, stream=stream, timeout=timeout or CALL_TIMEOUT_S
-        )
+        with warnings.catch_warnings():
+            if self.settings.verify is False:  # asked for with NOMAD_SKIP_VERIFY; no warning per call
+                warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
+            return requester.request(
+                *path, method=method, params=query, json=json, stream=stream, timeout=timeout or CALL_TIMEOUT_S
+            )
 
     def _json(self, what: str, needs: str, requester: Requester, *path: str, **kwargs: Any) -> Any:
         with translated(self.settings, what, needs):
