@@ -1,5 +1,9 @@
 """The local stack is real and wired together: Nomad runs raw_exec jobs, registers their
-services in Consul, hands out Vault tokens from OpenBao, and serves its UI."""
+services in Consul, hands out Vault tokens from OpenBao, and serves its UI.
+
+The unit tests at the end start no server: `down` runs on a temporary state directory whose
+stack.json records `sleep` trees this test spawned, and `go mod edit -json` reads a
+hand-written go.mod."""
 
 from __future__ import annotations
 
@@ -12,13 +16,14 @@ import sys
 import uuid
 
 import hvac
+import psutil
 import pytest
 import requests
 
+from nomadtf.devstack import binaries, processes
 from nomadtf.devstack import stack as stack_mod
+from nomadtf.errors import DevStackError
 from tests.helpers import nomad, purge, submit_raw, wait_until
-
-pytestmark = pytest.mark.stack
 
 
 def _batch_job(job_id: str, task: dict, services: list | None = None) -> dict:
@@ -52,6 +57,7 @@ def _wait_complete(job_id: str, timeout: float = 60) -> dict:
     return wait_until(done, timeout, f"job {job_id} to finish")
 
 
+@pytest.mark.stack
 def test_raw_exec_job_runs_and_its_service_is_in_consul(stack):
     job_id = f"wired-{uuid.uuid4().hex[:6]}"
     service = f"{job_id}-svc"
@@ -76,6 +82,7 @@ def test_raw_exec_job_runs_and_its_service_is_in_consul(stack):
         purge(job_id)
 
 
+@pytest.mark.stack
 def test_vault_block_gives_the_task_a_working_token(stack):
     value = secrets.token_hex(16)
     path = f"nomadtf-test/{uuid.uuid4().hex[:6]}"
@@ -115,6 +122,7 @@ def test_vault_block_gives_the_task_a_working_token(stack):
         purge(job_id)
 
 
+@pytest.mark.stack
 def test_nomad_serves_its_real_web_ui(stack):
     resp = requests.get(f"{stack_mod.NOMAD_ADDR}/ui/", timeout=10)
     assert resp.status_code == 200
@@ -122,6 +130,7 @@ def test_nomad_serves_its_real_web_ui(stack):
     assert "nomad-ui/config/environment" in resp.text  # the Ember app's config meta tag
 
 
+@pytest.mark.stack
 def test_up_twice_is_a_noop_and_status_hides_the_token(stack):
     before = [c.pid for c in stack.components()]
     assert stack.up(progress=lambda _m: None) is False
@@ -135,20 +144,212 @@ def test_up_twice_is_a_noop_and_status_hides_the_token(stack):
     assert "export NOMAD_ADDR=http://127.0.0.1:4646" in env
 
 
+@pytest.mark.stack
 def test_a_taken_port_is_a_clear_error(tmp_path, stack):
     other = stack_mod.DevStack(tmp_path / "other")
     with pytest.raises(stack_mod.PortInUseError, match=r"port \d+ .* already taken"):
         other.up(progress=lambda _m: None)
 
 
+@pytest.mark.stack
 def test_down_leaves_no_process_and_up_comes_back(stack):
     pids = [c.pid for c in stack.components()]
+    started = [p for c in stack.components() for p in processes.tree(psutil.Process(c.pid))]
     out = subprocess.run([sys.executable, "-m", "nomadtf", "dev", "down"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert not any(stack_mod.pid_alive(p) for p in pids)
-    assert stack_mod._processes_under(stack.state_dir) == []
+    assert [p.pid for p in started if p.is_running()] == []
     assert str(stack.state_dir) not in open("/proc/self/mounts").read()  # tasks' tmpfs mounts too
     assert not stack.state_dir.exists()
     # Bring it back for the tests that follow; the session fixture still owns it.
     assert stack.up(progress=lambda _m: None) is True
     os.environ.update(stack.env())
+
+
+# ---- down, on hand-written state (no servers) ----------------------------------------------
+
+# A recorded server with a child, a grandchild and a grandchild in its own session (as
+# raw_exec tasks are). The root ignores SIGTERM, so `down` has to fall back to SIGKILL.
+SERVER_TREE = """
+bash -c 'sleep 300 & python3 -c "import os, time; os.setsid(); time.sleep(300)" & wait' &
+trap '' TERM
+wait
+"""
+
+
+@pytest.fixture
+def spawned():
+    """Start processes for a test; whatever still runs at its end is stopped, tree and all."""
+    started: list[psutil.Process] = []
+
+    def spawn(argv: list[str], cwd, descendants: int = 0) -> psutil.Process:
+        proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL)
+        root = psutil.Process(proc.pid)
+        wait_until(lambda: len(root.children(recursive=True)) == descendants, 10, f"{argv[0]}'s descendants")
+        started.extend(processes.tree(root))
+        return root
+
+    yield spawn
+    processes.stop([p for p in started if p.is_running()], grace=1.0)
+
+
+def _state_dir(
+    tmp_path, recorded: dict[str, psutil.Process], marker: bool = True, create_time_shift: float = 0.0, legacy=False
+):
+    """A state directory as `up` leaves it, recording `recorded`; `legacy`: as an older
+    nomadtf left it (no start times, no marker)."""
+    state = tmp_path / "dev"
+    state.mkdir(exist_ok=True)
+    if marker and not legacy:
+        (state / stack_mod.MARKER).write_text("")
+    components = [
+        {"name": name, "pid": proc.pid, "binary": proc.exe(), "log": str(state / f"{name}.log")}
+        | ({} if legacy else {"create_time": proc.create_time() + create_time_shift})
+        for name, proc in recorded.items()
+    ]
+    (state / "stack.json").write_text(json.dumps({"components": components}))
+    (state / "nomad.log").write_text("a log someone is reading\n")
+    return stack_mod.DevStack(state)
+
+
+def test_down_stops_recorded_trees_and_leaves_no_zombie(tmp_path, spawned):
+    (tmp_path / "dev").mkdir()
+    nomad_agent = spawned(["bash", "-c", SERVER_TREE], tmp_path / "dev", descendants=3)
+    consul_agent = spawned(["sleep", "300"], tmp_path / "dev")
+    tree = processes.tree(nomad_agent) + [consul_agent]
+    assert any(os.getsid(p.pid) == p.pid for p in tree)  # one has left the agent's session
+    dev = _state_dir(tmp_path, {"nomad": nomad_agent, "consul": consul_agent})
+    assert [r["state"] for r in dev.status()] == ["running", "running"]
+
+    dev.down(progress=lambda _m: None, grace=1.0)
+
+    # is_running() is False once a PID is gone and reaped: a zombie would still count.
+    assert [p.pid for p in tree if p.is_running()] == []
+    assert not dev.state_dir.exists()
+
+
+def test_down_spares_processes_it_did_not_start(tmp_path, spawned):
+    state = tmp_path / "dev"
+    (state / "nomad-data").mkdir(parents=True)
+    (state / "nomad.log").write_text("a log someone is reading\n")
+    recorded = spawned(["sleep", "300"], state)
+    shell_inside = spawned(["sleep", "300"], state / "nomad-data")  # a user's shell cd'd into it
+    log_reader = spawned(["tail", "-f", str(state / "nomad.log")], tmp_path)  # `less` of a log
+    dev = _state_dir(tmp_path, {"nomad": recorded})
+
+    dev.down(progress=lambda _m: None, grace=1.0)
+
+    assert not recorded.is_running()
+    assert shell_inside.is_running() and log_reader.is_running()
+    assert not state.exists()
+
+
+def test_down_refuses_a_directory_without_the_marker(tmp_path, spawned):
+    (tmp_path / "dev").mkdir()
+    recorded = spawned(["sleep", "300"], tmp_path / "dev")
+    dev = _state_dir(tmp_path, {"nomad": recorded}, marker=False)
+    before = {p.name: p.read_bytes() for p in dev.state_dir.iterdir()}
+
+    with pytest.raises(DevStackError, match=rf"{dev.state_dir}.*no {stack_mod.MARKER}.*NOMADTF_DEV_DIR"):
+        dev.down(progress=lambda _m: None, grace=1.0)
+
+    assert recorded.is_running()
+    assert {p.name: p.read_bytes() for p in dev.state_dir.iterdir()} == before
+
+
+def test_down_does_not_kill_a_reused_pid(tmp_path, spawned):
+    # The recorded start time differs from the running process's: the PID is someone else's now.
+    stranger = spawned(["sleep", "300"], tmp_path)
+    dev = _state_dir(tmp_path, {"nomad": stranger}, create_time_shift=-100.0)
+    assert [r["state"] for r in dev.status()] == ["stopped"]
+
+    dev.down(progress=lambda _m: None, grace=1.0)
+
+    assert stranger.is_running()
+    assert not dev.state_dir.exists()
+
+
+def test_up_takes_over_a_running_stack_of_an_older_nomadtf(tmp_path, spawned):
+    (tmp_path / "dev").mkdir()
+    server = spawned(["sleep", "300"], tmp_path / "dev")
+    dev = _state_dir(tmp_path, {"nomad": server}, legacy=True)
+    assert [r["state"] for r in dev.status()] == ["stopped"]  # unverifiable until taken over
+
+    dev._adopt_legacy_record()
+
+    assert dev.marker_path.is_file()
+    assert [c.create_time for c in dev.components()] == [server.create_time()]
+    dev.down(progress=lambda _m: None, grace=1.0)
+    assert not server.is_running() and not dev.state_dir.exists()
+
+
+def test_a_legacy_record_older_than_its_process_is_not_taken_over(tmp_path, spawned):
+    # The process started after stack.json was written: its PID was reused.
+    stranger = spawned(["sleep", "300"], tmp_path)
+    dev = _state_dir(tmp_path, {"nomad": stranger}, legacy=True)
+    os.utime(dev.record_path, (stranger.create_time() - 60, stranger.create_time() - 60))
+
+    dev._adopt_legacy_record()
+
+    assert not dev.marker_path.exists()
+    with pytest.raises(DevStackError, match="no .nomadtf-devstack"):
+        dev.down(progress=lambda _m: None, grace=1.0)
+    assert stranger.is_running()
+
+
+def test_up_refuses_a_foreign_state_directory(tmp_path):
+    foreign = tmp_path / "home"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine\n")
+    with pytest.raises(DevStackError, match=rf"{foreign} exists and was not created by `nomadtf dev up`"):
+        stack_mod.DevStack(foreign)._claim_state_dir()
+    assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
+
+    fresh = stack_mod.DevStack(tmp_path / "new")
+    fresh._claim_state_dir()
+    assert fresh.marker_path.is_file()
+    fresh.down(progress=lambda _m: None)
+    assert not fresh.state_dir.exists()
+
+
+# ---- go.mod through `go mod edit -json` ----------------------------------------------------
+
+GO_MOD = """module github.com/hashicorp/nomad
+
+go 1.20
+
+// github.com/not/a/directive => ./nowhere
+replace (
+\tgithub.com/hashicorp/nomad/api => ./api
+\tgithub.com/old/thing v1.0.0 => github.com/new/thing v1.2.0
+)
+
+replace github.com/hashicorp/nomad/plugins => ./plugins // trailing comment
+
+require (
+\tgithub.com/hashicorp/nomad/api v0.0.0-20230103221135-ce00d683f9be
+\tgithub.com/hashicorp/consul/api v1.20.0 // indirect
+)
+
+require github.com/stretchr/testify v1.8.4
+"""
+
+
+def test_go_mod_is_read_by_the_go_command(tmp_path):
+    (tmp_path / "go.mod").write_text(GO_MOD)
+    go_mod = binaries.read_go_mod(tmp_path / "go.mod")
+    assert binaries.local_replacements(go_mod) == {
+        "github.com/hashicorp/nomad/api": "./api",
+        "github.com/hashicorp/nomad/plugins": "./plugins",
+    }
+    assert binaries.required_versions(go_mod) == {
+        "github.com/hashicorp/nomad/api": "v0.0.0-20230103221135-ce00d683f9be",
+        "github.com/hashicorp/consul/api": "v1.20.0",
+        "github.com/stretchr/testify": "v1.8.4",
+    }
+
+
+def test_a_broken_go_mod_is_a_binary_error(tmp_path):
+    (tmp_path / "go.mod").write_text("module x\nrequire (\n")
+    with pytest.raises(binaries.BinaryError, match="cannot read .*go.mod"):
+        binaries.read_go_mod(tmp_path / "go.mod")

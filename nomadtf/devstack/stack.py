@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
@@ -46,6 +46,7 @@ NOMAD_PORTS = {"nomad http": 4646, "nomad rpc": 4647, "nomad serf": 4648}
 # Nomad first, so its tasks stop while Consul and OpenBao still answer them.
 STOP_ORDER = ("nomad", "openbao", "consul")
 MARKER = ".nomadtf-devstack"
+MARKER_TEXT = "created by `nomadtf dev up`; `nomadtf dev down` deletes this directory\n"
 
 NOMAD_ADDR = f"http://{HOST}:4646"
 CONSUL_ADDR = f"{HOST}:8500"
@@ -163,6 +164,7 @@ class DevStack:
 
     def up(self, progress: Progress, timeout: float = 120.0) -> bool:
         """Start the stack. Returns False when it was already up (a no-op)."""
+        self._adopt_legacy_record()
         if self.is_up():
             return False
         if self.components():
@@ -195,6 +197,31 @@ class DevStack:
             raise
         return True
 
+    def _adopt_legacy_record(self) -> None:
+        """Take over a running stack that an older nomadtf started: its stack.json has no
+        start times and its directory no marker.
+
+        Each recorded process must still run the recorded binary and have started before
+        the record was written (so its PID was not reused since); otherwise nothing changes.
+        """
+        comps = self.components()
+        if not comps or self.marker_path.is_file() or any(c.create_time is not None for c in comps):
+            return
+        # psutil derives start times from a boot time in whole seconds: allow that much.
+        written = self.record_path.stat().st_mtime + 1.0
+        adopted = []
+        for comp in comps:
+            try:
+                proc = psutil.Process(comp.pid)
+                started = proc.create_time()
+                if Path(comp.binary).name not in " ".join(proc.cmdline()) or started > written:
+                    return
+            except psutil.Error:
+                return
+            adopted.append(replace(comp, create_time=started))
+        _write_private(self.marker_path, MARKER_TEXT)
+        self._record(adopted)
+
     def _claim_state_dir(self) -> None:
         """Create the state directory with its marker; refuse a foreign one, which `down`
         would later delete."""
@@ -206,7 +233,7 @@ class DevStack:
                 )
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.state_dir.chmod(0o700)
-        _write_private(self.marker_path, "created by `nomadtf dev up`; `nomadtf dev down` deletes this directory\n")
+        _write_private(self.marker_path, MARKER_TEXT)
 
     def _check_ports_free(self) -> None:
         for label, port in {**CONSUL_PORTS, **VAULT_PORTS, **NOMAD_PORTS}.items():
@@ -285,8 +312,8 @@ class DevStack:
             raise DevStackError(
                 f"refusing to stop or delete anything in {self.state_dir}: it has no {MARKER}, so "
                 "`nomadtf dev up` did not create it. If NOMADTF_DEV_DIR or XDG_STATE_HOME points there "
-                "by mistake, fix it; if an older nomadtf started a stack there, stop the PIDs in its "
-                "stack.json and delete the directory yourself"
+                "by mistake, fix it; if an older nomadtf started a stack there, `nomadtf dev up` takes it "
+                "over while all of it runs, or stop the PIDs in its stack.json and delete the directory yourself"
             )
         comps = sorted(self.components(), key=lambda c: STOP_ORDER.index(c.name))
         # Every tree is collected before anything stops: Nomad's executors and their tasks
@@ -366,10 +393,13 @@ def _base_env() -> dict[str, str]:
 
 
 def _write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # Written aside and renamed: a concurrent reader (another `up`, `status`) never sees
+    # half a stack.json.
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(text)
-    path.chmod(0o600)
+    os.replace(partial, path)
 
 
 def wait_for(check: Callable[[], bool], timeout: float, component: str, log: str) -> None:
