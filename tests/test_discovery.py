@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from nomadtf.discovery import ConsulDiscovery
@@ -69,3 +72,71 @@ def test_job_state_and_progress_round_trip(job_id):
     d.publish_progress({"step": 7, "metrics": {"loss": 0.5}})
     assert d.job_state() == "succeeded"
     assert d.progress()["step"] == 7
+
+
+def test_a_restarted_supervisor_takes_back_its_own_index_before_its_preference(job_id):
+    first = _claimant(job_id)
+    try:
+        # alloc-a was told NOMAD_ALLOC_INDEX=0 but index 0 was taken, so it holds 1.
+        holder = _claimant(job_id)
+        assert holder.claim_slot("worker", 2, "alloc-x", 0, "i1") == 0
+        assert first.claim_slot("worker", 2, "alloc-a", 0, "i1") == 1
+        holder.close()  # index 0 is free now
+        again = _claimant(job_id)  # alloc-a's supervisor restarts (kill -9: old session still alive)
+        try:
+            assert again.claim_slot("worker", 2, "alloc-a", 0, "i2") == 1  # its own index, not the free 0
+        finally:
+            again.close()
+    finally:
+        first.close()
+
+
+def test_reopening_a_session_keeps_one_renewer_thread(job_id):
+    d = _claimant(job_id)
+    try:
+        first = d.session
+        for _ in range(3):
+            d.reopen_session()  # what a task does after a Consul restart
+        assert d.session != first
+        assert d.renewer_threads() == 1
+        assert sum(t.name == "consul-session" and t.is_alive() for t in threading.enumerate()) == 1
+    finally:
+        d.close()
+    assert d.renewer_threads() == 0
+
+
+def test_progress_writes_wake_no_watcher_but_state_does(job_id):
+    d = ConsulDiscovery(job_id)
+    d.set_job_state("running")
+    index = d.wait_for_cluster_kv_change(0, 1)
+    woke: list[float] = []
+
+    def watch():
+        start = time.monotonic()
+        d.wait_for_cluster_kv_change(index, 3)
+        woke.append(time.monotonic() - start)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    for step in range(5):
+        d.publish_progress({"step": step})
+    t.join()
+    assert woke[0] >= 2.5, f"a progress write woke the cluster watch after {woke[0]:.2f}s"
+    t = threading.Thread(target=watch)
+    woke.clear()
+    t.start()
+    time.sleep(0.3)
+    d.set_job_state("succeeded")
+    t.join()
+    assert woke[0] < 2.0
+
+
+def test_namespaces_keep_same_named_jobs_apart(job_id):
+    a, b = ConsulDiscovery(job_id, "team-a"), ConsulDiscovery(job_id, "team-b")
+    try:
+        a.set_job_state("succeeded")
+        assert b.job_state() is None
+        assert a.service_name("chief") != b.service_name("chief") != ConsulDiscovery(job_id).service_name("chief")
+    finally:
+        a.delete_job_keys()
+        b.delete_job_keys()

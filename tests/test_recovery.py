@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from nomadtf.follow import Follower
 from nomadtf.nomad import NomadAPI
-from nomadtf.supervise import Follower
 from tests import faults
 from tests.helpers import EXAMPLES, JOBS, allocations, nomadtf, purge, task_log, unique, wait_until, write_job
 

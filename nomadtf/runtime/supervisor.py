@@ -128,6 +128,7 @@ class Supervisor:
             reap_orphans()
 
     def _main(self) -> int:
+        log.info("job %s (namespace %s), alloc %s, %s strategy", self.spec.name, self.spec.namespace, self.alloc.alloc_id[:8], self.spec.strategy)
         state = self._job_state()
         act = policy.on_start(state)
         if act is Act.EXIT_OK:
@@ -214,8 +215,12 @@ class Supervisor:
 
     def _claim(self) -> int | None:
         if self.membership.try_claim():
+            self.last_missing = []
             self.phase = Phase.RENDEZVOUS
             return self._rendezvous()
+        if not self.last_missing:
+            self.last_missing = [f"a free {self.role} index"]
+            log.info("every %s index is held by a live task; waiting for one to be freed", self.role)
         self.loop.call_at(time.monotonic() + RETRY_S, "step")
         return None
 
