@@ -24,7 +24,7 @@ from typing import Any
 from nomadtf.errors import FollowTimeout, JobFailed, NomadtfError, ServerError
 from nomadtf.nomad import NomadAPI
 from nomadtf.plan import explain_placement_failure, requested_devices
-from nomadtf.wire import META_VERSION
+from nomadtf.wire import META_VERSION, STATE_FAILED
 
 
 @dataclass
@@ -111,6 +111,12 @@ def outcome(job: dict[str, Any], allocs: list[dict[str, Any]], reschedule_attemp
     return None
 
 
+def deciding_alloc(allocs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The newest allocation of the task whose exit ends the training: chief[0], else worker[0]. Pure."""
+    latest = latest_allocs(allocs)
+    return latest.get(("chief", 0)) or latest.get(("worker", 0))
+
+
 def task_events(alloc: dict[str, Any]) -> list[tuple[int, str, str]]:
     """(time ns, task, text) for every task event of an allocation."""
     out = []
@@ -139,6 +145,7 @@ class Follower:
         on_view: Callable[[JobView], None],
         on_event: Callable[[str], None],
         progress: Callable[[], dict[str, Any] | None] = lambda: None,
+        recorded_state: Callable[[], str | None] = lambda: None,
     ):
         self.api = api
         self.job_id = job_id
@@ -147,6 +154,7 @@ class Follower:
         self.on_view = on_view
         self.on_event = on_event
         self.progress = progress
+        self.recorded_state = recorded_state
         self.started = time.monotonic()
         self.seen_events: set[tuple[str, int, str]] = set()
         self.last_line_at = 0.0
@@ -243,11 +251,24 @@ class Follower:
             return ""
 
     def _failure_report(self, allocs: list[dict[str, Any]]) -> str:
-        failed = [a for a in allocs if a.get("ClientStatus") in ("failed", "lost")]
-        lines = [f"job {self.job_id} failed"]
-        for alloc in sorted(failed, key=lambda a: a.get("CreateIndex", 0))[-2:]:
+        """The job's recorded reason, then the deciding task and the newest failed ones: their
+        last events and stderr. The deciding task comes first even while Nomad still runs it:
+        its peers may stop (and fail) before its own allocation does.
+
+        GET /v1/client/fs/logs/:alloc_id?type=stderr&origin=end
+        """
+        try:
+            reason = self.recorded_state()
+        except ServerError:
+            reason = None
+        detail = reason.removeprefix(STATE_FAILED).lstrip(": ") if reason and reason.startswith(STATE_FAILED) else ""
+        lines = [f"job {self.job_id} failed" + (f": {detail}" if detail else "")]
+        failed = sorted((a for a in allocs if a.get("ClientStatus") in ("failed", "lost")), key=lambda a: a.get("CreateIndex", 0))
+        deciding = deciding_alloc(allocs)
+        shown = ([deciding] if deciding else []) + [a for a in failed[-2:] if a is not deciding]
+        for alloc in shown:
             role, index = alloc_slot(alloc)
-            lines.append(f"{role}[{index}] allocation {alloc['ID'][:8]}: last events:")
+            lines.append(f"{role}[{index}] allocation {alloc['ID'][:8]} ({alloc.get('ClientStatus')}): last events:")
             lines += [f"    {text}" for _w, _t, text in task_events(alloc)[-4:]]
             stderr = self._log_tail(alloc, alloc.get("TaskGroup", role), "stderr", 3000)
             tail = [line for line in stderr.splitlines() if line.strip()][-12:]
@@ -330,13 +351,12 @@ def final_lines(api: NomadAPI, job_id: str, count: int = 3) -> list[str]:
 
     GET /v1/job/:job_id/allocations ; GET /v1/client/fs/logs/:alloc_id?origin=end
     """
-    latest = latest_allocs(api.allocations(job_id))
-    for role, index in (("chief", 0), ("worker", 0)):
-        alloc = latest.get((role, index))
-        if alloc:
-            try:
-                out = api.logs(alloc["ID"], role, "stdout", origin="end", offset=600)
-            except ServerError:
-                return []
-            return [f"{role}: {line}" for line in out.splitlines() if line.strip()][-count:]
-    return []
+    alloc = deciding_alloc(api.allocations(job_id))
+    if alloc is None:
+        return []
+    role, _index = alloc_slot(alloc)
+    try:
+        out = api.logs(alloc["ID"], role, "stdout", origin="end", offset=600)
+    except ServerError:
+        return []
+    return [f"{role}: {line}" for line in out.splitlines() if line.strip()][-count:]

@@ -96,6 +96,7 @@ class Run:
             on_view=on_view,
             on_event=on_event,
             progress=self.discovery.progress,
+            recorded_state=self.discovery.job_state,
         )
         try:
             view = follower.follow(submitted.eval_id)
