@@ -15,9 +15,11 @@ Usage:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -331,6 +333,36 @@ class JobSpec:
             ),
             gpus={role: gpu_request(cfg) for role, cfg in spec["roles"].items() if cfg["count"] > 0},
         )
+
+
+_TASK_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def expand_task_vars(text: str, environ: dict[str, str]) -> str:
+    """`${NOMAD_JOB_ID}` and other variables of the task's environment, expanded as Nomad
+    would (the spec reaches the task as a file, which Nomad does not interpolate). An
+    unknown name is left as written."""
+    return _TASK_VAR.sub(lambda m: environ.get(m[1], m[0]), text)
+
+
+def for_task(spec: JobSpec, environ: dict[str, str]) -> JobSpec:
+    """The paths and arguments of `spec` with the task's variables expanded."""
+    entry = spec.entrypoint
+
+    def expand(text: str) -> str:
+        return expand_task_vars(text, environ)
+
+    return dataclasses.replace(
+        spec,
+        model_dir=expand(spec.model_dir),
+        entrypoint=dataclasses.replace(
+            entry,
+            target=expand(entry.target),
+            args=tuple(expand(a) for a in entry.args),
+            workdir=expand(entry.workdir) if entry.workdir else None,
+            pythonpath=tuple(expand(p) for p in entry.pythonpath),
+        ),
+    )
 
 
 def spec_file_text(spec: dict[str, Any]) -> str:

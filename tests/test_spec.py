@@ -281,3 +281,16 @@ def test_spec_error_keeps_each_problem():
         "roles.workr: unknown key 'workr'; did you mean 'worker'?",
     ]
     assert caught.value.exit_code == 2
+
+
+def test_the_task_expands_nomad_variables_in_paths_and_arguments():
+    """The spec file is not interpolated by Nomad, so the task expands ${NOMAD_...} itself:
+    the default model_dir must differ per job, not be one shared directory."""
+    from nomadtf.spec import JobSpec, for_task
+
+    data = normalize({"name": "j", "entrypoint": {"script": "${NOMAD_TASK_DIR}/t.py", "args": ["--out=${NOMAD_ALLOC_ID}", "${unknown}"]},
+                      "roles": {"chief": {"count": 1}, "worker": {"count": 1}, "ps": {"count": 1}}})
+    spec = for_task(JobSpec.from_normalized(data), {"NOMAD_JOB_ID": "j", "NOMAD_TASK_DIR": "/alloc/t", "NOMAD_ALLOC_ID": "a1"})
+    assert spec.model_dir == "/tmp/nomadtf/j"
+    assert spec.entrypoint.target == "/alloc/t/t.py"
+    assert spec.entrypoint.args == ("--out=a1", "${unknown}")

@@ -32,7 +32,7 @@ from nomadtf.runtime.child import Child, become_subreaper, reap_orphans
 from nomadtf.runtime.loop import CATALOG, CHILD_EXIT, CLUSTER_KV, SIGNAL, TIMER, Event, EventLoop
 from nomadtf.runtime.membership import Identity, Membership, describe, start_health_server
 from nomadtf.runtime.policy import Act
-from nomadtf.spec import JobSpec, read_spec_file
+from nomadtf.spec import JobSpec, for_task, read_spec_file
 
 log = logging.getLogger("nomadtf.task")
 
@@ -462,7 +462,7 @@ def spec_path(environ: dict[str, str]) -> Path:
 
 
 def run_task(role: str) -> int:
-    spec = read_spec_file(spec_path(dict(os.environ)))
+    spec = for_task(read_spec_file(spec_path(dict(os.environ))), dict(os.environ))
     alloc = AllocInfo.from_environ(dict(os.environ))
     discovery = ConsulDiscovery(spec.name, spec.namespace)
     return Supervisor(spec, role, alloc, discovery).run()
