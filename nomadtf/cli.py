@@ -196,22 +196,23 @@ def run(
     job_run = Run.prepare(job_file, var or [], templates)
     submitted = job_run.submit()
     _stamp(f"submitted {submitted.job_id} (evaluation {submitted.eval_id[:8]}); Nomad UI: {submitted.ui_url}")
+    job_id = submitted.job_id
+    where = "" if submitted.namespace == "default" else f" --namespace {submitted.namespace}"
     if detach:
-        typer.echo(f"follow it with: nomadtf status {submitted.job_id}  |  nomadtf logs {submitted.job_id} --role chief --follow")
+        typer.echo(f"follow it with: nomadtf status {job_id}{where}  |  nomadtf logs {job_id}{where} --role chief --follow")
         return
     display = _Display()
     try:
         outcome = job_run.follow(submitted, timeout_s, on_view=display.view, on_event=display.event)
     except KeyboardInterrupt:
         display.close()
-        job_id = submitted.job_id
-        _err(f"stopped following; {job_id} keeps running (nomadtf status {job_id}, nomadtf stop {job_id})")
+        _err(f"stopped following; {job_id} keeps running (nomadtf status {job_id}{where}, nomadtf stop {job_id}{where})")
         raise typer.Exit(130) from None
     finally:
         display.close()
     for line in outcome.final_lines:
         typer.echo(line)
-    _stamp(f"{submitted.job_id} succeeded in {outcome.view.elapsed:.0f}s")
+    _stamp(f"{job_id} succeeded in {outcome.view.elapsed:.0f}s")
 
 
 @app.command()

@@ -28,6 +28,7 @@ from nomadtf.nomad import NomadAPI
 @dataclass(frozen=True)
 class Submitted:
     job_id: str
+    namespace: str
     eval_id: str
     ui_url: str
 
@@ -74,7 +75,7 @@ class Run:
         except ServerError as exc:
             raise ServerError(f"Consul is needed for the job's state: {exc}") from exc
         registered = self.api.register(self.job)
-        return Submitted(self.job_id, registered["EvalID"], self.api.ui_url(self.job_id))
+        return Submitted(self.job_id, self.api.namespace, registered["EvalID"], self.api.ui_url(self.job_id))
 
     def follow(
         self,

@@ -3,13 +3,15 @@
 The client is inspected as python-nomad holds it; what goes over the wire is checked against a
 small real HTTP(S) server that answers like Nomad and records what it was asked (plain HTTP
 for namespace, region and token; TLS with a CA, a client certificate and a server name that
-is not the address, as Nomad's own certificates are issued).
+is not the address, as Nomad's own certificates are issued). Last, a job.json's namespace
+on the real stack: `run`, `status`, `logs` and `stop` all find the job there.
 """
 
 from __future__ import annotations
 
 import http.server
 import json
+import os
 import ssl
 import subprocess
 import threading
@@ -19,9 +21,11 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import pytest
+import requests
 
 from nomadtf.errors import NomadError, UnreachableError
 from nomadtf.nomad import NomadAPI, NomadSettings
+from tests.helpers import nomad, nomadtf, probe_job, unique, write_job
 
 NOMAD_ENV = (
     "NOMAD_ADDR",
@@ -303,3 +307,35 @@ def test_tls_failures_say_what_to_set(tls_nomad, clean_env, pki):
     clean_env.delenv("NOMAD_CLIENT_KEY")
     with pytest.raises((NomadError, UnreachableError)):
         NomadAPI.from_env().job("digits")  # Nomad wants a client certificate
+
+
+# ---- a job.json's namespace on the real stack ---------------------------------------------------
+
+
+@pytest.mark.stack
+def test_run_status_logs_and_stop_use_the_jobs_namespace(stack, clean_env, tmp_path):
+    for key, value in stack.env().items():
+        clean_env.setenv(key, value)
+    namespace = unique("nomadtf-ns")
+    requests.post(f"{os.environ['NOMAD_ADDR']}/v1/namespace", json={"Name": namespace}, timeout=10).raise_for_status()
+    job_id = unique("ns")
+    spec = probe_job(job_id, context={"sleep": 2})
+    spec["namespace"] = namespace
+    try:
+        out = nomadtf("run", str(write_job(tmp_path, spec)), "--timeout", "3m")
+        assert out.returncode == 0, out.stderr
+        assert f"/ui/jobs/{job_id}@{namespace}" in out.stderr
+        assert nomad(f"job/{job_id}", namespace=namespace)["Status"] == "dead"
+        elsewhere = nomadtf("status", job_id)
+        assert elsewhere.returncode == 1 and f"no job '{job_id}' in Nomad namespace 'default'" in elsewhere.stderr
+        status = nomadtf("status", job_id, "--namespace", namespace)
+        assert status.returncode == 0 and "chief[0]" in status.stdout and "complete" in status.stdout
+        assert f"{job_id}@{namespace}" in nomadtf("status", "--namespace", "*").stdout
+        for follow in ((), ("--follow",)):
+            logs = nomadtf("logs", job_id, "--namespace", namespace, *follow, timeout=60)
+            assert logs.returncode == 0 and f"job={job_id}" in logs.stdout, logs.stderr
+        stopped = nomadtf("stop", job_id, "--purge", "--namespace", namespace)
+        assert stopped.returncode == 0, stopped.stderr
+    finally:
+        requests.delete(f"{os.environ['NOMAD_ADDR']}/v1/job/{job_id}", params={"namespace": namespace, "purge": "true"}, timeout=10)
+        requests.delete(f"{os.environ['NOMAD_ADDR']}/v1/namespace/{namespace}", timeout=10)
