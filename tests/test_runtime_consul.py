@@ -149,10 +149,12 @@ def test_a_failed_job_stops_waiting_tasks_and_restarted_ones(job):
     task = job("ps").register().start()
     wait_until(lambda: "waiting for" in task.output(), 30, "the ps to wait for its peers")
     job.discovery.set_job_state("failed: chief[0] exited 2, a permanent exit code")
-    assert task.wait(timeout=20) == 1
-    again = job("ps").start()  # Nomad restarts it: it must not start anything
+    assert task.wait(timeout=20) == 0  # the ps did nothing wrong: it just ends
+    again = job("chief").start()  # Nomad restarts the failed chief: it must not start anything
     assert again.wait(timeout=20) == 1
-    assert "already failed" in again.output()
+    assert "already failed here" in again.output()
+    peer = job("worker").start()
+    assert peer.wait(timeout=20) == 0 and "already ended" in peer.output()
 
 
 def test_the_cluster_forms_runs_the_child_and_ends_cleanly_on_success(job):

@@ -137,18 +137,22 @@ def test_decision_once_peers_were_checked(code, peer_changed, act):
         ("succeeded", "parameter_server", "evaluator", False, policy.STRAGGLER_GRACE_S + 1, Act.STOP_NOW),
         ("succeeded", "multi_worker_mirrored", "worker", False, 5, Act.STOP_AFTER_GRACE),
         ("succeeded", "parameter_server", "chief", True, 0, Act.NOTHING),
-        ("failed: chief[0] exited 2", "parameter_server", "ps", False, 0, Act.STOP_FAILED),
-        ("failed: chief[0] exited 2", "multi_worker_mirrored", "worker", False, 0, Act.STOP_FAILED),
+        ("failed: chief[0] exited 2", "parameter_server", "ps", False, 0, Act.STOP_JOB_FAILED),
+        ("failed: chief[0] exited 2", "multi_worker_mirrored", "worker", False, 0, Act.STOP_JOB_FAILED),
     ],
 )
 def test_what_the_job_state_means_for_a_running_task(state, strategy, role, completes, since, act):
     assert policy.on_job_state(state, strategy, role, completes, since) is act
 
 
-def test_a_supervisor_starting_after_the_end_does_nothing():
-    assert policy.on_start("succeeded") is Act.EXIT_OK
-    assert policy.on_start("failed: x") is Act.STOP_FAILED
-    assert policy.on_start(None) is Act.NOTHING
+def test_a_supervisor_starting_after_the_end_starts_nothing():
+    failed = policy.failed_state("chief", 0, 2, "a permanent exit code")
+    assert policy.failed_slot(failed) == ("chief", 0)
+    assert policy.on_start("succeeded", "ps", 0) is Act.EXIT_OK
+    assert policy.on_start(failed, "chief", 0) is Act.EXIT_FAILED  # the slot that failed stays failed
+    assert policy.on_start(failed, "ps", 0) is Act.EXIT_OK  # its peers did nothing wrong
+    assert policy.on_start(failed, "worker", 0) is Act.EXIT_OK
+    assert policy.on_start(None, "chief", 0) is Act.NOTHING
 
 
 def test_who_completes_the_job():

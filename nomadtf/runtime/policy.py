@@ -9,9 +9,11 @@ What restarts when is the role table (nomadtf.roles); this module applies it:
     own child crashed        (signal, exit >= 128, or any code not listed as permanent)
                              restart in place with a new incarnation, peers are told
     own child hung           the same as a crash in every respect
-    permanent exit code      the job is marked failed; every task stops; nothing retries it
+    permanent exit code      the job is marked failed; every other task stops its child and
+                             exits 0 (it did nothing wrong); the failed slot, restarted by
+                             Nomad, exits 1 at once: nothing retries the code
     job succeeded            bare servers stop now; user code gets a grace period
-    job failed               every task stops its child and exits 1
+    job failed               the same, seen by a running task
     budget                   at most restart_attempts recoveries per restart_interval
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -91,7 +94,8 @@ class Act(enum.Enum):
     GIVE_UP = "recovery budget spent: exit 1, Nomad's policy applies"
     STOP_NOW = "stop our child, exit 0"
     STOP_AFTER_GRACE = "let our code finish, stop it after the grace period"
-    STOP_FAILED = "stop our child, exit 1"
+    STOP_JOB_FAILED = "the job failed elsewhere: stop our child, exit 0"
+    EXIT_FAILED = "the job failed here: exit 1 without starting anything"
     NOTHING = "nothing"
 
 
@@ -119,7 +123,7 @@ def on_job_state(state: str | None, strategy: str, role: str, completes_job: boo
     if state is None:
         return Act.NOTHING
     if state.startswith("failed"):
-        return Act.STOP_FAILED
+        return Act.STOP_JOB_FAILED
     if state != "succeeded" or completes_job:
         return Act.NOTHING
     if not roles.runs_user_code(strategy, role):
@@ -127,12 +131,26 @@ def on_job_state(state: str | None, strategy: str, role: str, completes_job: boo
     return Act.STOP_AFTER_GRACE if succeeded_for_s < STRAGGLER_GRACE_S else Act.STOP_NOW
 
 
-def on_start(state: str | None) -> Act:
-    """A supervisor that starts (or restarts) after the job already ended does nothing."""
+_FAILED_SLOT = re.compile(r"^failed: (\w+)\[(\d+)\]")
+
+
+def failed_state(role: str, index: int, code: int, why: str) -> str:
+    """The job state a permanent failure records (read back by `failed_slot`)."""
+    return f"failed: {role}[{index}] exited {code}, {why}"
+
+
+def failed_slot(state: str | None) -> tuple[str, int] | None:
+    match = _FAILED_SLOT.match(state or "")
+    return (match[1], int(match[2])) if match else None
+
+
+def on_start(state: str | None, role: str, index: int) -> Act:
+    """A supervisor that starts (or restarts) after the job already ended starts nothing.
+    `index` is NOMAD_ALLOC_INDEX: before the claim it is the best guess of our slot."""
     if state == "succeeded":
         return Act.EXIT_OK
     if state and state.startswith("failed"):
-        return Act.STOP_FAILED
+        return Act.EXIT_FAILED if failed_slot(state) == (role, index) else Act.EXIT_OK
     return Act.NOTHING
 
 

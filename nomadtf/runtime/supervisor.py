@@ -130,12 +130,12 @@ class Supervisor:
     def _main(self) -> int:
         log.info("job %s (namespace %s), alloc %s, %s strategy", self.spec.name, self.spec.namespace, self.alloc.alloc_id[:8], self.spec.strategy)
         state = self._job_state()
-        act = policy.on_start(state)
+        act = policy.on_start(state, self.role, self.alloc.alloc_index)
         if act is Act.EXIT_OK:
-            log.info("the job already succeeded; nothing to do")
+            log.info("the job already ended (%s); nothing to do", state)
             return 0
-        if act is Act.STOP_FAILED:
-            log.error("the job already failed (%s); not starting", state)
+        if act is Act.EXIT_FAILED:
+            log.error("the job already failed here (%s); not starting", state)
             return 1
         self._retry(self.membership.open, "opening a Consul session")
         self.membership.start_watches(self.loop.post)
@@ -226,12 +226,12 @@ class Supervisor:
 
     def _rendezvous(self) -> int | None:
         state = self.discovery.job_state()
-        act = policy.on_start(state)
+        act = policy.on_start(state, self.role, self.me.index)
         if act is Act.EXIT_OK:
-            log.info("the job succeeded while we waited for the cluster; nothing to do")
+            log.info("the job %s while we waited for the cluster; nothing to do", state)
             return 0
-        if act is Act.STOP_FAILED:
-            log.error("the job failed while we waited for the cluster (%s)", state)
+        if act is Act.EXIT_FAILED:
+            log.error("the job failed here while we waited for the cluster (%s)", state)
             return 1
         slots = self.discovery.slots()
         if not self.membership.holds_slot(slots):
@@ -267,10 +267,10 @@ class Supervisor:
             log.info("the job succeeded; stopping our %s", "TensorFlow server" if not roles.runs_user_code(self.spec.strategy, self.role) else "child")
             self._stop_child()
             return 0
-        if act is Act.STOP_FAILED:
+        if act is Act.STOP_JOB_FAILED:
             log.error("the job failed (%s); stopping our child", state)
             self._stop_child()
-            return 1
+            return 0
         if act is Act.STOP_AFTER_GRACE:
             self.loop.call_at(self.succeeded_at + policy.STRAGGLER_GRACE_S, "straggler")
             return None
@@ -338,9 +338,9 @@ class Supervisor:
             return self._recover(f"exit {code} after a peer changed", own_crash=False)
         if act is Act.RECOVER:
             return self._recover(f"crashed ({_describe_code(code)})")
-        why = f"failed: {self.role}[{self.me.index}] exited {code}, a permanent exit code"
-        log.error("our code %s; marking the job failed so that nothing retries it", why.removeprefix("failed: "))
-        self._retry(lambda: self.discovery.set_job_state(why), "marking the job failed")
+        state = policy.failed_state(self.role, self.me.index, code, "a permanent exit code")
+        log.error("our code exited %d, a permanent exit code; marking the job failed so that nothing retries it", code)
+        self._retry(lambda: self.discovery.set_job_state(state), "marking the job failed")
         return code
 
     def _recover(self, why: str, own_crash: bool = True) -> int | None:
