@@ -142,7 +142,7 @@ def test_a_rendezvous_ends_when_the_job_already_succeeded(job):
     job.discovery.set_job_state(wire.STATE_SUCCEEDED)
     assert task.wait(timeout=20) == 0
     assert time.monotonic() - started < 5
-    assert "succeeded while we waited" in task.output()
+    assert "ended while we waited for the cluster (succeeded)" in task.output()
 
 
 def test_a_failed_job_stops_waiting_tasks_and_restarted_ones(job):
@@ -152,9 +152,9 @@ def test_a_failed_job_stops_waiting_tasks_and_restarted_ones(job):
     assert task.wait(timeout=20) == 0  # the ps did nothing wrong: it just ends
     again = job("chief").start()  # Nomad restarts the failed chief: it must not start anything
     assert again.wait(timeout=20) == 1
-    assert "already failed here" in again.output()
+    assert "failed here before we started" in again.output()
     peer = job("worker").start()
-    assert peer.wait(timeout=20) == 0 and "already ended" in peer.output()
+    assert peer.wait(timeout=20) == 0 and "ended before we started" in peer.output()
 
 
 def test_the_cluster_forms_runs_the_child_and_ends_cleanly_on_success(job):

@@ -129,14 +129,9 @@ class Supervisor:
 
     def _main(self) -> int:
         log.info("job %s (namespace %s), alloc %s, %s strategy", self.spec.name, self.spec.namespace, self.alloc.alloc_id[:8], self.spec.strategy)
-        state = self._job_state()
-        act = policy.on_start(state, self.role, self.alloc.alloc_index)
-        if act is Act.EXIT_OK:
-            log.info("the job already ended (%s); nothing to do", state)
-            return 0
-        if act is Act.EXIT_FAILED:
-            log.error("the job already failed here (%s); not starting", state)
-            return 1
+        ended = self._ended_before_start(self._job_state(), self.alloc.alloc_index, "before we started")
+        if ended is not None:
+            return ended
         self._retry(self.membership.open, "opening a Consul session")
         self.membership.start_watches(self.loop.post)
         self.loop.call_at(time.monotonic() + self.spec.discovery.rendezvous_timeout_s, "rendezvous-deadline")
@@ -225,14 +220,9 @@ class Supervisor:
         return None
 
     def _rendezvous(self) -> int | None:
-        state = self.discovery.job_state()
-        act = policy.on_start(state, self.role, self.me.index)
-        if act is Act.EXIT_OK:
-            log.info("the job %s while we waited for the cluster; nothing to do", state)
-            return 0
-        if act is Act.EXIT_FAILED:
-            log.error("the job failed here while we waited for the cluster (%s)", state)
-            return 1
+        ended = self._ended_before_start(self.discovery.job_state(), self.me.index, "while we waited for the cluster")
+        if ended is not None:
+            return ended
         slots = self.discovery.slots()
         if not self.membership.holds_slot(slots):
             self.membership.reclaim()
@@ -251,6 +241,17 @@ class Supervisor:
         if roles.runs_user_code(self.spec.strategy, self.role) and self.spec.secrets and not self.secret_env:
             self._fetch_secrets()
         self._start_child(members, generation)
+        return None
+
+    def _ended_before_start(self, state: str | None, index: int, when: str) -> int | None:
+        """The exit code when the job ended before our child could start, else None."""
+        act = policy.on_start(state, self.role, index)
+        if act is Act.EXIT_FAILED:
+            log.error("the job failed here %s (%s); not starting", when, state)
+            return 1
+        if act is Act.EXIT_OK:
+            log.info("the job ended %s (%s); nothing to do", when, state)
+            return 0
         return None
 
     # ---- running ----------------------------------------------------------------------------
