@@ -83,11 +83,14 @@ def consul_client() -> consul.Consul:
 
 
 class ConsulDiscovery:
-    def __init__(self, job_id: str, namespace: str = wire.DEFAULT_NAMESPACE, client: consul.Consul | None = None):
+    def __init__(
+        self, job_id: str, namespace: str = wire.DEFAULT_NAMESPACE, client: consul.Consul | None = None, run_id: str = ""
+    ):
         self.job_id = job_id
         self.namespace = namespace
+        self.run_id = run_id
         self.consul = client or consul_client()
-        self.prefix = wire.kv_prefix(namespace, job_id)
+        self._kv = (namespace, job_id)
         self.session: str | None = None
         self._session_name = ""
         self._renewer: threading.Thread | None = None
@@ -118,12 +121,12 @@ class ConsulDiscovery:
         """Block until a key that decides changes (slots, generation, state), or `wait_s` passes.
         Progress lives outside this prefix, so it wakes nobody.
 
-        GET /v1/kv/nomadtf/<ns>/<job>/cluster/?recurse&keys&index=&wait=
+        GET /v1/kv/nomadtf/<ns>/<job>/<run>/cluster/?recurse&keys&index=&wait=
         """
         new_index, _ = _call(
             "a blocking KV query",
             self.consul.kv.get,
-            wire.kv_cluster_prefix(self.namespace, self.job_id),
+            wire.kv_cluster_prefix(*self._kv, self.run_id),
             index=index or None,
             wait=f"{max(1, int(wait_s))}s",
             recurse=True,
@@ -221,8 +224,8 @@ class ConsulDiscovery:
     # ---- slots: a stable, unique index per task -------------------------------------------
 
     def slots(self) -> dict[tuple[str, int], Slot]:
-        """GET /v1/kv/nomadtf/<ns>/<job>/cluster/slots/?recurse"""
-        _, items = _call("reading slots", self.consul.kv.get, wire.kv_slots_prefix(self.namespace, self.job_id), recurse=True)
+        """GET /v1/kv/nomadtf/<ns>/<job>/<run>/cluster/slots/?recurse"""
+        _, items = _call("reading slots", self.consul.kv.get, wire.kv_slots_prefix(*self._kv, self.run_id), recurse=True)
         out = {}
         for item in items or []:
             if not item.get("Session"):
@@ -253,7 +256,7 @@ class ConsulDiscovery:
             if slot and slot.session != self.session:
                 # Our own allocation restarted (same alloc id): its old session is dead weight.
                 _call("freeing our old slot", self.consul.session.destroy, slot.session)
-            if _call("claiming a slot", self.consul.kv.put, wire.kv_slot(self.namespace, self.job_id, role, index), value, acquire=self.session):
+            if _call("claiming a slot", self.consul.kv.put, wire.kv_slot(*self._kv, role, index, self.run_id), value, acquire=self.session):
                 return index
         return None
 
@@ -263,25 +266,25 @@ class ConsulDiscovery:
         PUT .../slots/<role>/<i>?acquire=<session>
         """
         value = json.dumps({"alloc": alloc_id, "incarnation": incarnation})
-        _call("updating our slot", self.consul.kv.put, wire.kv_slot(self.namespace, self.job_id, role, index), value, acquire=self.session)
+        _call("updating our slot", self.consul.kv.put, wire.kv_slot(*self._kv, role, index, self.run_id), value, acquire=self.session)
 
     # ---- job state ------------------------------------------------------------------------
 
     def job_state(self) -> str | None:
         """"succeeded", "failed: <why>" or None.  GET .../cluster/state"""
-        _, item = _call("reading job state", self.consul.kv.get, wire.kv_state(self.namespace, self.job_id))
+        _, item = _call("reading job state", self.consul.kv.get, wire.kv_state(*self._kv, self.run_id))
         return item["Value"].decode() if item and item.get("Value") else None
 
     def set_job_state(self, state: str) -> None:
         """PUT .../cluster/state"""
-        _call("writing job state", self.consul.kv.put, wire.kv_state(self.namespace, self.job_id), state)
+        _call("writing job state", self.consul.kv.put, wire.kv_state(*self._kv, self.run_id), state)
 
     def generation(self) -> tuple[dict[str, Any], int]:
         """(value, modify index) of the generation key; ({}, 0) before the first one.
 
         GET .../cluster/generation
         """
-        _, item = _call("reading the generation", self.consul.kv.get, wire.kv_generation(self.namespace, self.job_id))
+        _, item = _call("reading the generation", self.consul.kv.get, wire.kv_generation(*self._kv, self.run_id))
         if not item:
             return {}, 0
         return json.loads(item["Value"] or b"{}"), int(item["ModifyIndex"])
@@ -297,18 +300,18 @@ class ConsulDiscovery:
             if current.get("fingerprint") == fingerprint:
                 return current
             new = {"generation": int(current.get("generation", 0)) + 1, "fingerprint": fingerprint, "time": time.time()}
-            key = wire.kv_generation(self.namespace, self.job_id)
+            key = wire.kv_generation(*self._kv, self.run_id)
             if _call("bumping the generation", self.consul.kv.put, key, json.dumps(new), cas=modify_index):
                 return new
         return self.generation()[0]
 
     def publish_progress(self, progress: dict[str, Any]) -> None:
         """PUT .../progress (outside the watched prefix)"""
-        _call("publishing progress", self.consul.kv.put, wire.kv_progress(self.namespace, self.job_id), json.dumps(progress, sort_keys=True))
+        _call("publishing progress", self.consul.kv.put, wire.kv_progress(*self._kv, self.run_id), json.dumps(progress, sort_keys=True))
 
     def progress(self) -> dict[str, Any] | None:
         """GET .../progress"""
-        _, item = _call("reading progress", self.consul.kv.get, wire.kv_progress(self.namespace, self.job_id))
+        _, item = _call("reading progress", self.consul.kv.get, wire.kv_progress(*self._kv, self.run_id))
         return json.loads(item["Value"]) if item and item.get("Value") else None
 
     def sessions(self) -> list[dict[str, Any]]:
@@ -317,5 +320,5 @@ class ConsulDiscovery:
         return [s for s in items if s.get("Name", "").startswith(f"nomadtf {self.job_id} ")]
 
     def delete_job_keys(self) -> None:
-        """DELETE /v1/kv/nomadtf/<ns>/<job>/?recurse (a new run; `nomadtf stop --purge`)."""
-        _call("deleting job keys", self.consul.kv.delete, self.prefix, recurse=True)
+        """Every run's keys. DELETE /v1/kv/nomadtf/<ns>/<job>/?recurse (a new run; `stop --purge`)."""
+        _call("deleting job keys", self.consul.kv.delete, wire.kv_job_prefix(*self._kv), recurse=True)

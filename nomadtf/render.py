@@ -106,10 +106,10 @@ def task_env(spec: dict[str, Any], role: str) -> dict[str, str]:
     return env
 
 
-def spec_template(spec: dict[str, Any]) -> str:
+def spec_template(spec: dict[str, Any], run_id: str = "") -> str:
     """consul-template source that writes the spec file every task reads (wire.SPEC_FILE).
     Base64 keeps the JSON out of reach of both template languages (no `{{`, no `${`)."""
-    encoded = base64.b64encode(spec_file_text(spec).encode()).decode()
+    encoded = base64.b64encode(spec_file_text(spec, run_id).encode()).decode()
     return '{{ base64Decode "' + encoded + '" }}'
 
 
@@ -122,16 +122,21 @@ def embedded_spec(task: dict[str, Any]) -> dict[str, Any]:
     raise RenderError(f"task {task.get('Name')!r} carries no {wire.SPEC_FILE} template")
 
 
-def job_meta(spec: dict[str, Any]) -> dict[str, str]:
-    return {
+def job_meta(spec: dict[str, Any], run_id: str = "") -> dict[str, str]:
+    meta = {
         **spec["meta"],
         wire.META_VERSION: __version__,
         wire.META_SPEC_SHA256: spec_sha256(spec),
         wire.META_STRATEGY: spec["strategy"],
     }
+    if run_id:
+        meta[wire.META_RUN] = run_id
+    return meta
 
 
-def render_job(spec: dict[str, Any], templates_dir: Path | None = None) -> dict[str, Any]:
+def render_job(spec: dict[str, Any], templates_dir: Path | None = None, run_id: str = "") -> dict[str, Any]:
+    """The Nomad job for `spec`; `run_id` (from `nomadtf run`) goes into the job's Meta and
+    the tasks' spec file. Without one the job is the same for the same spec, byte for byte."""
     env = environment(templates_dir)
     roles = present_roles(spec)
     context = {
@@ -145,10 +150,10 @@ def render_job(spec: dict[str, Any], templates_dir: Path | None = None) -> dict[
         cluster_template = env.get_template("cluster.ctmpl.j2").render(context)
         text = env.get_template("job.json.j2").render(
             **context,
-            meta=job_meta(spec),
+            meta=job_meta(spec, run_id),
             task_env={role: task_env(spec, role) for role in roles},
             cluster_template=cluster_template,
-            spec_template=spec_template(spec),
+            spec_template=spec_template(spec, run_id),
         )
     except jinja2.TemplateNotFound as exc:
         raise RenderError(f"template {exc.name!r} not found in {templates_dir or default_templates_dir()}") from exc

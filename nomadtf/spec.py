@@ -301,6 +301,7 @@ class JobSpec:
     recovery: Recovery
     discovery: Discovery
     gpus: dict[str, dict[str, Any] | None]
+    run_id: str = ""  # set by `nomadtf run` for each submission (wire.META_RUN)
 
     @classmethod
     def from_normalized(cls, spec: dict[str, Any]) -> JobSpec:
@@ -332,6 +333,7 @@ class JobSpec:
                 debounce_s=duration_seconds(disc["debounce"]),
             ),
             gpus={role: gpu_request(cfg) for role, cfg in spec["roles"].items() if cfg["count"] > 0},
+            run_id=(spec.get("run") or {}).get("id", ""),
         )
 
 
@@ -345,12 +347,17 @@ def expand_task_vars(text: str, environ: dict[str, str]) -> str:
     return _TASK_VAR.sub(lambda m: environ.get(m[1], m[0]), text)
 
 
+NO_RUN = "0"  # the run id of a job that was rendered without one (`nomadtf render`)
+
+
 def for_task(spec: JobSpec, environ: dict[str, str]) -> JobSpec:
-    """The paths and arguments of `spec` with the task's variables expanded."""
+    """The paths and arguments of `spec` with the task's variables expanded, the run id
+    (NOMADTF_RUN_ID) among them."""
     entry = spec.entrypoint
+    variables = {**environ, "NOMADTF_RUN_ID": spec.run_id or NO_RUN}
 
     def expand(text: str) -> str:
-        return expand_task_vars(text, environ)
+        return expand_task_vars(text, variables)
 
     return dataclasses.replace(
         spec,
@@ -365,9 +372,10 @@ def for_task(spec: JobSpec, environ: dict[str, str]) -> JobSpec:
     )
 
 
-def spec_file_text(spec: dict[str, Any]) -> str:
-    """The normalised spec as the file every task reads (wire.SPEC_FILE)."""
-    return json.dumps(spec, sort_keys=True, separators=(",", ":"))
+def spec_file_text(spec: dict[str, Any], run_id: str = "") -> str:
+    """The normalised spec as the file every task reads (wire.SPEC_FILE), with the run."""
+    data = {**spec, "run": {"id": run_id}} if run_id else spec
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
 def read_spec_file(path: Path) -> JobSpec:

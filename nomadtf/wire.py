@@ -6,15 +6,18 @@ Consul services (registered by Nomad from each group's service block):
     names longer than a DNS label (63) keep their head and end in a digest of the whole
     tags: nomadtf, role=<role>, alloc=<alloc id>, alloc_index=<n>
 
-Consul KV, one prefix per job and namespace:
-    nomadtf/<namespace>/<job>/cluster/slots/<role>/<i>   which allocation holds index i
-    nomadtf/<namespace>/<job>/cluster/generation         {"generation": n, "fingerprint": ...}
-    nomadtf/<namespace>/<job>/cluster/state              "succeeded" or "failed: <why>"
-    nomadtf/<namespace>/<job>/progress                   {"step": n, "metrics": {...}}
+Consul KV, one prefix per namespace, job and run (`<run>/` is left out for a job rendered
+without a run, e.g. by `nomadtf render`):
+    nomadtf/<namespace>/<job>/<run>/cluster/slots/<role>/<i>   which allocation holds index i
+    nomadtf/<namespace>/<job>/<run>/cluster/generation         {"generation": n, "fingerprint": ...}
+    nomadtf/<namespace>/<job>/<run>/cluster/state              "succeeded" or "failed: <why>"
+    nomadtf/<namespace>/<job>/<run>/progress                   {"step": n, "metrics": {...}}
 Tasks watch only .../cluster/ (what decides); progress lives beside it, so a progress
-write wakes nobody.
+write wakes nobody. A task of an older run that is still stopping can never touch the
+current run's keys.
 
-Nomad job Meta: nomadtf.version, nomadtf.spec_sha256, nomadtf.strategy; task Meta: nomadtf.role.
+Nomad job Meta: nomadtf.version, nomadtf.spec_sha256, nomadtf.strategy, nomadtf.run;
+task Meta: nomadtf.role.
 Environment of the training process: the ENV_* names below, plus the secrets' own names.
 """
 
@@ -33,6 +36,7 @@ META_VERSION = "nomadtf.version"
 META_SPEC_SHA256 = "nomadtf.spec_sha256"
 META_STRATEGY = "nomadtf.strategy"
 META_ROLE = "nomadtf.role"
+META_RUN = "nomadtf.run"
 
 # Files Nomad writes into the task directory (templates) and nomadtf writes there itself.
 SPEC_FILE = "nomadtf-spec.json"
@@ -49,6 +53,7 @@ ENV_ROLE = "NOMADTF_ROLE"
 ENV_INDEX = "NOMADTF_INDEX"
 ENV_JOB_ID = "NOMADTF_JOB_ID"
 ENV_NAMESPACE = "NOMADTF_NAMESPACE"
+ENV_RUN_ID = "NOMADTF_RUN_ID"
 ENV_MODEL_DIR = "NOMADTF_MODEL_DIR"
 ENV_CONTEXT = "NOMADTF_CONTEXT"
 ENV_GENERATION = "NOMADTF_GENERATION"
@@ -83,33 +88,38 @@ def parse_tags(tags: list[str]) -> dict[str, str]:
     return dict(t.split("=", 1) for t in tags if "=" in t)
 
 
-def kv_prefix(namespace: str, job_id: str) -> str:
+def kv_job_prefix(namespace: str, job_id: str) -> str:
+    """Every run of a job (what a new run or `stop --purge` deletes)."""
     return f"nomadtf/{namespace}/{job_id}/"
 
 
-def kv_cluster_prefix(namespace: str, job_id: str) -> str:
+def kv_prefix(namespace: str, job_id: str, run_id: str = "") -> str:
+    return kv_job_prefix(namespace, job_id) + (f"{run_id}/" if run_id else "")
+
+
+def kv_cluster_prefix(namespace: str, job_id: str, run_id: str = "") -> str:
     """What the tasks watch: slots, generation, state."""
-    return kv_prefix(namespace, job_id) + "cluster/"
+    return kv_prefix(namespace, job_id, run_id) + "cluster/"
 
 
-def kv_slots_prefix(namespace: str, job_id: str) -> str:
-    return kv_cluster_prefix(namespace, job_id) + "slots/"
+def kv_slots_prefix(namespace: str, job_id: str, run_id: str = "") -> str:
+    return kv_cluster_prefix(namespace, job_id, run_id) + "slots/"
 
 
-def kv_slot(namespace: str, job_id: str, role: str, index: int) -> str:
-    return f"{kv_slots_prefix(namespace, job_id)}{role}/{index}"
+def kv_slot(namespace: str, job_id: str, role: str, index: int, run_id: str = "") -> str:
+    return f"{kv_slots_prefix(namespace, job_id, run_id)}{role}/{index}"
 
 
-def kv_generation(namespace: str, job_id: str) -> str:
-    return kv_cluster_prefix(namespace, job_id) + "generation"
+def kv_generation(namespace: str, job_id: str, run_id: str = "") -> str:
+    return kv_cluster_prefix(namespace, job_id, run_id) + "generation"
 
 
-def kv_state(namespace: str, job_id: str) -> str:
-    return kv_cluster_prefix(namespace, job_id) + "state"
+def kv_state(namespace: str, job_id: str, run_id: str = "") -> str:
+    return kv_cluster_prefix(namespace, job_id, run_id) + "state"
 
 
-def kv_progress(namespace: str, job_id: str) -> str:
-    return kv_prefix(namespace, job_id) + "progress"
+def kv_progress(namespace: str, job_id: str, run_id: str = "") -> str:
+    return kv_prefix(namespace, job_id, run_id) + "progress"
 
 
 def session_name(job_id: str, role: str, alloc_id: str) -> str:

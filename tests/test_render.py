@@ -235,3 +235,12 @@ def test_a_template_that_writes_bad_json_names_the_line(template_copy):
 def test_a_missing_templates_dir_is_a_render_error(tmp_path):
     with pytest.raises(RenderError, match=f"template '.*' not found in {tmp_path}"):
         render_job(example_spec("digits"), tmp_path)
+
+
+def test_a_run_id_reaches_the_meta_and_the_tasks_spec_file_only():
+    spec = example_spec("digits")
+    job = render_job(spec, run_id="r1a2b3")
+    assert job["Job"]["Meta"]["nomadtf.run"] == "r1a2b3"
+    assert embedded_spec(task(job, "chief"))["run"] == {"id": "r1a2b3"}
+    assert job["Job"]["Meta"]["nomadtf.spec_sha256"] == spec_sha256(spec)  # the same spec, another run
+    assert "nomadtf.run" not in render_job(spec)["Job"]["Meta"]

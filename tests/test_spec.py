@@ -290,7 +290,9 @@ def test_the_task_expands_nomad_variables_in_paths_and_arguments():
 
     data = normalize({"name": "j", "entrypoint": {"script": "${NOMAD_TASK_DIR}/t.py", "args": ["--out=${NOMAD_ALLOC_ID}", "${unknown}"]},
                       "roles": {"chief": {"count": 1}, "worker": {"count": 1}, "ps": {"count": 1}}})
-    spec = for_task(JobSpec.from_normalized(data), {"NOMAD_JOB_ID": "j", "NOMAD_TASK_DIR": "/alloc/t", "NOMAD_ALLOC_ID": "a1"})
-    assert spec.model_dir == "/tmp/nomadtf/j"
+    env = {"NOMAD_NAMESPACE": "team-a", "NOMAD_JOB_ID": "j", "NOMAD_TASK_DIR": "/alloc/t", "NOMAD_ALLOC_ID": "a1"}
+    spec = for_task(JobSpec.from_normalized({**data, "run": {"id": "r42"}}), env)
+    assert spec.model_dir == "/tmp/nomadtf/team-a/j/r42"  # fresh for every run
+    assert spec.run_id == "r42"
     assert spec.entrypoint.target == "/alloc/t/t.py"
     assert spec.entrypoint.args == ("--out=a1", "${unknown}")

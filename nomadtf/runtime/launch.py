@@ -49,6 +49,7 @@ def child_env(
             wire.ENV_INDEX: str(index),
             wire.ENV_JOB_ID: spec.name,
             wire.ENV_NAMESPACE: spec.namespace,
+            wire.ENV_RUN_ID: spec.run_id,
             wire.ENV_MODEL_DIR: spec.model_dir,
             wire.ENV_CONTEXT: json.dumps(spec.context, sort_keys=True),
             wire.ENV_GENERATION: str(generation),

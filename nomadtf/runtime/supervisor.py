@@ -465,5 +465,5 @@ def spec_path(environ: dict[str, str]) -> Path:
 def run_task(role: str) -> int:
     spec = for_task(read_spec_file(spec_path(dict(os.environ))), dict(os.environ))
     alloc = AllocInfo.from_environ(dict(os.environ))
-    discovery = ConsulDiscovery(spec.name, spec.namespace)
+    discovery = ConsulDiscovery(spec.name, spec.namespace, run_id=spec.run_id)
     return Supervisor(spec, role, alloc, discovery).run()
