@@ -108,7 +108,7 @@ def task(role: Annotated[str, typer.Option("--role", help="chief, worker, ps, ev
     """The supervisor inside every allocation of a rendered job (not for interactive use)."""
     import logging
 
-    from nomadtf.task import run_task
+    from nomadtf.runtime import run_task
 
     logging.basicConfig(
         stream=sys.stderr,
