@@ -106,6 +106,7 @@ class Supervisor:
         self.failed_code = 0
         self.last_missing: list[str] = []
         self.stop_requested = False
+        self.rendezvous_started = time.monotonic()
 
     @property
     def completes_job(self) -> bool:
@@ -236,7 +237,7 @@ class Supervisor:
             return None
         self.last_missing = []
         self.loop.cancel("rendezvous-deadline")
-        log.info("cluster complete: %s", describe(members) or "(nobody to wait for)")
+        log.info("cluster complete after %.1fs: %s", time.monotonic() - self.rendezvous_started, describe(members) or "(nobody to wait for)")
         generation = self._bump(policy.fingerprint(members))
         if roles.runs_user_code(self.spec.strategy, self.role) and self.spec.secrets and not self.secret_env:
             self._fetch_secrets()
@@ -357,7 +358,8 @@ class Supervisor:
             incarnation = _incarnation()
             self._retry(lambda: self.membership.announce_incarnation(incarnation), "telling peers we restarted")
         self.phase = Phase.RENDEZVOUS
-        self.loop.call_at(time.monotonic() + self.spec.discovery.rendezvous_timeout_s, "rendezvous-deadline")
+        self.rendezvous_started = time.monotonic()
+        self.loop.call_at(self.rendezvous_started + self.spec.discovery.rendezvous_timeout_s, "rendezvous-deadline")
         return self._step()
 
     # ---- the child --------------------------------------------------------------------------
