@@ -21,7 +21,7 @@ from nomadtf import __version__, wire
 from nomadtf.cluster import runs_user_code
 from nomadtf.errors import RenderError
 from nomadtf.roles import ROLES
-from nomadtf.spec import duration_seconds, gpu_request, spec_file_text, spec_sha256
+from nomadtf.spec import RunInfo, duration_seconds, gpu_request, spec_file_text, spec_sha256
 
 TEMPLATE_FILES = ("job.json.j2", "group.json.j2", "cluster.ctmpl.j2")
 
@@ -106,10 +106,10 @@ def task_env(spec: dict[str, Any], role: str) -> dict[str, str]:
     return env
 
 
-def spec_template(spec: dict[str, Any], run_id: str = "") -> str:
+def spec_template(spec: dict[str, Any], run: RunInfo | None = None) -> str:
     """consul-template source that writes the spec file every task reads (wire.SPEC_FILE).
     Base64 keeps the JSON out of reach of both template languages (no `{{`, no `${`)."""
-    encoded = base64.b64encode(spec_file_text(spec, run_id).encode()).decode()
+    encoded = base64.b64encode(spec_file_text(spec, run).encode()).decode()
     return '{{ base64Decode "' + encoded + '" }}'
 
 
@@ -122,21 +122,21 @@ def embedded_spec(task: dict[str, Any]) -> dict[str, Any]:
     raise RenderError(f"task {task.get('Name')!r} carries no {wire.SPEC_FILE} template")
 
 
-def job_meta(spec: dict[str, Any], run_id: str = "") -> dict[str, str]:
+def job_meta(spec: dict[str, Any], run: RunInfo | None = None) -> dict[str, str]:
     meta = {
         **spec["meta"],
         wire.META_VERSION: __version__,
         wire.META_SPEC_SHA256: spec_sha256(spec),
         wire.META_STRATEGY: spec["strategy"],
     }
-    if run_id:
-        meta[wire.META_RUN] = run_id
+    if run:
+        meta[wire.META_RUN] = run.id
     return meta
 
 
-def render_job(spec: dict[str, Any], templates_dir: Path | None = None, run_id: str = "") -> dict[str, Any]:
-    """The Nomad job for `spec`; `run_id` (from `nomadtf run`) goes into the job's Meta and
-    the tasks' spec file. Without one the job is the same for the same spec, byte for byte."""
+def render_job(spec: dict[str, Any], templates_dir: Path | None = None, run: RunInfo | None = None) -> dict[str, Any]:
+    """The Nomad job for `spec`; `run` (from `nomadtf run`) goes into the job's Meta and the
+    tasks' spec file. Without one the job is the same for the same spec, byte for byte."""
     env = environment(templates_dir)
     roles = present_roles(spec)
     context = {
@@ -150,10 +150,10 @@ def render_job(spec: dict[str, Any], templates_dir: Path | None = None, run_id: 
         cluster_template = env.get_template("cluster.ctmpl.j2").render(context)
         text = env.get_template("job.json.j2").render(
             **context,
-            meta=job_meta(spec, run_id),
+            meta=job_meta(spec, run),
             task_env={role: task_env(spec, role) for role in roles},
             cluster_template=cluster_template,
-            spec_template=spec_template(spec, run_id),
+            spec_template=spec_template(spec, run),
         )
     except jinja2.TemplateNotFound as exc:
         raise RenderError(f"template {exc.name!r} not found in {templates_dir or default_templates_dir()}") from exc

@@ -261,6 +261,18 @@ def duration_seconds(text: str) -> float:
 
 
 @dataclass(frozen=True)
+class RunInfo:
+    """One submission of a job: `nomadtf run` makes one, the job's Meta and the tasks'
+    spec file carry it."""
+
+    id: str
+    submitted_at: float  # unix time; recovery.deadline counts from here
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "submitted_at": self.submitted_at}
+
+
+@dataclass(frozen=True)
 class Entrypoint:
     kind: str  # "script", "module" or "function"
     target: str
@@ -302,6 +314,7 @@ class JobSpec:
     discovery: Discovery
     gpus: dict[str, dict[str, Any] | None]
     run_id: str = ""  # set by `nomadtf run` for each submission (wire.META_RUN)
+    submitted_at: float | None = None
 
     @classmethod
     def from_normalized(cls, spec: dict[str, Any]) -> JobSpec:
@@ -334,6 +347,7 @@ class JobSpec:
             ),
             gpus={role: gpu_request(cfg) for role, cfg in spec["roles"].items() if cfg["count"] > 0},
             run_id=(spec.get("run") or {}).get("id", ""),
+            submitted_at=(spec.get("run") or {}).get("submitted_at"),
         )
 
 
@@ -372,9 +386,9 @@ def for_task(spec: JobSpec, environ: dict[str, str]) -> JobSpec:
     )
 
 
-def spec_file_text(spec: dict[str, Any], run_id: str = "") -> str:
+def spec_file_text(spec: dict[str, Any], run: RunInfo | None = None) -> str:
     """The normalised spec as the file every task reads (wire.SPEC_FILE), with the run."""
-    data = {**spec, "run": {"id": run_id}} if run_id else spec
+    data = {**spec, "run": run.as_dict()} if run else spec
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 

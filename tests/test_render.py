@@ -239,8 +239,10 @@ def test_a_missing_templates_dir_is_a_render_error(tmp_path):
 
 def test_a_run_id_reaches_the_meta_and_the_tasks_spec_file_only():
     spec = example_spec("digits")
-    job = render_job(spec, run_id="r1a2b3")
+    from nomadtf.spec import RunInfo
+
+    job = render_job(spec, run=RunInfo("r1a2b3", 1796000000.5))
     assert job["Job"]["Meta"]["nomadtf.run"] == "r1a2b3"
-    assert embedded_spec(task(job, "chief"))["run"] == {"id": "r1a2b3"}
+    assert embedded_spec(task(job, "chief"))["run"] == {"id": "r1a2b3", "submitted_at": 1796000000.5}
     assert job["Job"]["Meta"]["nomadtf.spec_sha256"] == spec_sha256(spec)  # the same spec, another run
     assert "nomadtf.run" not in render_job(spec)["Job"]["Meta"]
