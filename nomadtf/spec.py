@@ -315,6 +315,7 @@ class JobSpec:
     gpus: dict[str, dict[str, Any] | None]
     run_id: str = ""  # set by `nomadtf run` for each submission (wire.META_RUN)
     submitted_at: float | None = None
+    source_destination: str | None = None  # where Nomad unpacks `source.url`, relative to the task
 
     @classmethod
     def from_normalized(cls, spec: dict[str, Any]) -> JobSpec:
@@ -348,6 +349,7 @@ class JobSpec:
             gpus={role: gpu_request(cfg) for role, cfg in spec["roles"].items() if cfg["count"] > 0},
             run_id=(spec.get("run") or {}).get("id", ""),
             submitted_at=(spec.get("run") or {}).get("submitted_at"),
+            source_destination=(spec.get("source") or {}).get("destination"),
         )
 
 
@@ -373,6 +375,11 @@ def for_task(spec: JobSpec, environ: dict[str, str]) -> JobSpec:
     def expand(text: str) -> str:
         return expand_task_vars(text, variables)
 
+    workdir = expand(entry.workdir) if entry.workdir else None
+    if workdir is None and spec.source_destination and environ.get("NOMAD_TASK_DIR"):
+        # Code from `source.url`: Nomad unpacked it relative to the task's directory (the
+        # parent of NOMAD_TASK_DIR, which is <task>/local); the entry point lives there.
+        workdir = str(Path(environ["NOMAD_TASK_DIR"]).parent / spec.source_destination)
     return dataclasses.replace(
         spec,
         model_dir=expand(spec.model_dir),
@@ -380,7 +387,7 @@ def for_task(spec: JobSpec, environ: dict[str, str]) -> JobSpec:
             entry,
             target=expand(entry.target),
             args=tuple(expand(a) for a in entry.args),
-            workdir=expand(entry.workdir) if entry.workdir else None,
+            workdir=workdir,
             pythonpath=tuple(expand(p) for p in entry.pythonpath),
         ),
     )

@@ -3,7 +3,8 @@
 - `server`: a bare tf.distribute.Server for parameter servers and workers of the
   parameter-server strategy; no user code is needed there.
 - `legacy MODULE:FUNCTION`: the DC/OS beta-tensorflow contract. Parameter servers join;
-  every other task calls main(server, log_dir, context).
+  every other task calls main(server, log_dir, context); the evaluator, which is not in the
+  cluster, gets server=None.
 
 Both read TF_CONFIG, NOMADTF_MODEL_DIR and NOMADTF_CONTEXT from the environment.
 """
@@ -34,7 +35,8 @@ def serve() -> int:
 
 def legacy(target: str) -> int:
     module_name, _, function_name = target.partition(":")
-    server = _server()
+    # The evaluator is not in the cluster (it reads checkpoints): it has no server to give.
+    server = None if os.environ.get("NOMADTF_ROLE") == "evaluator" else _server()
     if os.environ.get("NOMADTF_ROLE") == "ps":
         server.join()
         return 0

@@ -193,3 +193,19 @@ def test_a_hang_is_a_crash_new_incarnation_and_peers_told(job, tmp_path):
     wait_until(lambda: "(hang)" in chief.output(), 30, "the hang to be detected")
     wait_until(lambda: job.discovery.slots()[("chief", 0)].incarnation != first, 10, "a new incarnation in Consul")
     wait_until(lambda: chief.output().count("starting -u") >= 2, 30, "the chief's child to start again")
+
+
+def test_the_job_stops_itself_at_its_deadline_without_a_follower(job):
+    """recovery.deadline counts from the submission and is enforced by the tasks: the
+    deciding task (the chief) fails, its peers stop, the reason is recorded."""
+    run = {"id": "r" + uuid.uuid4().hex[:7], "submitted_at": time.time()}
+    changes = {"run": run, "recovery": {**job.spec["recovery"], "deadline": "8s"}}
+    chief = job("chief", **changes).register().start()
+    worker = job("worker", **changes).register().start()
+    ps = job("ps", **changes).register().start()
+    assert chief.wait(timeout=60) == 1
+    assert worker.wait(timeout=30) == 0 and ps.wait(timeout=30) == 0
+    assert time.time() - run["submitted_at"] < 40
+    state = ConsulDiscovery(job.spec["name"], run_id=run["id"]).job_state()
+    assert state.startswith("failed: chief[0]") and "recovery.deadline" in state, state
+    assert ConsulDiscovery(job.spec["name"]).job_state() is None  # another run's keys are untouched

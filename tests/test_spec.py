@@ -296,3 +296,14 @@ def test_the_task_expands_nomad_variables_in_paths_and_arguments():
     assert spec.run_id == "r42"
     assert spec.entrypoint.target == "/alloc/t/t.py"
     assert spec.entrypoint.args == ("--out=a1", "${unknown}")
+
+
+def test_code_from_source_url_runs_where_nomad_unpacked_it():
+    from nomadtf.spec import JobSpec, for_task
+
+    data = normalize({"name": "j", "entrypoint": {"script": "train_ps.py"}, "source": {"url": "http://127.0.0.1:1/code.zip"},
+                      "roles": {"chief": {"count": 1}, "worker": {"count": 1}, "ps": {"count": 1}}})
+    spec = for_task(JobSpec.from_normalized(data), {"NOMAD_TASK_DIR": "/a/alloc1/chief/local"})
+    assert spec.entrypoint.workdir == "/a/alloc1/chief/local/code"
+    explicit = normalize({**data, "entrypoint": {"script": "t.py", "workdir": "/srv/code"}})
+    assert for_task(JobSpec.from_normalized(explicit), {"NOMAD_TASK_DIR": "/x/local"}).entrypoint.workdir == "/srv/code"

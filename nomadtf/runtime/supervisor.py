@@ -137,6 +137,10 @@ class Supervisor:
         self.membership.start_watches(self.loop.post)
         self.loop.call_at(time.monotonic() + self.spec.discovery.rendezvous_timeout_s, "rendezvous-deadline")
         self.loop.call_at(time.monotonic(), "step")
+        if self.spec.submitted_at is not None:
+            # recovery.deadline counts from the submission, whoever follows the job or not.
+            left = self.spec.submitted_at + self.spec.recovery.deadline_s - time.time()
+            self.loop.call_at(time.monotonic() + max(0.0, left), "job-deadline")
         while True:
             event = self.loop.next()
             outcome = self._handle(event)
@@ -182,6 +186,8 @@ class Supervisor:
             return self._on_progress_tick()
         if name == "peer-settle" and self.phase is Phase.CHECKING:
             return self._guard(lambda: self._decide_after_peer_check(False, []))
+        if name == "job-deadline":
+            return self._on_deadline()
         if name == "straggler":
             log.info("the job succeeded %.0fs ago and our code is still running; stopping it", policy.STRAGGLER_GRACE_S)
             self._stop_child()
@@ -389,6 +395,23 @@ class Supervisor:
             return None
         child = self.running.child
         return child.returncode if not child.alive() and child.returncode is not None else child.stop()
+
+    def _on_deadline(self) -> int:
+        """The job ran past recovery.deadline: it fails as a whole, recorded against the
+        task whose exit decides the job, and every task stops."""
+        deciding = next(
+            ((role, i) for role, n in self.spec.counts.items() for i in range(n)
+             if roles.completes_job(self.spec.strategy, role, i, self.spec.counts)),
+            (self.role, self.me.index),
+        )
+        state = self._job_state()
+        if state is None:
+            why = f"ran past recovery.deadline ({self.spec.recovery.deadline_s:.0f}s after submission)"
+            state = policy.failed_state(deciding[0], deciding[1], 1, why)
+            self._retry(lambda: self.discovery.set_job_state(state), "marking the job failed (deadline)")
+        log.error("the job's deadline passed (%s); stopping", state)
+        self._stop_child()
+        return 1 if deciding == (self.role, self.me.index) else 0
 
     # ---- progress and hang -----------------------------------------------------------------
 
