@@ -31,3 +31,67 @@ def test_a_finished_template_mode_job_does_not_churn(stack, tmp_path):
                 assert not any("Template failed" in (e.get("DisplayMessage") or "") for e in state.get("Events") or [])
     finally:
         purge(job_id)
+
+
+@pytest.fixture
+def code_server(tmp_path):
+    """A zip and a tarball of the probe served on 127.0.0.1, as a user's artifact store."""
+    import functools
+    import http.server
+    import shutil
+    import tarfile
+    import threading
+    import zipfile
+
+    from tests.helpers import JOBS
+
+    root = tmp_path / "served"
+    root.mkdir()
+    with zipfile.ZipFile(root / "code.zip", "w") as zf:
+        zf.write(JOBS / "probe.py", "probe.py")
+    with tarfile.open(root / "code.tar.gz", "w:gz") as tf:
+        tf.add(JOBS / "probe.py", "probe.py")
+    with zipfile.ZipFile(root / "empty.zip", "w") as zf:
+        zf.writestr("README", "no code here")
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *_args):
+            pass
+
+    handler = functools.partial(Quiet, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _source_job(name: str, url: str) -> dict:
+    spec = probe_job(name, context={"sleep": 1})
+    spec["entrypoint"] = {"script": "probe.py"}  # no workdir: the code is where Nomad unpacked it
+    spec["source"] = {"url": url}
+    return spec
+
+
+@pytest.mark.parametrize("archive", ["code.zip", "code.tar.gz"])
+def test_code_as_an_artifact_runs_without_a_workdir(stack, tmp_path, code_server, archive):
+    job_id = unique("artifact")
+    try:
+        out = nomadtf("run", str(write_job(tmp_path, _source_job(job_id, f"{code_server}/{archive}"))), "--timeout", "4m")
+        assert out.returncode == 0, out.stderr
+    finally:
+        purge(job_id)
+
+
+def test_a_missing_script_ends_the_run_within_seconds_with_its_error(stack, tmp_path, code_server):
+    """Exit 2 ("can't open file") is a permanent code: no minutes of Nomad restarts."""
+    job_id = unique("artifact-bad")
+    started = time.monotonic()
+    try:
+        out = nomadtf("run", str(write_job(tmp_path, _source_job(job_id, f"{code_server}/empty.zip"))), "--timeout", "4m")
+        elapsed = time.monotonic() - started
+        assert out.returncode == 1, out.stderr
+        assert "probe.py" in out.stderr and "No such file" in out.stderr, out.stderr
+        assert elapsed < 90, f"{elapsed:.0f}s"
+        print(f"\n[measure] a missing script ends the run in {elapsed:.0f}s")
+    finally:
+        purge(job_id)
