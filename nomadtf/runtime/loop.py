@@ -51,6 +51,9 @@ class EventLoop:
         self._queue: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._timers: list[_Timer] = []
         self._seq = itertools.count()
+        # Set by the handler itself (a plain attribute write is signal-safe), so that a step
+        # blocked in a bounded retry can give up before its event is read.
+        self.stop_requested = False
 
     def post(self, event: Event) -> None:
         self._queue.put(event)
@@ -63,6 +66,8 @@ class EventLoop:
             signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
+        if signum in self.STOP_SIGNALS:
+            self.stop_requested = True
         self._queue.put(Event(SIGNAL, signum))
 
     def call_at(self, due: float, name: str) -> None:

@@ -105,7 +105,6 @@ class Supervisor:
         self.succeeded_at: float | None = None
         self.failed_code = 0
         self.last_missing: list[str] = []
-        self.stop_requested = False
         self.rendezvous_started = time.monotonic()
 
     @property
@@ -154,7 +153,6 @@ class Supervisor:
             if event.data == signal.SIGHUP:
                 return self._step()  # someone asks us to re-read the cluster (file)
             log.info("received signal %d; stopping", event.data)
-            self.stop_requested = True
             code = self._stop_child()
             return 0 if code in (None, 0, -signal.SIGTERM, -signal.SIGKILL) else code
         if event.kind == CHILD_EXIT:
@@ -447,7 +445,7 @@ class Supervisor:
             return None
 
     def _retry(self, call, what: str, deadline_s: float = 60.0):
-        for attempt in retrying(deadline_s, give_up=lambda: self.stop_requested):
+        for attempt in retrying(deadline_s, give_up=lambda: self.loop.stop_requested):
             with attempt:
                 if attempt.retry_state.attempt_number > 1:
                     log.warning("Consul: retrying %s (attempt %d)", what, attempt.retry_state.attempt_number)
