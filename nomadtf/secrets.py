@@ -22,6 +22,7 @@ import hvac
 import hvac.exceptions
 import requests
 
+from nomadtf import wire
 from nomadtf.errors import VaultError
 
 RETRYABLE = (requests.ConnectionError, requests.Timeout, hvac.exceptions.VaultDown, hvac.exceptions.InternalServerError)
@@ -55,8 +56,8 @@ def login(vault_cfg: dict[str, Any]) -> hvac.Client:
             client.token = token
         elif auth == "approle":
             client.auth.approle.login(
-                role_id=os.environ.get("NOMADTF_VAULT_ROLE_ID", ""),
-                secret_id=os.environ.get("NOMADTF_VAULT_SECRET_ID", ""),
+                role_id=os.environ.get(wire.ENV_VAULT_ROLE_ID, ""),
+                secret_id=os.environ.get(wire.ENV_VAULT_SECRET_ID, ""),
                 mount_point=vault_cfg.get("mount") or "approle",
             )
         elif auth == "jwt":

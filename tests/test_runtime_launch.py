@@ -1,0 +1,39 @@
+"""What the child runs and the environment it gets (nomadtf.runtime.launch, pure)."""
+
+from __future__ import annotations
+
+import json
+
+from nomadtf.cluster import Member
+from nomadtf.runtime import launch
+from nomadtf.spec import JobSpec, normalize
+
+SPEC = JobSpec.from_normalized({
+    **normalize({"name": "j", "entrypoint": {"module": "trainer.main", "args": ["--x"], "pythonpath": ["/code"]},
+                 "roles": {"chief": {"count": 1}, "worker": {"count": 1}, "ps": {"count": 1}}, "context": {"lr": 0.1}}),
+    "run": {"id": "r1", "submitted_at": 1.0},
+})
+MEMBERS = [Member("chief", 0, "h:1", "a/1"), Member("worker", 0, "h:2", "b/1"), Member("ps", 0, "h:3", "c/1")]
+TASK_ENV = {
+    "PATH": "/bin", "VAULT_TOKEN": "hvs.secret", "NOMAD_TOKEN": "n", "CONSUL_HTTP_TOKEN": "c",
+    "NOMADTF_VAULT_ROLE_ID": "role", "NOMADTF_VAULT_SECRET_ID": "sid", "NOMADTF_SPEC_FILE": "/x", "PYTHONPATH": "/lib",
+}
+
+
+def test_the_child_gets_tf_config_and_names_but_no_credential():
+    env = launch.child_env(SPEC, "chief", 0, MEMBERS, 3, TASK_ENV, "/t/p.json", {"API_KEY": "from-vault"})
+    for dropped in ("VAULT_TOKEN", "NOMAD_TOKEN", "CONSUL_HTTP_TOKEN", "NOMADTF_VAULT_ROLE_ID", "NOMADTF_VAULT_SECRET_ID", "NOMADTF_SPEC_FILE"):
+        assert dropped not in env
+    assert json.loads(env["TF_CONFIG"]) == {
+        "cluster": {"chief": ["h:1"], "worker": ["h:2"], "ps": ["h:3"]}, "task": {"type": "chief", "index": 0}}
+    assert env["NOMADTF_RUN_ID"] == "r1" and env["NOMADTF_GENERATION"] == "3" and env["NOMADTF_INDEX"] == "0"
+    assert json.loads(env["NOMADTF_CONTEXT"]) == {"lr": 0.1}
+    assert env["PYTHONPATH"] == "/code:/lib" and env["API_KEY"] == "from-vault" and env["PATH"] == "/bin"
+
+
+def test_who_runs_what():
+    assert launch.child_argv(SPEC, "chief", 9, python="py") == ["py", "-u", "-m", "trainer.main", "--x"]
+    assert launch.child_argv(SPEC, "worker", 9, python="py") == ["py", "-m", "nomadtf.tfserver", "server"]
+    assert launch.child_argv(SPEC, "tensorboard", 9, python="py")[:3] == ["py", "-m", "tensorboard.main"]
+    env = launch.child_env(SPEC, "tensorboard", 0, [], 1, {}, "/p", {})
+    assert "TF_CONFIG" not in env
