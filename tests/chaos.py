@@ -26,6 +26,7 @@ import random
 import re
 import signal
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -270,19 +271,29 @@ class Soak:
         before = self.producer_stdout()
         hangs_before = self.hang_reports() if fault.kind == HANG else 0
         record = FaultRecord(len(self.records) + 1, fault.kind, fault.target, round(self.elapsed(), 1), current_step(before))
+        kind = "task" if fault.kind == KILL_TASK else "child"
+        pid = 0 if fault.kind == CONSUL else self._wait(
+            lambda: faults.processes(self.job_id).get((kind, fault.role, fault.index)), 30, f"the {fault.target}")
         hit_at = time.monotonic()
-        self._apply(fault)
+        # In a thread: a Consul restart takes seconds, and training goes on meanwhile.
+        failures: list[BaseException] = []
+        applying = threading.Thread(target=self._apply, args=(fault, pid, failures), name="chaos-fault")
+        applying.start()
         needs_resume = restarts_producer(self.strategy, fault)
         whole_at_step = None
         deadline = hit_at + bound_s
         while True:
-            if not self.alive():
-                raise AssertionError(f"the job ended during fault {record.number} ({fault.kind} {fault.target})")
+            if failures:
+                raise failures[0]
             stdout = self.producer_stdout()
             after = stdout[len(before):]
             if record.next_step_s is None and time_to_step(after, needs_resume):
                 record.next_step_s = round(time.monotonic() - hit_at, 1)
-            if record.next_step_s is not None and whole_at_step is None and self.whole():
+            if record.next_step_s is not None and "final_accuracy=" in after:
+                break  # the training ended: nothing left to recover
+            if not self.alive():
+                raise AssertionError(f"the job ended during fault {record.number} ({fault.kind} {fault.target})")
+            if record.next_step_s is not None and whole_at_step is None and not applying.is_alive() and self.whole():
                 whole_at_step = current_step(stdout)
             if whole_at_step is not None and current_step(stdout) >= whole_at_step + self.checkpoint_every:
                 break
@@ -294,6 +305,9 @@ class Soak:
                     f"processes {faults.processes(self.job_id)}; the producer's stdout ends:\n{tail}"
                 )
             time.sleep(POLL_S)
+        applying.join()
+        if failures:
+            raise failures[0]
         record.recovered_s = round(time.monotonic() - hit_at, 1)
         losses = resumes_with_loss(events(stdout))[len(resumes_with_loss(events(before))):]
         record.producer_restarted = bool(losses)
@@ -304,17 +318,16 @@ class Soak:
         self.records.append(record)
         return record
 
-    def _apply(self, fault: Fault) -> None:
-        if fault.kind == CONSUL:
-            self.restart_consul()
-            return
-        kind = "task" if fault.kind == KILL_TASK else "child"
-        pid = self._wait(lambda: faults.processes(self.job_id).get((kind, fault.role, fault.index)), 30,
-                         f"the {fault.target}")
-        if fault.kind == HANG:
-            os.killpg(os.getpgid(pid), signal.SIGSTOP)
-        else:
-            os.kill(pid, signal.SIGKILL)
+    def _apply(self, fault: Fault, pid: int, failures: list[BaseException]) -> None:
+        try:
+            if fault.kind == CONSUL:
+                self.restart_consul()
+            elif fault.kind == HANG:
+                os.killpg(os.getpgid(pid), signal.SIGSTOP)
+            else:
+                os.kill(pid, signal.SIGKILL)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            failures.append(exc)
 
 
 # ---- the outcome -----------------------------------------------------------------------------
