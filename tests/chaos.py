@@ -243,9 +243,28 @@ class Soak:
         except (psutil.Error, NomadtfError):
             return False
 
+    def check_not_failed(self) -> None:
+        """A job marked failed never recovers: say so at once, not after the bound."""
+        try:
+            state = ConsulDiscovery(self.job_id).job_state()
+        except NomadtfError:
+            return  # Consul restarting: look again on the next poll
+        if state and state.startswith("failed"):
+            raise AssertionError(f"the job was marked {state!r}")
+
+    def wait_for_end(self, timeout: float) -> None:
+        """Until whoever follows the job is done with it."""
+        deadline = time.monotonic() + timeout
+        while self.alive():
+            self.check_not_failed()
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the job did not end within {timeout:.0f}s")
+            time.sleep(1.0)
+
     def _wait(self, check: Callable[[], object], timeout: float, what: str):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            self.check_not_failed()
             if not self.alive():
                 raise AssertionError(f"the job ended while waiting for {what}")
             value = check()
@@ -285,6 +304,7 @@ class Soak:
         while True:
             if failures:
                 raise failures[0]
+            self.check_not_failed()
             stdout = self.producer_stdout()
             after = stdout[len(before):]
             if record.next_step_s is None and time_to_step(after, needs_resume):

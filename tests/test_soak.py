@@ -34,12 +34,9 @@ RECOVERY = {"restart_attempts": 100, "restart_interval": "10m", "restart_delay":
             "reschedule_attempts": 2, "reschedule_delay": "5s", "hang_timeout": "20s"}
 
 
-def _soak_spec(name: str, strategy: str, steps: int, model_dir: Path) -> dict:
+def _soak_spec(name: str, strategy: str, steps: int) -> dict:
     spec = _spec(name, strategy, steps=steps, log_every=CHECKPOINT_EVERY, checkpoint_every=CHECKPOINT_EVERY)
     spec["recovery"] = dict(RECOVERY)
-    # The default model_dir, /tmp/nomadtf/${NOMAD_JOB_ID}, reaches the tasks uninterpolated
-    # (the spec travels as a file), so every job using it shares one checkpoint directory.
-    spec["model_dir"] = str(model_dir)
     for role in spec["roles"].values():
         role["cpu"] = 200  # a reservation only (raw_exec): lets the soak share the node with other tests
     return spec
@@ -49,7 +46,7 @@ def _soak(stack, tmp_path: Path, strategy: str, steps: int, faults: int, extra: 
     seed = chaos.seed()
     print(f"\n[soak] {strategy}: seed {seed} (replay with NOMADTF_SOAK_SEED={seed})", flush=True)
     name = unique("soak-ps" if strategy == "parameter_server" else "soak-mwms")
-    spec = _soak_spec(name, strategy, steps, tmp_path / "model")
+    spec = _soak_spec(name, strategy, steps)
     counts = {role: r["count"] for role, r in spec["roles"].items()}
     plan = chaos.schedule(seed, strategy, counts, faults, extra, CHECKPOINT_EVERY)
     print("[soak] schedule: " + ", ".join(f"{f.kind} {f.target} (+{f.after_steps} steps, +{f.delay_s}s)" for f in plan), flush=True)
@@ -75,7 +72,8 @@ def _soak(stack, tmp_path: Path, strategy: str, steps: int, faults: int, extra: 
                 record = soak.inject(fault, FAULT_BOUND_S)
                 print(f"[soak] {record.number:>2} {record.at_s:6.1f}s {record.kind} {record.target}: next step "
                       f"{record.next_step_s}s, recovered {record.recovered_s}s, lost {record.steps_lost}", flush=True)
-            code = follower.wait(timeout=600)
+            soak.wait_for_end(600)
+            code = follower.wait()
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n`nomadtf run` says:\n{run_stderr.read_text()[-3000:]}") from None
         training_s = round(soak.elapsed(), 1)
@@ -94,7 +92,6 @@ def _soak(stack, tmp_path: Path, strategy: str, steps: int, faults: int, extra: 
             "resumes": chaos.resumes_with_loss(history), "leftover_processes": leftovers, "sessions_left": sessions,
         }
         (reports / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
-        (reports / f"{name}.logs").write_text(all_logs(name))
         print(f"[soak] {strategy}, seed {seed}, {training_s:.0f}s of training, {len(soak.records)} faults:\n"
               f"{chaos.table(soak.records)}\n[soak] {json.dumps(result['summary'])}\n"
               f"[soak] written to {reports / (name + '.json')}", flush=True)
@@ -114,6 +111,7 @@ def _soak(stack, tmp_path: Path, strategy: str, steps: int, faults: int, extra: 
         if follower.poll() is None:
             follower.kill()
             follower.wait()
+        (reports / f"{name}.logs").write_text(all_logs(name))  # every task's, for a failure's post-mortem
         purge(name)
 
 
