@@ -75,13 +75,12 @@ def producer(strategy: str) -> tuple[str, int]:
 
 
 def hang_targets(strategy: str, counts: dict[str, int]) -> list[tuple[str, int]]:
-    """Where a hang can be detected: in the task that reports progress, or in one whose
-    stall stops that task's progress (every worker under all-reduce). A bare parameter-
-    server or worker server reports nothing, and a chief that restarts blocks on it before
-    its first report, so a stopped one there is outside what hang detection covers."""
-    if strategy == "parameter_server":
-        return [producer(strategy)]
-    return [("worker", i) for i in range(counts["worker"])]
+    """Where hang detection is the one thing that can end a hang: the task that reports
+    progress. Elsewhere it is not what ends it: a stopped bare TensorFlow server (ps,
+    parameter-server worker) reports nothing and blocks a restarted chief before its first
+    report; a stopped MWMS worker 1 makes worker 0's TensorFlow give up on its heartbeats
+    (exit 1, with no peer change to explain it) before worker 0's hang clock runs out."""
+    return [producer(strategy)]
 
 
 def restarts_producer(strategy: str, fault: Fault) -> bool:
