@@ -272,6 +272,18 @@ def consul_address() -> str:
     return os.environ.get("CONSUL_HTTP_ADDR", "127.0.0.1:8500").removeprefix("http://")
 
 
+def submit(path: Path) -> None:
+    """`nomadtf run --detach`, again while the shared Consul is restarting (other tests do that)."""
+    for _attempt in range(5):
+        out = nomadtf("run", str(path), "--detach")
+        if out.returncode == 0:
+            return
+        if "cannot reach Consul" not in out.stderr:
+            break
+        time.sleep(5)
+    raise RuntimeError(f"nomadtf run failed: {out.stderr or out.stdout}")
+
+
 def measure(layout: Layout, window_s: float, workdir: Path) -> Result:
     job_id = unique("bench-sup")
     with CountingProxy(consul_address()) as proxy:
@@ -285,9 +297,7 @@ def measure(layout: Layout, window_s: float, workdir: Path) -> Result:
         )
         path = workdir / f"{job_id}.json"
         path.write_text(json.dumps(spec))
-        out = nomadtf("run", str(path), "--detach")
-        if out.returncode != 0:
-            raise RuntimeError(f"nomadtf run failed: {out.stderr or out.stdout}")
+        submit(path)
         try:
             wait_until(
                 lambda: len(supervisors(job_id)) == layout.tasks and children(job_id) == layout.tasks and generation_written(job_id),

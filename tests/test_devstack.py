@@ -155,15 +155,20 @@ def test_a_taken_port_is_a_clear_error(tmp_path, stack):
 def test_down_leaves_no_process_and_up_comes_back(stack):
     pids = [c.pid for c in stack.components()]
     started = [p for c in stack.components() for p in processes.tree(psutil.Process(c.pid))]
-    out = subprocess.run([sys.executable, "-m", "nomadtf", "dev", "down"], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert not any(stack_mod.pid_alive(p) for p in pids)
-    assert [p.pid for p in started if p.is_running()] == []
-    assert str(stack.state_dir) not in open("/proc/self/mounts").read()  # tasks' tmpfs mounts too
-    assert not stack.state_dir.exists()
-    # Bring it back for the tests that follow; the session fixture still owns it.
-    assert stack.up(progress=lambda _m: None) is True
-    os.environ.update(stack.env())
+    try:
+        out = subprocess.run([sys.executable, "-m", "nomadtf", "dev", "down"], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert not any(stack_mod.pid_alive(p) for p in pids)
+        # The agents are this test process's children: until it reaps them they are zombies,
+        # which is gone as far as anyone else can tell.
+        assert [p.pid for p in started if processes.running(p)] == []
+        assert str(stack.state_dir) not in open("/proc/self/mounts").read()  # tasks' tmpfs mounts too
+        assert not stack.state_dir.exists()
+    finally:
+        # Bring it back for the tests that follow, also when an assertion above failed; the
+        # session fixture still owns it.
+        assert stack.up(progress=lambda _m: None) is True
+        os.environ.update(stack.env())
 
 
 # ---- down, on hand-written state (no servers) ----------------------------------------------

@@ -68,7 +68,7 @@ def stop(procs: list[psutil.Process], grace: float) -> list[psutil.Process]:
     _, alive = psutil.wait_procs(procs, timeout=grace)
     _signal_all(alive, signal.SIGKILL)
     _, alive = psutil.wait_procs(alive, timeout=REAP_WAIT)
-    return [p for p in alive if _running(p)]
+    return [p for p in alive if running(p)]
 
 
 def _signal_all(procs: list[psutil.Process], sig: signal.Signals) -> None:
@@ -79,7 +79,7 @@ def _signal_all(procs: list[psutil.Process], sig: signal.Signals) -> None:
             pass  # gone already, or not ours to signal: stop() reports it if it stays
 
 
-def _running(proc: psutil.Process) -> bool:
+def running(proc: psutil.Process) -> bool:
     try:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
