@@ -187,15 +187,19 @@ def run(
     detach: Annotated[bool, typer.Option("--detach", help="Return once Nomad accepted the job")] = False,
     timeout: Annotated[Optional[str], typer.Option("--timeout", help="Give up following after this long (e.g. 30m); exit 3")] = None,
     templates: TemplatesDir = None,
+    replace: Annotated[bool, typer.Option("--replace", help="Stop a run of this job that is still going, then start this one")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from the latest checkpoint of the job's previous run")] = False,
 ) -> None:
-    """Validate, render, submit, and follow the job to its outcome (exit 0 = training succeeded)."""
+    """Validate, render, submit a new run, and follow it to its outcome (exit 0 = training succeeded)."""
     from nomadtf.run import Run
     from nomadtf.spec import duration_seconds
 
     timeout_s = duration_seconds(timeout) if timeout else None
     job_run = Run.prepare(job_file, var or [], templates)
-    submitted = job_run.submit()
-    _stamp(f"submitted {submitted.job_id} (evaluation {submitted.eval_id[:8]}); Nomad UI: {submitted.ui_url}")
+    submitted = job_run.submit(replace=replace, resume=resume)
+    for note in submitted.notes:
+        _stamp(note)
+    _stamp(f"submitted {submitted.job_id} run {submitted.run_id} (evaluation {submitted.eval_id[:8]}); Nomad UI: {submitted.ui_url}")
     job_id = submitted.job_id
     where = "" if submitted.namespace == "default" else f" --namespace {submitted.namespace}"
     if detach:
@@ -222,7 +226,8 @@ def status(
     region: Region = None,
 ) -> None:
     """The jobs nomadtf started (matched by their Meta), or one of them in detail."""
-    from nomadtf.follow import alloc_slot, job_state, nomadtf_jobs, restarts_of
+    from nomadtf.discovery import ConsulDiscovery
+    from nomadtf.follow import alloc_slot, job_report, nomadtf_jobs, restarts_of
     from nomadtf.nomad import NomadAPI
 
     api = NomadAPI.from_env(namespace=namespace, region=region)
@@ -238,9 +243,20 @@ def status(
             name = job["ID"] if job.get("Namespace", "default") == "default" else f"{job['ID']}@{job['Namespace']}"
             typer.echo(f"{name:<24} {job['Status']:<8} {age / 60:6.1f}m  {roles}")
         return
-    state = job_state(api, job_id)
-    job = state.job
-    typer.echo(f"{job_id}: {job['Status']}  strategy {job['Meta'].get('nomadtf.strategy', '?')}  nomadtf {job['Meta']['nomadtf.version']}")
+    report = job_report(api, job_id, lambda run_id: ConsulDiscovery(job_id, api.namespace, run_id=run_id))
+    state, job = report.state, report.state.job
+    meta = job.get("Meta") or {}
+    typer.echo(
+        f"{job_id}: {job['Status']}  run {state.run_id or '-'}  {report.elapsed_s:.0f}s  "
+        f"strategy {meta.get('nomadtf.strategy', '?')}  nomadtf {meta.get('nomadtf.version', '?')}"
+    )
+    if report.recorded:
+        typer.echo(f"  outcome: {report.recorded}")
+    if report.progress:
+        metrics = "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in (report.progress.get("metrics") or {}).items())
+        typer.echo(f"  step {report.progress.get('step')}  {metrics}".rstrip())
+    if report.consul_error:
+        typer.echo(f"  (no outcome or progress: {report.consul_error})")
     for role, rv in state.view.roles.items():
         typer.echo(f"  {role:<11} wanted {rv.wanted}  running {rv.running}  complete {rv.complete}  failed {rv.failed}  restarts {rv.restarts}")
     for alloc in sorted(state.allocs, key=lambda a: a.get("CreateIndex", 0)):
@@ -263,11 +279,13 @@ def logs(
     from nomadtf.nomad import NomadAPI
 
     api = NomadAPI.from_env(namespace=namespace, region=region)
-    allocs = log_allocations(api, job_id, role, index)
+    # Every attempt of the slot in the current run (a replacement never hides the one that
+    # trained); following streams the newest.
+    allocs = log_allocations(api, job_id, role, index, newest_only=follow)
     stream = "stderr" if stderr else "stdout"
     for alloc in allocs:
         if len(allocs) > 1:
-            typer.echo(f"==> {alloc['Name']} ({alloc['ID'][:8]})")
+            typer.echo(f"==> {alloc['Name']} ({alloc['ID'][:8]}, {alloc.get('ClientStatus')})")
         if follow:
             for chunk in api.follow_logs(alloc["ID"], role, stream):
                 typer.echo(chunk, nl=False)

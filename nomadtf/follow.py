@@ -24,7 +24,7 @@ from typing import Any
 from nomadtf.errors import FollowTimeout, JobFailed, NomadtfError, ServerError
 from nomadtf.nomad import NomadAPI
 from nomadtf.plan import explain_placement_failure, requested_devices
-from nomadtf.wire import META_VERSION, STATE_FAILED
+from nomadtf.wire import META_RUN, META_VERSION, STATE_FAILED
 
 
 @dataclass
@@ -60,6 +60,26 @@ def latest_allocs(allocs: list[dict[str, Any]]) -> dict[tuple[str, int], dict[st
     for alloc in sorted(allocs, key=lambda a: a.get("CreateIndex", 0)):
         latest[alloc_slot(alloc)] = alloc
     return latest
+
+
+def run_of(job: dict[str, Any]) -> str:
+    """The run id a job's current version carries ("" for a job rendered without one)."""
+    return (job.get("Meta") or {}).get(META_RUN, "")
+
+
+def first_version_of_run(versions: list[dict[str, Any]], run_id: str) -> int:
+    """The oldest job version of run `run_id` (later versions of one run: `nomadtf scale`).
+    0 when the run is unknown: then every allocation counts. Pure."""
+    if not run_id:
+        return 0
+    mine = [v.get("Version", 0) for v in versions if (v.get("Meta") or {}).get(META_RUN) == run_id]
+    return min(mine) if mine else 0
+
+
+def of_run(allocs: list[dict[str, Any]], first_version: int) -> list[dict[str, Any]]:
+    """The allocations of the run that began at `first_version`: a re-run of the same job
+    name never counts the previous runs' allocations. Pure."""
+    return [a for a in allocs if a.get("JobVersion", 0) >= first_version]
 
 
 def restarts_of(alloc: dict[str, Any]) -> int:
@@ -146,8 +166,10 @@ class Follower:
         on_event: Callable[[str], None],
         progress: Callable[[], dict[str, Any] | None] = lambda: None,
         recorded_state: Callable[[], str | None] = lambda: None,
+        first_version: int = 0,
     ):
         self.api = api
+        self.first_version = first_version
         self.job_id = job_id
         self.deadline = time.monotonic() + timeout if timeout else None
         self.reschedule_attempts = reschedule_attempts
@@ -172,7 +194,8 @@ class Follower:
         index = 0
         while True:
             self._check_deadline()
-            allocs, index = self.api.watch_allocations(self.job_id, index)
+            every, index = self.api.watch_allocations(self.job_id, index)
+            allocs = of_run(every, self.first_version)
             job = self.api.job(self.job_id)
             if job is None:
                 raise JobFailed(f"job {self.job_id} disappeared (stopped from outside?)")
@@ -283,10 +306,15 @@ class Follower:
 
 @dataclass(frozen=True)
 class JobState:
-    """A nomadtf job as Nomad records it, also when nobody followed it."""
+    """A nomadtf job as Nomad records it, also when nobody followed it; `allocs` are its
+    current run's."""
 
     job: dict[str, Any]
     allocs: list[dict[str, Any]]
+
+    @property
+    def run_id(self) -> str:
+        return run_of(self.job)
 
     @property
     def view(self) -> JobView:
@@ -306,8 +334,53 @@ def nomadtf_jobs(api: NomadAPI) -> list[JobState]:
         scoped = api.in_namespace(stub.get("Namespace") or api.namespace)
         job = scoped.job(stub["ID"])
         if job and META_VERSION in (job.get("Meta") or {}):
-            states.append(JobState(job, scoped.allocations(stub["ID"])))
+            states.append(JobState(job, run_allocations(scoped, job)))
     return states
+
+
+@dataclass(frozen=True)
+class JobReport:
+    """What `nomadtf status JOB` shows: the current run, its roles, progress and outcome."""
+
+    state: JobState
+    elapsed_s: float
+    progress: dict[str, Any] | None
+    recorded: str | None  # "succeeded", "failed: <why>", None while running (or unknown)
+    consul_error: str = ""
+
+
+def run_elapsed(allocs: list[dict[str, Any]], running: bool, now_ns: int) -> float:
+    """Seconds from the run's first allocation to now (running) or to its last change. Pure."""
+    if not allocs:
+        return 0.0
+    start = min(a.get("CreateTime", now_ns) for a in allocs)
+    end = now_ns if running else max(a.get("ModifyTime", now_ns) for a in allocs)
+    return max(0.0, (end - start) / 1e9)
+
+
+def job_report(api: NomadAPI, job_id: str, discovery_for: Callable[[str], Any]) -> JobReport:
+    """The job's current run with its recorded outcome and latest progress.
+    `discovery_for(run_id)` gives the job's ConsulDiscovery for that run.
+
+    GET /v1/job/:job_id ; GET /v1/job/:job_id/versions ; GET /v1/job/:job_id/allocations ;
+    GET /v1/kv/nomadtf/<ns>/<job>/<run>/cluster/state ; GET .../progress
+    """
+    state = job_state(api, job_id)
+    elapsed = run_elapsed(state.allocs, state.job.get("Status") != "dead", time.time_ns())
+    try:
+        discovery = discovery_for(state.run_id)
+        return JobReport(state, elapsed, discovery.progress(), discovery.job_state())
+    except ServerError as exc:
+        return JobReport(state, elapsed, None, None, str(exc))
+
+
+def run_allocations(api: NomadAPI, job: dict[str, Any]) -> list[dict[str, Any]]:
+    """The allocations of the job's current run.
+
+    GET /v1/job/:job_id/versions (when the job has a run id) ; GET /v1/job/:job_id/allocations
+    """
+    first = first_version_of_run(api.versions(job["ID"]), run_of(job)) if run_of(job) else 0
+    return of_run(api.allocations(job["ID"]), first)
 
 
 def require_nomadtf_job(api: NomadAPI, job_id: str) -> dict[str, Any]:
@@ -321,37 +394,47 @@ def require_nomadtf_job(api: NomadAPI, job_id: str) -> dict[str, Any]:
 
 
 def job_state(api: NomadAPI, job_id: str) -> JobState:
-    """GET /v1/job/:job_id ; GET /v1/job/:job_id/allocations"""
-    return JobState(require_nomadtf_job(api, job_id), api.allocations(job_id))
+    """GET /v1/job/:job_id ; GET /v1/job/:job_id/versions ; GET /v1/job/:job_id/allocations"""
+    job = require_nomadtf_job(api, job_id)
+    return JobState(job, run_allocations(api, job))
 
 
-def pick_allocs(allocs: list[dict[str, Any]], role: str | None, index: int | None) -> list[dict[str, Any]]:
-    """The newest allocation of each matching (role, index). Pure."""
+def pick_allocs(
+    allocs: list[dict[str, Any]], role: str | None, index: int | None, newest_only: bool = False
+) -> list[dict[str, Any]]:
+    """Every allocation of each matching (role, index), slot by slot and oldest first, so a
+    replacement never hides the attempt that trained; `newest_only`: the newest per slot. Pure."""
     chosen = []
-    for (r, i), alloc in sorted(latest_allocs(allocs).items()):
+    for alloc in sorted(allocs, key=lambda a: (alloc_slot(a), a.get("CreateIndex", 0))):
+        r, i = alloc_slot(alloc)
         if (role is None or r == role) and (index is None or i == index):
             chosen.append(alloc)
+    if newest_only:
+        chosen = list({alloc_slot(a): a for a in chosen}.values())
     return chosen
 
 
-def log_allocations(api: NomadAPI, job_id: str, role: str, index: int | None) -> list[dict[str, Any]]:
-    """The allocations whose logs `nomadtf logs` shows; NomadtfError when there is none.
+def log_allocations(
+    api: NomadAPI, job_id: str, role: str, index: int | None, newest_only: bool = False
+) -> list[dict[str, Any]]:
+    """The allocations of the current run whose logs `nomadtf logs` shows; NomadtfError
+    when there is none.
 
-    GET /v1/job/:job_id ; GET /v1/job/:job_id/allocations
+    GET /v1/job/:job_id ; GET /v1/job/:job_id/versions ; GET /v1/job/:job_id/allocations
     """
-    allocs = pick_allocs(job_state(api, job_id).allocs, role, index)
+    allocs = pick_allocs(job_state(api, job_id).allocs, role, index, newest_only)
     if not allocs:
         which = f" index {index}" if index is not None else ""
         raise NomadtfError(f"job {job_id} has no allocation for role {role!r}{which}")
     return allocs
 
 
-def final_lines(api: NomadAPI, job_id: str, count: int = 3) -> list[str]:
+def final_lines(api: NomadAPI, job_id: str, count: int = 3, first_version: int = 0) -> list[str]:
     """The last lines printed by the task whose exit ends the training (chief, else worker 0).
 
     GET /v1/job/:job_id/allocations ; GET /v1/client/fs/logs/:alloc_id?origin=end
     """
-    alloc = deciding_alloc(api.allocations(job_id))
+    alloc = deciding_alloc(of_run(api.allocations(job_id), first_version))
     if alloc is None:
         return []
     role, _index = alloc_slot(alloc)

@@ -301,6 +301,11 @@ class NomadAPI:
         """GET /v1/jobs?meta=true (namespace "*": every namespace the token may list)"""
         return self._json("the job list", "list-jobs", self.client.jobs, params={"meta": "true"})
 
+    def versions(self, job_id: str) -> list[dict[str, Any]]:
+        """GET /v1/job/:job_id/versions ; newest first"""
+        data = self._json(f"versions of {job_id}", "read-job", self.client.job, job_id, "versions")
+        return data.get("Versions") or []
+
     def summary(self, job_id: str) -> dict[str, Any]:
         """GET /v1/job/:job_id/summary"""
         return self._json(f"summary of {job_id}", "read-job", self.client.job, job_id, "summary")

@@ -131,6 +131,8 @@ def job_meta(spec: dict[str, Any], run: RunInfo | None = None) -> dict[str, str]
     }
     if run:
         meta[wire.META_RUN] = run.id
+        if run.model_run and run.model_run != run.id:
+            meta[wire.META_MODEL_RUN] = run.model_run
     return meta
 
 

@@ -1,28 +1,37 @@
-"""The client-side use case of `nomadtf run`: load → render → submit → follow → stop on
-failure → outcome, and `nomadtf stop`.
+"""The client-side use case of `nomadtf run`: load → render → submit a run → follow →
+stop on failure → outcome, and `nomadtf stop`.
 
-Every Nomad call of a run goes to the namespace and region its job.json names. Nothing here
-prints: what happens is handed to the caller's callbacks, and failures are raised.
+Every submission is a run with its own id (job Meta `nomadtf.run`, the tasks' spec file,
+the Consul keys). Following, status and logs look only at the current run's allocations,
+so the same job name run again reports its own outcome. Every Nomad call of a run goes to
+the namespace and region its job.json names. Nothing here prints: what happens is handed
+to the caller's callbacks, and failures are raised.
 
 Usage:
     run = Run.prepare(Path("job.json"), ["roles.worker.count=4"])
-    submitted = run.submit()
+    submitted = run.submit(replace=False, resume=False)
+    submitted.notes          # ["resuming run 3f2a9c1e's model_dir (checkpoint at step 600)"]
     outcome = run.follow(submitted, timeout_s=None, on_view=show, on_event=log)
-    outcome.final_lines   # ["chief: final_accuracy=0.93"]
+    outcome.final_lines      # ["chief: final_accuracy=0.93"]
 """
 
 from __future__ import annotations
 
+import re
+import secrets
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nomadtf import render, spec
+from nomadtf import render, spec, wire
 from nomadtf.discovery import ConsulDiscovery
 from nomadtf.errors import FollowTimeout, JobFailed, NomadtfError, ServerError
-from nomadtf.follow import Follower, JobView, final_lines, require_nomadtf_job
+from nomadtf.follow import Follower, JobView, final_lines, first_version_of_run, require_nomadtf_job, run_of
 from nomadtf.nomad import NomadAPI
+
+REPLACE_WAIT_S = 60.0  # how long --replace waits for the running run's allocations to stop
 
 
 @dataclass(frozen=True)
@@ -31,6 +40,9 @@ class Submitted:
     namespace: str
     eval_id: str
     ui_url: str
+    run_id: str = ""
+    first_version: int = 0
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -39,43 +51,126 @@ class Outcome:
     final_lines: list[str]
 
 
+def new_run_id() -> str:
+    return secrets.token_hex(4)
+
+
+def checkpoint_step(model_dir: Path) -> int | None:
+    """The global step of the latest checkpoint in `model_dir` as this machine sees it
+    (TensorFlow's `checkpoint` index file names it, e.g. model.ckpt-600); None when there is
+    none or the directory is not visible here."""
+    try:
+        text = (model_dir / "checkpoint").read_text()
+    except OSError:
+        return None
+    match = re.search(r'^model_checkpoint_path:\s*"[^"]*?-(\d+)"', text, re.M)
+    return int(match[1]) if match else None
+
+
+def client_model_dir(normalised: dict[str, Any], namespace: str, run_dir: str) -> Path | None:
+    """model_dir as the submitting machine would see it (the local stack, or a shared
+    filesystem mounted at the same path); None when it names task-only variables."""
+    text = spec.expand_task_vars(
+        normalised["model_dir"],
+        {"NOMAD_NAMESPACE": namespace, "NOMAD_JOB_ID": normalised["name"], "NOMAD_JOB_NAME": normalised["name"],
+         "NOMADTF_RUN_ID": run_dir},
+    )
+    return None if "${" in text else Path(text)
+
+
 class Run:
     """One run of one job.json, from the options file to the training's outcome."""
 
-    def __init__(self, spec: dict[str, Any], job: dict[str, Any], api: NomadAPI, discovery: ConsulDiscovery):
+    def __init__(self, spec: dict[str, Any], api: NomadAPI, templates: Path | None = None):
         self.spec = spec
-        self.job = job
         self.api = api
-        self.discovery = discovery
+        self.templates = templates
         self.job_id: str = spec["name"]
+        self.discovery: ConsulDiscovery | None = None
+        self.job: dict[str, Any] = {}
 
     @classmethod
     def prepare(cls, job_file: Path, variables: list[str], templates: Path | None = None) -> Run:
-        """Load and render (offline); the clients speak to the job's namespace and region."""
+        """Load and check the spec and that it renders (offline); the client speaks to the
+        job's namespace and region."""
         normalised = spec.load_spec(job_file, variables)
-        job = render.render_job(normalised, templates)
+        render.render_job(normalised, templates)  # a template error is found before anything is asked of Nomad
         api = NomadAPI.from_env(namespace=normalised["namespace"], region=normalised["region"])
-        return cls(normalised, job, api, ConsulDiscovery(normalised["name"], normalised["namespace"]))
+        return cls(normalised, api, templates)
 
-    def submit(self) -> Submitted:
-        """Validate with Nomad, refuse to clobber a running job, clear the job's old KV state,
-        register. Nothing is sent unless every check passed.
+    def submit(self, replace: bool = False, resume: bool = False) -> Submitted:
+        """Validate with Nomad, handle a run of the same job that is still going (refused
+        unless `replace`), work out what `resume` continues, clear the job's old Consul
+        state, register the new run. Nothing is sent unless every check passed.
 
-        POST /v1/validate/job ; GET /v1/job/:job_id ; DELETE /v1/kv/nomadtf/<ns>/<job>/?recurse ;
-        POST /v1/jobs
+        POST /v1/validate/job ; GET /v1/job/:job_id ; [DELETE /v1/job/:job_id and blocking
+        GET /v1/job/:job_id/allocations with --replace] ; GET .../progress of the previous run ;
+        DELETE /v1/kv/nomadtf/<ns>/<job>/?recurse ; POST /v1/jobs ; GET /v1/job/:job_id/versions
         """
-        self.api.validate(self.job)
+        notes: list[str] = []
+        run_id = new_run_id()
         existing = self.api.job(self.job_id)
-        if existing and existing.get("Status") != "dead":
+        if existing is not None and wire.META_VERSION not in (existing.get("Meta") or {}):
             raise JobFailed(
-                f"job {self.job_id} is already running; stop it first (nomadtf stop {self.job_id}) or pick another name"
+                f"job {self.job_id!r} in namespace {self.api.namespace!r} was not started by nomadtf; "
+                "pick another name (nomadtf never replaces a job it did not start)"
             )
+        model_run = self._model_run(existing, run_id, resume, notes)
+        job = render.render_job(self.spec, self.templates, spec.RunInfo(run_id, time.time(), model_run))
+        self.api.validate(job)
+        if existing is not None and existing.get("Status") != "dead":
+            if not replace:
+                raise JobFailed(
+                    f"job {self.job_id} is already running in namespace {self.api.namespace} (run {run_of(existing) or '?'}); "
+                    f"add --replace to stop it and start a new run, or stop it first (nomadtf stop {self.job_id})"
+                )
+            self._stop_running(existing, notes)
         try:
-            self.discovery.delete_job_keys()  # a previous run's state must not leak into this one
+            ConsulDiscovery(self.job_id, self.api.namespace).delete_job_keys()  # earlier runs' state goes
         except ServerError as exc:
             raise ServerError(f"Consul is needed for the job's state: {exc}") from exc
-        registered = self.api.register(self.job)
-        return Submitted(self.job_id, self.api.namespace, registered["EvalID"], self.api.ui_url(self.job_id))
+        registered = self.api.register(job)
+        self.job = job
+        self.discovery = ConsulDiscovery(self.job_id, self.api.namespace, run_id=run_id)
+        first = first_version_of_run(self.api.versions(self.job_id), run_id)
+        return Submitted(
+            self.job_id, self.api.namespace, registered["EvalID"], self.api.ui_url(self.job_id), run_id, first, notes
+        )
+
+    def _model_run(self, existing: dict[str, Any] | None, run_id: str, resume: bool, notes: list[str]) -> str:
+        """Whose model_dir this run trains in: its own (fresh), or with `resume` the
+        previous run's; a note says which checkpoint, when this machine can see it."""
+        uses_run_dir = "${NOMADTF_RUN_ID}" in self.spec["model_dir"]
+        if resume:
+            previous = run_of(existing or {})
+            if not previous:
+                raise JobFailed(
+                    f"--resume: job {self.job_id} has no earlier run in namespace {self.api.namespace} to continue"
+                )
+            model_run = (existing.get("Meta") or {}).get(wire.META_MODEL_RUN) or previous
+            if not uses_run_dir:
+                notes.append(f"--resume: model_dir {self.spec['model_dir']} is the same for every run")
+        else:
+            model_run = run_id
+        directory = client_model_dir(self.spec, self.api.namespace, model_run)
+        step = checkpoint_step(directory) if directory else None
+        if resume:
+            where = f"from its checkpoint at step {step}" if step is not None else "from its latest checkpoint"
+            notes.append(f"resuming run {model_run}: training continues in {directory or self.spec['model_dir']} {where}")
+        elif step is not None:
+            notes.append(f"model_dir {directory} already holds a checkpoint at step {step}: training resumes from it")
+        return model_run
+
+    def _stop_running(self, existing: dict[str, Any], notes: list[str]) -> None:
+        """--replace: stop the running run and wait (bounded) for its allocations to stop."""
+        self.api.stop(self.job_id)
+        deadline = time.monotonic() + REPLACE_WAIT_S
+        index = 0
+        while time.monotonic() < deadline:
+            allocs, index = self.api.watch_allocations(self.job_id, index, wait_s=min(5.0, deadline - time.monotonic()))
+            if all(a.get("ClientStatus") not in ("pending", "running") for a in allocs):
+                break
+        notes.append(f"stopped the running run {run_of(existing) or '?'} of {self.job_id} (--replace)")
 
     def follow(
         self,
@@ -84,11 +179,12 @@ class Run:
         on_view: Callable[[JobView], None],
         on_event: Callable[[str], None],
     ) -> Outcome:
-        """Follow the job to its outcome (see follow.Follower); a job that failed is stopped,
+        """Follow the run to its outcome (see follow.Follower); a run that failed is stopped,
         one that timed out keeps running on purpose. `timeout_s` None: the job's deadline.
 
         DELETE /v1/job/:job_id after a failure ; GET /v1/client/fs/logs/:alloc_id at the end
         """
+        discovery = self.discovery or ConsulDiscovery(self.job_id, self.api.namespace, run_id=submitted.run_id)
         follower = Follower(
             self.api,
             self.job_id,
@@ -96,8 +192,9 @@ class Run:
             reschedule_attempts=self.spec["recovery"]["reschedule_attempts"],
             on_view=on_view,
             on_event=on_event,
-            progress=self.discovery.progress,
-            recorded_state=self.discovery.job_state,
+            progress=discovery.progress,
+            recorded_state=discovery.job_state,
+            first_version=submitted.first_version,
         )
         try:
             view = follower.follow(submitted.eval_id)
@@ -108,7 +205,7 @@ class Run:
             # would wait for a chief that will never succeed.
             self._stop_after_failure(on_event)
             raise
-        return Outcome(view, final_lines(self.api, self.job_id))
+        return Outcome(view, final_lines(self.api, self.job_id, first_version=submitted.first_version))
 
     def _stop_after_failure(self, on_event: Callable[[str], None]) -> None:
         """DELETE /v1/job/:job_id ; a failure to stop is reported, the job's failure raised."""

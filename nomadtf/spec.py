@@ -86,8 +86,27 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return result
 
 
+DCOS_SECTIONS = ("service", "parameter_server", "gpu_worker")
+
+
+def looks_like_dcos_options(data: Any) -> bool:
+    """A DC/OS `beta-tensorflow` options file (the users we migrate) rather than a job.json:
+    its `service` section, or its DC/OS-only role sections, and none of job.json's own keys."""
+    return (
+        isinstance(data, dict)
+        and not {"roles", "entrypoint"} & data.keys()
+        and any(isinstance(data.get(section), dict) for section in DCOS_SECTIONS)
+    )
+
+
 def load_spec(path: Path, overrides: list[str] | None = None) -> dict[str, Any]:
-    return normalize(apply_overrides(read_options(path), overrides or []))
+    data = read_options(path)
+    if looks_like_dcos_options(data):
+        raise SpecError(
+            f"{path} is a DC/OS beta-tensorflow options file, not a nomadtf job.json; convert it first: "
+            f"nomadtf convert-dcos {path} --out job.json (it lists what cannot be carried over)"
+        )
+    return normalize(apply_overrides(data, overrides or []))
 
 
 def normalize(data: dict[str, Any]) -> dict[str, Any]:
@@ -267,9 +286,15 @@ class RunInfo:
 
     id: str
     submitted_at: float  # unix time; recovery.deadline counts from here
+    # The run whose default model_dir this run uses: itself, or with `--resume` the run it
+    # continues (and that run's own model run, so a chain of resumes shares one directory).
+    model_run: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "submitted_at": self.submitted_at}
+        data: dict[str, Any] = {"id": self.id, "submitted_at": self.submitted_at}
+        if self.model_run and self.model_run != self.id:
+            data["model_run"] = self.model_run
+        return data
 
 
 @dataclass(frozen=True)
@@ -315,6 +340,7 @@ class JobSpec:
     gpus: dict[str, dict[str, Any] | None]
     run_id: str = ""  # set by `nomadtf run` for each submission (wire.META_RUN)
     submitted_at: float | None = None
+    model_run: str = ""  # the run whose default model_dir is used (RunInfo.model_run)
     source_destination: str | None = None  # where Nomad unpacks `source.url`, relative to the task
 
     @classmethod
@@ -349,6 +375,7 @@ class JobSpec:
             gpus={role: gpu_request(cfg) for role, cfg in spec["roles"].items() if cfg["count"] > 0},
             run_id=(spec.get("run") or {}).get("id", ""),
             submitted_at=(spec.get("run") or {}).get("submitted_at"),
+            model_run=(spec.get("run") or {}).get("model_run", ""),
             source_destination=(spec.get("source") or {}).get("destination"),
         )
 
@@ -375,6 +402,9 @@ def for_task(spec: JobSpec, environ: dict[str, str]) -> JobSpec:
     def expand(text: str) -> str:
         return expand_task_vars(text, variables)
 
+    # A resumed run keeps training in the directory of the run it continues.
+    model_dir = expand_task_vars(spec.model_dir, {**variables, "NOMADTF_RUN_ID": spec.model_run or spec.run_id or NO_RUN})
+
     workdir = expand(entry.workdir) if entry.workdir else None
     if workdir is None and spec.source_destination and environ.get("NOMAD_TASK_DIR"):
         # Code from `source.url`: Nomad unpacked it relative to the task's directory (the
@@ -382,7 +412,7 @@ def for_task(spec: JobSpec, environ: dict[str, str]) -> JobSpec:
         workdir = str(Path(environ["NOMAD_TASK_DIR"]).parent / spec.source_destination)
     return dataclasses.replace(
         spec,
-        model_dir=expand(spec.model_dir),
+        model_dir=model_dir,
         entrypoint=dataclasses.replace(
             entry,
             target=expand(entry.target),

@@ -16,7 +16,8 @@ Tasks watch only .../cluster/ (what decides); progress lives beside it, so a pro
 write wakes nobody. A task of an older run that is still stopping can never touch the
 current run's keys.
 
-Nomad job Meta: nomadtf.version, nomadtf.spec_sha256, nomadtf.strategy, nomadtf.run;
+Nomad job Meta: nomadtf.version, nomadtf.spec_sha256, nomadtf.strategy, nomadtf.run,
+nomadtf.model_run (only on a run started with --resume);
 task Meta: nomadtf.role.
 Environment of the training process: the ENV_* names below, plus the secrets' own names.
 """
@@ -37,6 +38,7 @@ META_SPEC_SHA256 = "nomadtf.spec_sha256"
 META_STRATEGY = "nomadtf.strategy"
 META_ROLE = "nomadtf.role"
 META_RUN = "nomadtf.run"
+META_MODEL_RUN = "nomadtf.model_run"  # the run whose model_dir a resumed run continues
 
 # Files Nomad writes into the task directory (templates) and nomadtf writes there itself.
 SPEC_FILE = "nomadtf-spec.json"
@@ -58,6 +60,9 @@ ENV_MODEL_DIR = "NOMADTF_MODEL_DIR"
 ENV_CONTEXT = "NOMADTF_CONTEXT"
 ENV_GENERATION = "NOMADTF_GENERATION"
 ENV_PROGRESS_FILE = "NOMADTF_PROGRESS_FILE"
+# A random mark per child start: how the supervisor tells the child's daemonised
+# descendants (re-parented to it) from any other process it may have started.
+ENV_CHILD_MARK = "NOMADTF_CHILD_MARK"
 
 # AppRole credentials the supervisor logs in with (vault.auth = approle).
 ENV_VAULT_ROLE_ID = "NOMADTF_VAULT_ROLE_ID"

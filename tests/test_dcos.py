@@ -286,3 +286,14 @@ def test_an_empty_shared_filesystem_is_listed():
 def test_malformed_sections_name_the_field(section, message):
     with pytest.raises(SpecError, match=message):
         convert_options(options_with(worker=section))
+
+
+def test_run_validate_and_render_recognise_an_options_file_and_name_the_conversion(tmp_path):
+    from tests.helpers import EXAMPLES, nomadtf
+
+    options = EXAMPLES / "dcos" / "options.json"
+    for command in ("run", "validate", "render"):
+        out = nomadtf(command, str(options))
+        assert out.returncode == 2, (command, out.stderr)
+        assert "DC/OS beta-tensorflow options file" in out.stderr and f"nomadtf convert-dcos {options}" in out.stderr, out.stderr
+        assert "did you mean" not in out.stderr

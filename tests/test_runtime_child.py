@@ -63,6 +63,23 @@ def test_stop_kills_children_grandchildren_and_daemons_and_leaves_no_zombie(tmp_
     assert exits == []  # a stop we asked for is not reported as an exit
 
 
+def test_stop_spares_processes_that_are_not_the_childs(tmp_path):
+    """Whoever runs the supervisor may have other children (the test session's own stack
+    did, and a stop killed it): only the child's tree and its marked orphans are stopped."""
+    assert become_subreaper()
+    sibling = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        pidfile = tmp_path / "pids"
+        child = Child(_spawn_tree_script(pidfile), dict(os.environ), str(tmp_path), lambda *_: None)
+        pids = [int(p) for p in _wait_for(pidfile).split()]
+        child.stop(grace=3.0)
+        assert all(_gone(pid) for pid in pids)
+        assert sibling.poll() is None, "stop() killed a process that was not the child's"
+    finally:
+        sibling.kill()
+        sibling.wait()
+
+
 def test_a_child_that_ignores_sigterm_is_killed(tmp_path):
     ready = tmp_path / "ready"
     code = f"import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); open({str(ready)!r}, 'w').write('1'); time.sleep(600)"

@@ -6,8 +6,10 @@ orphan or a zombie.
   PR_SET_PDEATHSIG and then execs the real command. Nothing runs between fork and exec in
   our (multi-threaded) process: no preexec_fn, no ctypes there.
 - The supervisor is a child subreaper (PR_SET_CHILD_SUBREAPER), so grandchildren that
-  daemonise or leave the group are re-parented to us; `stop` kills every descendant psutil
-  finds (collected before anything is signalled) and reaps them.
+  daemonise or leave the group are re-parented to us. `stop` kills the child's own tree and
+  every re-parented process that carries this child's mark in its environment (collected
+  before anything is signalled), and reaps them. Processes of ours that are not the child's
+  (another child, whatever started the supervisor in-process) are never touched.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -22,6 +25,8 @@ import threading
 from collections.abc import Callable
 
 import psutil
+
+from nomadtf import wire
 
 log = logging.getLogger("nomadtf.task")
 
@@ -59,6 +64,8 @@ class Child:
 
     def __init__(self, argv: list[str], env: dict[str, str], cwd: str, on_exit: Callable[[int, int], None]):
         self.argv = argv
+        self.mark = secrets.token_hex(8)
+        env = {**env, wire.ENV_CHILD_MARK: self.mark}
         self.proc = subprocess.Popen(with_parent_death(argv), env=env, cwd=cwd, process_group=0, close_fds=True)
         self.pid = self.proc.pid
         self._stopping = False
@@ -78,12 +85,24 @@ class Child:
         return self.proc.poll() is None
 
     def descendants(self) -> list[psutil.Process]:
-        """Every process below us except the child itself: its children and grandchildren,
-        and orphans re-parented to us (subreaper). The child is Popen's to wait for."""
+        """The child's children and grandchildren, and orphans of its tree re-parented to
+        us (subreaper), known by the mark in their environment. Not the child itself: it
+        is Popen's to wait for."""
         try:
-            return [p for p in psutil.Process().children(recursive=True) if p.pid != self.pid]
+            ours = psutil.Process().children(recursive=True)
         except psutil.Error:
             return []
+        try:
+            own = {p.pid for p in psutil.Process(self.pid).children(recursive=True)}
+        except psutil.Error:
+            own = set()
+        return [p for p in ours if p.pid != self.pid and (p.pid in own or self._marked(p))]
+
+    def _marked(self, proc: psutil.Process) -> bool:
+        try:
+            return proc.environ().get(wire.ENV_CHILD_MARK) == self.mark
+        except psutil.Error:
+            return False
 
     def stop(self, grace: float = STOP_GRACE_S) -> int | None:
         """SIGTERM the group and every descendant, SIGKILL what is left after `grace`,
@@ -102,7 +121,7 @@ class Child:
                 _signal(proc, signal.SIGKILL)
             code = self._wait_for(grace) if code is None else code
             psutil.wait_procs(alive, timeout=grace)
-        reap_orphans(keep=None)
+        _reap(tree)
         return code
 
     def _wait_for(self, timeout: float) -> int | None:
@@ -128,6 +147,15 @@ def _signal(proc: psutil.Process, sig: int) -> None:
         proc.send_signal(sig)
     except psutil.Error:
         pass
+
+
+def _reap(procs: list[psutil.Process]) -> None:
+    """Collect those of `procs` that were re-parented to us and have exited."""
+    for proc in procs:
+        try:
+            os.waitpid(proc.pid, os.WNOHANG)
+        except (ChildProcessError, OSError):
+            continue
 
 
 def reap_orphans(keep: int | None = None) -> int:

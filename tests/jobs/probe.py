@@ -1,7 +1,8 @@
 """A stand-in for training code in integration tests: shows what nomadtf handed it.
 
 Context keys: "sleep" (seconds, -1 = forever), "until_file" (wait until that path exists),
-"raise" (raise an error), "exit" (exit code).
+"raise" (raise an error), "exit" (exit code), "checkpoint_step" (write a TensorFlow-style
+`checkpoint` index naming that step into the model dir).
 """
 
 import hashlib
@@ -23,6 +24,10 @@ if os.path.exists(secret_file):
     mode = oct(os.stat(secret_file).st_mode & 0o777)
     digest = hashlib.sha256(open(secret_file).read().encode()).hexdigest()
     print(f"secret_file_sha256={digest} mode={mode}", flush=True)
+if "checkpoint_step" in context:
+    os.makedirs(os.environ["NOMADTF_MODEL_DIR"], exist_ok=True)
+    with open(os.path.join(os.environ["NOMADTF_MODEL_DIR"], "checkpoint"), "w") as f:
+        f.write(f'model_checkpoint_path: "ckpt-{context["checkpoint_step"]}"\n')
 if context.get("raise"):
     raise ValueError("boom from user code")
 while context.get("until_file") and not os.path.exists(context["until_file"]):
