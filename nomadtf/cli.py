@@ -294,6 +294,23 @@ def logs(
 
 
 @app.command()
+def scale(
+    job_id: Annotated[str, typer.Argument(help="Job ID")],
+    targets: Annotated[list[str], typer.Argument(help="ROLE=COUNT, e.g. worker=3", show_default=False)],
+    namespace: Namespace = None,
+    region: Region = None,
+) -> None:
+    """Resize the workers of a running job; the chief restarts once from its checkpoint."""
+    from nomadtf.nomad import NomadAPI
+    from nomadtf.run import parse_scale, scale_job
+
+    counts = parse_scale(targets)
+    before = scale_job(NomadAPI.from_env(namespace=namespace, region=region), job_id, counts)
+    for role, count in counts.items():
+        typer.echo(f"{job_id}: {role} {before[role]} -> {count}")
+
+
+@app.command()
 def stop(
     job_id: Annotated[str, typer.Argument(help="Job ID")],
     purge: Annotated[bool, typer.Option("--purge", help="Also remove it from Nomad and its keys from Consul")] = False,

@@ -279,6 +279,16 @@ class ConsulDiscovery:
         """PUT .../cluster/state"""
         _call("writing job state", self.consul.kv.put, wire.kv_state(*self._kv, self.run_id), state)
 
+    def counts(self) -> dict[str, int]:
+        """Role counts `nomadtf scale` set for this run ({} when never scaled).  GET .../cluster/counts"""
+        _, item = _call("reading role counts", self.consul.kv.get, wire.kv_counts(*self._kv, self.run_id))
+        return {str(k): int(v) for k, v in json.loads(item["Value"]).items()} if item and item.get("Value") else {}
+
+    def set_counts(self, counts: dict[str, int]) -> None:
+        """PUT .../cluster/counts (merged with what an earlier scale set)"""
+        merged = {**self.counts(), **counts}
+        _call("writing role counts", self.consul.kv.put, wire.kv_counts(*self._kv, self.run_id), json.dumps(merged, sort_keys=True))
+
     def generation(self) -> tuple[dict[str, Any], int]:
         """(value, modify index) of the generation key; ({}, 0) before the first one.
 

@@ -310,6 +310,11 @@ class NomadAPI:
         """GET /v1/job/:job_id/summary"""
         return self._json(f"summary of {job_id}", "read-job", self.client.job, job_id, "summary")
 
+    def scale(self, job_id: str, group: str, count: int, message: str) -> dict[str, Any]:
+        """POST /v1/job/:job_id/scale"""
+        body = {"Count": count, "Target": {"Group": group}, "Message": message}
+        return self._json(f"scaling {job_id}", "scale-job", self.client.job, job_id, "scale", method="post", json=body)
+
     def stop(self, job_id: str, purge: bool = False) -> dict[str, Any]:
         """DELETE /v1/job/:job_id?purge="""
         params = {"purge": "true"} if purge else {}

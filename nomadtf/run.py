@@ -217,6 +217,45 @@ class Run:
         on_event(f"stopped {self.job_id}")
 
 
+SCALABLE_ROLES = ("worker",)
+
+
+def parse_scale(targets: list[str]) -> dict[str, int]:
+    """["worker=3"] -> {"worker": 3}; JobFailed naming the fix otherwise. Pure."""
+    counts: dict[str, int] = {}
+    for target in targets:
+        role, _, number = target.partition("=")
+        if role not in SCALABLE_ROLES or not number.isdigit():
+            raise JobFailed(f"scale target {target!r}: write ROLE=COUNT with ROLE one of {', '.join(SCALABLE_ROLES)}, e.g. worker=3")
+        counts[role] = int(number)
+    if not counts:
+        raise JobFailed("scale: name at least one target, e.g. worker=3")
+    return counts
+
+
+def scale_job(api: NomadAPI, job_id: str, counts: dict[str, int]) -> dict[str, int]:
+    """Resize roles of a running run: the tasks learn the new counts from Consul first (so
+    a shrinking cluster is complete at once and a growing one waits for its new members),
+    then Nomad changes the groups. Returns the counts before.
+
+    GET /v1/job/:job_id ; PUT /v1/kv/nomadtf/<ns>/<job>/<run>/cluster/counts ;
+    POST /v1/job/:job_id/scale per role
+    """
+    job = require_nomadtf_job(api, job_id)
+    if job.get("Status") == "dead":
+        raise JobFailed(f"job {job_id} is not running; nothing to scale")
+    groups = {g["Name"]: g.get("Count", 0) for g in job.get("TaskGroups") or []}
+    for role, count in counts.items():
+        if role not in groups:
+            raise JobFailed(f"job {job_id} has no {role} group to scale")
+        if count < 1:
+            raise JobFailed(f"{role}={count}: a running job needs at least one {role}; stop the job to end it")
+    ConsulDiscovery(job_id, api.namespace, run_id=run_of(job)).set_counts(counts)
+    for role, count in counts.items():
+        api.scale(job_id, role, count, f"nomadtf scale {role}={count}")
+    return {role: groups[role] for role in counts}
+
+
 def stop_job(api: NomadAPI, job_id: str, purge: bool = False) -> None:
     """Stop a job nomadtf started (JobFailed for any other); purge also drops its Consul keys.
 

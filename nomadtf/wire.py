@@ -11,6 +11,7 @@ without a run, e.g. by `nomadtf render`):
     nomadtf/<namespace>/<job>/<run>/cluster/slots/<role>/<i>   which allocation holds index i
     nomadtf/<namespace>/<job>/<run>/cluster/generation         {"generation": n, "fingerprint": ...}
     nomadtf/<namespace>/<job>/<run>/cluster/state              "succeeded" or "failed: <why>"
+    nomadtf/<namespace>/<job>/<run>/cluster/counts             {"worker": n} after `nomadtf scale`
     nomadtf/<namespace>/<job>/<run>/progress                   {"step": n, "metrics": {...}}
 Tasks watch only .../cluster/ (what decides); progress lives beside it, so a progress
 write wakes nobody. A task of an older run that is still stopping can never touch the
@@ -127,6 +128,11 @@ def kv_generation(namespace: str, job_id: str, run_id: str = "") -> str:
 
 def kv_state(namespace: str, job_id: str, run_id: str = "") -> str:
     return kv_cluster_prefix(namespace, job_id, run_id) + "state"
+
+
+def kv_counts(namespace: str, job_id: str, run_id: str = "") -> str:
+    """Role counts changed by `nomadtf scale` (they override the spec file's)."""
+    return kv_cluster_prefix(namespace, job_id, run_id) + "counts"
 
 
 def kv_progress(namespace: str, job_id: str, run_id: str = "") -> str:

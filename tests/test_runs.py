@@ -156,3 +156,39 @@ def test_the_same_name_in_two_namespaces_at_once(stack, tmp_path):
             proc.kill()
         purge(name)
         requests.delete(f"{os.environ['NOMAD_ADDR']}/v1/job/{name}", params={"purge": "true", "namespace": namespace}, timeout=10)
+
+
+def _chief_tf_configs(name: str) -> list[dict]:
+    out = nomadtf("logs", name, "--role", "chief")
+    return [json.loads(line.split("=", 1)[1]) for line in out.stdout.splitlines() if line.startswith("TF_CONFIG=")]
+
+
+def test_scale_resizes_the_workers_and_restarts_the_chief_once_per_change(stack, tmp_path):
+    name = unique("scale")
+    gate = tmp_path / "gate"
+    spec = probe_job(name, context={"until_file": str(gate)})
+    spec["roles"]["worker"]["count"] = 2
+    spec["recovery"] = {"restart_attempts": 2, "reschedule_attempts": 0}
+    try:
+        follower = subprocess.Popen(
+            [str(Path(sys.executable).parent / "nomadtf"), "run", str(write_job(tmp_path, spec)), "--timeout", "5m"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        wait_until(lambda: _chief_tf_configs(name), 180, "the chief's first TF_CONFIG")
+        assert len(_chief_tf_configs(name)[-1]["cluster"]["worker"]) == 2
+        for count in (3, 1):
+            out = nomadtf("scale", name, f"worker={count}")
+            assert out.returncode == 0, out.stderr
+            wait_until(lambda c=count: len(_chief_tf_configs(name)[-1]["cluster"]["worker"]) == c, 180, f"{count} workers in TF_CONFIG")
+        configs = _chief_tf_configs(name)
+        assert [len(c["cluster"]["worker"]) for c in configs] == [2, 3, 1]  # one restart per change, no more
+        gate.write_text("go")
+        stdout, stderr = follower.communicate(timeout=180)
+        assert follower.returncode == 0, stderr
+        status = nomadtf("status", name)
+        assert "worker      wanted 1" in status.stdout, status.stdout
+        bad = nomadtf("scale", name, "worker=2")
+        assert bad.returncode == 1 and "not running" in bad.stderr
+    finally:
+        follower.kill()
+        purge(name)

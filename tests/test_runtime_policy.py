@@ -226,3 +226,30 @@ def test_alloc_info_needs_nomads_environment():
         {"NOMAD_JOB_ID": "j", "NOMAD_ALLOC_ID": "a", "NOMAD_ALLOC_INDEX": "2", "NOMAD_PORT_tf": "1", "NOMAD_PORT_health": "2"}
     )
     assert info.alloc_index == 2 and info.tf_port == 1
+
+
+# ---- scaling (nomadtf scale) ------------------------------------------------------------------
+
+def _cluster(workers: int) -> list[Member]:
+    base = [Member("chief", 0, "10.0.0.1:1", "c/1"), Member("ps", 0, "10.0.0.2:1", "p/1")]
+    return base + [Member("worker", i, f"10.0.1.{i}:1", f"w{i}/1") for i in range(workers)]
+
+
+@pytest.mark.parametrize("before, after", [(2, 3), (3, 1)])
+def test_a_scaled_worker_role_restarts_the_ps_chief_once_and_nobody_else(before, after):
+    old, new = _cluster(before), _cluster(after)
+    joined_or_left = {(c.role, c.index) for c in policy.peer_changes(old, new)}
+    assert joined_or_left == {("worker", i) for i in range(min(before, after), max(before, after))}
+    assert policy.must_restart("parameter_server", "chief", 0, old, new)
+    assert not policy.must_restart("parameter_server", "worker", 0, old, new)
+    assert not policy.must_restart("parameter_server", "ps", 0, old, new)
+
+
+def test_scale_targets_are_parsed_or_named_with_the_fix():
+    from nomadtf.errors import JobFailed
+    from nomadtf.run import parse_scale
+
+    assert parse_scale(["worker=3"]) == {"worker": 3}
+    for bad in (["ps=2"], ["worker=three"], ["worker"], []):
+        with pytest.raises(JobFailed, match="worker=3"):
+            parse_scale(bad)

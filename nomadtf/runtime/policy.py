@@ -44,13 +44,16 @@ class PeerChange:
 
 
 def peer_changes(old: Iterable[Member], new: Iterable[Member]) -> list[PeerChange]:
-    """How each slot present in both complete clusters changed."""
+    """How each slot of two complete clusters changed. A slot in only one of them (the role
+    was scaled, `nomadtf scale`) joined or left: for whoever depends on it, that is a move."""
     before = {(m.role, m.index): m for m in old}
     after = {(m.role, m.index): m for m in new}
     out = []
-    for slot in sorted(set(before) & set(after)):
-        a, b = before[slot], after[slot]
-        if a.address != b.address:
+    for slot in sorted(set(before) | set(after)):
+        a, b = before.get(slot), after.get(slot)
+        if a is None or b is None:
+            out.append(PeerChange(slot[0], slot[1], roles.MOVED))
+        elif a.address != b.address:
             out.append(PeerChange(slot[0], slot[1], roles.MOVED))
         elif a.alloc_id != b.alloc_id:
             out.append(PeerChange(slot[0], slot[1], roles.RESTARTED))

@@ -13,6 +13,7 @@ a second; writes a failure path depends on retry with bounded backoff (discovery
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import os
@@ -86,6 +87,7 @@ class Running:
 class Supervisor:
     def __init__(self, spec: JobSpec, role: str, alloc: AllocInfo, discovery: ConsulDiscovery, loop: EventLoop | None = None):
         self.spec = spec
+        self.base_counts = dict(spec.counts)  # as submitted; `nomadtf scale` may change them
         self.role = role
         self.alloc = alloc
         self.discovery = discovery
@@ -202,14 +204,23 @@ class Supervisor:
             return None
 
     def _step(self) -> int | None:
-        return self._guard(
-            {
-                Phase.CLAIMING: self._claim,
-                Phase.RENDEZVOUS: self._rendezvous,
-                Phase.RUNNING: self._look,
-                Phase.CHECKING: self._check_peers,
-            }[self.phase]
-        )
+        act = {
+            Phase.CLAIMING: self._claim,
+            Phase.RENDEZVOUS: self._rendezvous,
+            Phase.RUNNING: self._look,
+            Phase.CHECKING: self._check_peers,
+        }[self.phase]
+        return self._guard(lambda: self._refresh_counts() or act())
+
+    def _refresh_counts(self) -> None:
+        """`nomadtf scale` writes new role counts under the watched prefix: from then on the
+        cluster has that many tasks of the role (the change of members does the rest)."""
+        scaled = self.discovery.counts()
+        counts = {role: scaled.get(role, n) if n else 0 for role, n in self.base_counts.items()}
+        if counts != self.spec.counts:
+            log.info("role counts are now %s (nomadtf scale)", counts)
+            self.spec = dataclasses.replace(self.spec, counts=counts)
+            self.membership.spec = self.spec
 
     # ---- claiming and rendezvous ------------------------------------------------------------
 
