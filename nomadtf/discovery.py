@@ -279,6 +279,21 @@ class ConsulDiscovery:
         """PUT .../cluster/state"""
         _call("writing job state", self.consul.kv.put, wire.kv_state(*self._kv, self.run_id), state)
 
+    def mark_done(self, role: str, index: int) -> set[tuple[str, int]]:
+        """Record that our code finished (success = all_workers); every slot finished so far.
+
+        PUT .../cluster/done/<role>/<i> ; GET .../cluster/done/?recurse
+        """
+        prefix = wire.kv_done_prefix(*self._kv, self.run_id)
+        _call("recording that we finished", self.consul.kv.put, f"{prefix}{role}/{index}", "done")
+        _, items = _call("reading who finished", self.consul.kv.get, prefix, recurse=True)
+        done = set()
+        for item in items or []:
+            role_, _, index_ = item["Key"][len(prefix):].partition("/")
+            if index_.isdigit():
+                done.add((role_, int(index_)))
+        return done
+
     def counts(self) -> dict[str, int]:
         """Role counts `nomadtf scale` set for this run ({} when never scaled).  GET .../cluster/counts"""
         _, item = _call("reading role counts", self.consul.kv.get, wire.kv_counts(*self._kv, self.run_id))

@@ -97,11 +97,20 @@ def rendezvous_roles(strategy: str, role: str) -> tuple[str, ...]:
     return cluster_roles(strategy)
 
 
-def completes_job(strategy: str, role: str, index: int, counts: dict[str, int]) -> bool:
-    """Whose clean exit means the training is done: the chief, else worker 0 (MWMS/legacy)."""
-    if counts.get("chief"):
+SUCCESS_POLICIES = ("auto", "chief", "worker0", "all_workers")
+
+
+def completes_job(strategy: str, role: str, index: int, counts: dict[str, int], success: str = "auto") -> bool:
+    """Whose clean exit decides that the training is done (job.json `success`): the chief
+    (auto with a chief), worker 0 (auto without one), or under `all_workers` every worker,
+    the job succeeding once the last of them has."""
+    if success == "auto":
+        success = "chief" if counts.get("chief") else "worker0"
+    if success == "chief":
         return role == "chief"
-    return strategy != "parameter_server" and role == "worker" and index == 0
+    if strategy == "parameter_server":
+        return False  # workers run a bare server: their exit decides nothing
+    return role == "worker" and (index == 0 or success == "all_workers")
 
 
 def required_roles(strategy: str) -> set[str]:

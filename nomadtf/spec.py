@@ -229,6 +229,11 @@ def cross_field_problems(spec: dict[str, Any]) -> list[str]:
     for role in SINGLETON_ROLES:
         if roles.get(role, {}).get("count", 0) > 1:
             problems.append(f"roles.{role}.count: at most one {role} per job, got {roles[role]['count']}")
+    success = spec["success"]
+    if success == "chief" and roles.get("chief", {}).get("count", 0) < 1:
+        problems.append("success: 'chief' needs a chief; add roles.chief or use 'worker0' / 'all_workers'")
+    if success in ("worker0", "all_workers") and not role_table.runs_user_code(strategy, "worker"):
+        problems.append(f"success: {success!r} needs workers that run your code; strategy {strategy!r} runs a bare server there; use 'chief'")
     entry = spec["entrypoint"]
     if "function" in entry and strategy != "legacy_server":
         problems.append("entrypoint.function: only for strategy 'legacy_server'; use 'script' or 'module'")
@@ -338,6 +343,7 @@ class JobSpec:
     recovery: Recovery
     discovery: Discovery
     gpus: dict[str, dict[str, Any] | None]
+    success: str = "auto"  # roles.SUCCESS_POLICIES
     run_id: str = ""  # set by `nomadtf run` for each submission (wire.META_RUN)
     submitted_at: float | None = None
     model_run: str = ""  # the run whose default model_dir is used (RunInfo.model_run)
@@ -373,6 +379,7 @@ class JobSpec:
                 debounce_s=duration_seconds(disc["debounce"]),
             ),
             gpus={role: gpu_request(cfg) for role, cfg in spec["roles"].items() if cfg["count"] > 0},
+            success=spec.get("success", "auto"),
             run_id=(spec.get("run") or {}).get("id", ""),
             submitted_at=(spec.get("run") or {}).get("submitted_at"),
             model_run=(spec.get("run") or {}).get("model_run", ""),

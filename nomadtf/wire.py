@@ -12,6 +12,7 @@ without a run, e.g. by `nomadtf render`):
     nomadtf/<namespace>/<job>/<run>/cluster/generation         {"generation": n, "fingerprint": ...}
     nomadtf/<namespace>/<job>/<run>/cluster/state              "succeeded" or "failed: <why>"
     nomadtf/<namespace>/<job>/<run>/cluster/counts             {"worker": n} after `nomadtf scale`
+    nomadtf/<namespace>/<job>/<run>/cluster/done/<role>/<i>    success = all_workers: who finished
     nomadtf/<namespace>/<job>/<run>/progress                   {"step": n, "metrics": {...}}
 Tasks watch only .../cluster/ (what decides); progress lives beside it, so a progress
 write wakes nobody. A task of an older run that is still stopping can never touch the
@@ -133,6 +134,11 @@ def kv_state(namespace: str, job_id: str, run_id: str = "") -> str:
 def kv_counts(namespace: str, job_id: str, run_id: str = "") -> str:
     """Role counts changed by `nomadtf scale` (they override the spec file's)."""
     return kv_cluster_prefix(namespace, job_id, run_id) + "counts"
+
+
+def kv_done_prefix(namespace: str, job_id: str, run_id: str = "") -> str:
+    """success = all_workers: one key per worker whose code exited 0."""
+    return kv_cluster_prefix(namespace, job_id, run_id) + "done/"
 
 
 def kv_progress(namespace: str, job_id: str, run_id: str = "") -> str:

@@ -192,3 +192,20 @@ def test_scale_resizes_the_workers_and_restarts_the_chief_once_per_change(stack,
     finally:
         follower.kill()
         purge(name)
+
+
+def test_all_workers_success_waits_for_the_last_worker(stack, tmp_path):
+    """success = all_workers: worker 0 finishing first does not end the job; worker 1's code
+    runs to its own end and its exit marks the job succeeded."""
+    name = unique("allw")
+    spec = probe_job(name, strategy="multi_worker_mirrored", context={"sleep_by_index": {"1": 6}}, success="all_workers")
+    try:
+        out = nomadtf("run", str(write_job(tmp_path, spec)), "--timeout", "3m")
+        assert out.returncode == 0, out.stderr
+        first = nomadtf("logs", name, "--role", "worker", "--index", "0", "--stderr").stdout
+        last = nomadtf("logs", name, "--role", "worker", "--index", "1", "--stderr").stdout
+        assert "the job succeeds once every worker has" in first, first
+        assert "job marked succeeded" in last, last
+        assert "probe finished" in nomadtf("logs", name, "--role", "worker", "--index", "1").stdout
+    finally:
+        purge(name)

@@ -253,3 +253,22 @@ def test_scale_targets_are_parsed_or_named_with_the_fix():
     for bad in (["ps=2"], ["worker=three"], ["worker"], []):
         with pytest.raises(JobFailed, match="worker=3"):
             parse_scale(bad)
+
+
+# ---- success policies (job.json `success`) ----------------------------------------------------
+
+@pytest.mark.parametrize(
+    "strategy, counts, success, deciders",
+    [
+        ("parameter_server", {"chief": 1, "worker": 2, "ps": 1}, "auto", {("chief", 0)}),
+        ("multi_worker_mirrored", {"worker": 3}, "auto", {("worker", 0)}),
+        ("multi_worker_mirrored", {"chief": 1, "worker": 2}, "auto", {("chief", 0)}),
+        ("multi_worker_mirrored", {"chief": 1, "worker": 2}, "worker0", {("worker", 0)}),
+        ("multi_worker_mirrored", {"worker": 3}, "all_workers", {("worker", 0), ("worker", 1), ("worker", 2)}),
+        ("legacy_server", {"worker": 2, "ps": 1}, "all_workers", {("worker", 0), ("worker", 1)}),
+        ("parameter_server", {"chief": 1, "worker": 2, "ps": 1}, "all_workers", set()),  # refused by spec
+    ],
+)
+def test_whose_exit_decides_the_job(strategy, counts, success, deciders):
+    every = {(role, i) for role, n in counts.items() for i in range(n)}
+    assert {slot for slot in every if roles.completes_job(strategy, *slot, counts, success)} == deciders

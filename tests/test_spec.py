@@ -307,3 +307,18 @@ def test_code_from_source_url_runs_where_nomad_unpacked_it():
     assert spec.entrypoint.workdir == "/a/alloc1/chief/local/code"
     explicit = normalize({**data, "entrypoint": {"script": "t.py", "workdir": "/srv/code"}})
     assert for_task(JobSpec.from_normalized(explicit), {"NOMAD_TASK_DIR": "/x/local"}).entrypoint.workdir == "/srv/code"
+
+
+def test_a_success_policy_that_cannot_be_met_is_named_with_the_fix():
+    import pytest as _pytest
+
+    from nomadtf.errors import SpecError
+    from nomadtf.spec import normalize
+
+    base = {"name": "s", "entrypoint": {"script": "t.py"}}
+    with _pytest.raises(SpecError, match="success: 'chief' needs a chief"):
+        normalize({**base, "strategy": "multi_worker_mirrored", "success": "chief", "roles": {"worker": {"count": 2}}})
+    with _pytest.raises(SpecError, match="runs a bare server there"):
+        normalize({**base, "success": "all_workers", "roles": {r: {"count": 1} for r in ("chief", "worker", "ps")}})
+    spec = normalize({**base, "strategy": "multi_worker_mirrored", "success": "all_workers", "roles": {"worker": {"count": 2}}})
+    assert spec["success"] == "all_workers"

@@ -59,7 +59,9 @@ def stamp_path(binary: Path) -> Path:
 
 def source_files(source: Path = SOURCE_DIR) -> list[Path]:
     """The files the binary is built from: go.mod, go.sum and every .go file."""
-    files = [p for p in source.iterdir() if p.is_file() and (p.suffix == ".go" or p.name in ("go.mod", "go.sum"))]
+    files = [
+        p for p in source.iterdir() if p.is_file() and (p.suffix == ".go" or p.name in ("go.mod", "go.sum"))
+    ]
     return sorted(files, key=lambda p: p.name)
 
 
@@ -146,7 +148,9 @@ def build(progress: Progress, digest: str | None = None) -> Path:
     if result.returncode != 0:
         staging.unlink(missing_ok=True)
         tail = "\n".join(result.stderr.strip().splitlines()[-15:])
-        raise BinaryError(f"{PLUGIN_NAME}: go build failed (exit {result.returncode}); see {log_path}\n{tail}")
+        raise BinaryError(
+            f"{PLUGIN_NAME}: go build failed (exit {result.returncode}); see {log_path}\n{tail}"
+        )
     # A stale stamp must never vouch for a new binary, nor a new stamp for an old one.
     stamp = stamp_path(out)
     stamp.unlink(missing_ok=True)

@@ -111,7 +111,7 @@ class Supervisor:
 
     @property
     def completes_job(self) -> bool:
-        return roles.completes_job(self.spec.strategy, self.role, self.me.index, self.spec.counts)
+        return roles.completes_job(self.spec.strategy, self.role, self.me.index, self.spec.counts, self.spec.success)
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -321,6 +321,12 @@ class Supervisor:
     def _on_child_exit(self, code: int) -> int | None:
         state = self._job_state()
         act = policy.on_child_exit(code, self.spec.recovery.permanent_exit_codes, state, self.completes_job)
+        if act is Act.SUCCEED_JOB and self.spec.success == "all_workers":
+            done = self._retry(lambda: self.discovery.mark_done(self.role, self.me.index), "recording that we finished")
+            left = [i for i in range(self.spec.counts.get("worker", 0)) if ("worker", i) not in done]
+            if left:
+                log.info("our code finished; the job succeeds once every worker has (still running: %s)", left)
+                return 0
         if act is Act.SUCCEED_JOB:
             self._retry(lambda: self.discovery.set_job_state(wire.STATE_SUCCEEDED), "marking the job succeeded")
             log.info("training finished; job marked succeeded")
@@ -415,7 +421,7 @@ class Supervisor:
         task whose exit decides the job, and every task stops."""
         deciding = next(
             ((role, i) for role, n in self.spec.counts.items() for i in range(n)
-             if roles.completes_job(self.spec.strategy, role, i, self.spec.counts)),
+             if roles.completes_job(self.spec.strategy, role, i, self.spec.counts, self.spec.success)),
             (self.role, self.me.index),
         )
         state = self._job_state()

@@ -2,7 +2,8 @@
 
 Context keys: "sleep" (seconds, -1 = forever), "until_file" (wait until that path exists),
 "raise" (raise an error), "exit" (exit code), "checkpoint_step" (write a TensorFlow-style
-`checkpoint` index naming that step into the model dir).
+`checkpoint` index naming that step into the model dir), "sleep_by_index" ({"1": 5}: that
+task index sleeps this long instead).
 """
 
 import hashlib
@@ -33,8 +34,10 @@ if context.get("raise"):
 while context.get("until_file") and not os.path.exists(context["until_file"]):
     time.sleep(0.2)
 sleep = context.get("sleep", 0)
+sleep = context.get("sleep_by_index", {}).get(os.environ["NOMADTF_INDEX"], sleep)
 if sleep < 0:
     while True:
         time.sleep(1)
 time.sleep(sleep)
+print("probe finished", flush=True)
 sys.exit(context.get("exit", 0))
