@@ -53,13 +53,16 @@ def _root(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks")
 
 
 @dev_app.command("up")
-def dev_up(timeout: Annotated[float, typer.Option(help="Seconds to wait for each server")] = 120.0) -> None:
+def dev_up(
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for each server")] = 120.0,
+    gpus: Annotated[int, typer.Option("--gpus", min=0, help="Fake NVIDIA GPUs on the Nomad client (the project's device plugin)")] = 0,
+) -> None:
     """Build or find the binaries and start Consul, OpenBao and Nomad on 127.0.0.1."""
     from nomadtf.devstack.stack import DevStack
 
     stack = DevStack.default()
     started = time.monotonic()
-    if not stack.up(progress=_stamp, timeout=timeout):
+    if not stack.up(progress=_stamp, timeout=timeout, gpus=gpus):
         _err(f"the local stack is already up ({stack.state_dir})")
         return
     _err(f"local stack up in {time.monotonic() - started:.1f}s; state in {stack.state_dir}")
@@ -87,6 +90,9 @@ def dev_status() -> None:
         raise typer.Exit(1)
     for row in rows:
         typer.echo(f"{row['component']:<8} {row['state']:<8} pid {row['pid']:<7} {row['address']:<24} log {row['log']}")
+    gpus = DevStack.default().recorded_gpus()
+    if gpus:
+        typer.echo(f"nomad client: {gpus} fake NVIDIA GPUs (device plugin nomadtf-fake-gpu)")
     if any(r["state"] != "running" for r in rows):
         raise typer.Exit(1)
 

@@ -29,7 +29,10 @@ def explain_placement_failure(group: str, metric: dict[str, Any], requested_devi
     for dimension, count in sorted((metric.get("DimensionExhausted") or {}).items()):
         if "device" in dimension:
             what = ", ".join(requested_devices or []) or "the requested device"
-            reasons.append(f"no node offers {what}: {count} of {available} nodes lack it ({dimension})")
+            reasons.append(
+                f"not enough free {what}: on {count} of {available} nodes the matching devices are fewer than asked "
+                f"or in use by other allocations ({dimension})"
+            )
         else:
             reasons.append(f"{count} of {available} nodes have too little {dimension}")
     for quota in metric.get("QuotaExhausted") or []:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,9 @@ def _device_constraints(gpu: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"LTarget": "${device.model}", "RTarget": gpu["model"], "Operand": "="})
     if gpu.get("min_memory_mib"):
         out.append({"LTarget": "${device.attr.memory}", "RTarget": f"{gpu['min_memory_mib']} MiB", "Operand": ">="})
+    if gpu.get("min_memory"):
+        amount, unit = re.fullmatch(r"(\d+) ?(\w+)", gpu["min_memory"]).groups()  # the schema's pattern
+        out.append({"LTarget": "${device.attr.memory}", "RTarget": f"{amount} {unit}", "Operand": ">="})
     return out
 
 

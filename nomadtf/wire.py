@@ -62,6 +62,12 @@ ENV_MODEL_DIR = "NOMADTF_MODEL_DIR"
 ENV_CONTEXT = "NOMADTF_CONTEXT"
 ENV_GENERATION = "NOMADTF_GENERATION"
 ENV_PROGRESS_FILE = "NOMADTF_PROGRESS_FILE"
+# GPUs: what Nomad's device plugin hands the task, what CUDA and TensorFlow read.
+ENV_NVIDIA_VISIBLE = "NVIDIA_VISIBLE_DEVICES"
+ENV_CUDA_VISIBLE = "CUDA_VISIBLE_DEVICES"
+ENV_TF_GPU_GROWTH = "TF_FORCE_GPU_ALLOW_GROWTH"
+ENV_GPU_MEMORY_LIMIT_MIB = "NOMADTF_GPU_MEMORY_LIMIT_MIB"
+
 # A random mark per child start: how the supervisor tells the child's daemonised
 # descendants (re-parented to it) from any other process it may have started.
 ENV_CHILD_MARK = "NOMADTF_CHILD_MARK"

@@ -16,10 +16,16 @@ def _progress(message: str) -> None:
     sys.stderr.write(f"[stack] {message}\n")
 
 
+# The test bed's Nomad client offers fake NVIDIA GPUs through the project's device plugin,
+# as a GPU node would: enough for the GPU example (a 1-GPU chief, two 2-GPU workers) and
+# one to spare.
+TEST_GPUS = 6
+
+
 @pytest.fixture(scope="session")
 def stack():
     dev = DevStack.default()
-    started = dev.up(progress=_progress, timeout=180)
+    started = dev.up(progress=_progress, timeout=180, gpus=TEST_GPUS)
     saved = {k: os.environ.get(k) for k in ("NOMAD_ADDR", "CONSUL_HTTP_ADDR", "VAULT_ADDR", "VAULT_TOKEN")}
     os.environ.update(dev.env())
     yield dev

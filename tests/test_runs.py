@@ -209,3 +209,23 @@ def test_all_workers_success_waits_for_the_last_worker(stack, tmp_path):
         assert "probe finished" in nomadtf("logs", name, "--role", "worker", "--index", "1").stdout
     finally:
         purge(name)
+
+
+def test_a_detached_job_whose_chief_fails_for_good_stops_itself_and_says_why(stack, tmp_path):
+    """Nobody follows: the job's own tasks end it (peers stop, exit 0) and record the reason."""
+    name = unique("detfail")
+    spec = probe_job(name, context={"raise": True})
+    spec["recovery"] = {"restart_attempts": 1, "restart_delay": "1s", "reschedule_attempts": 0}
+    try:
+        out = nomadtf("run", str(write_job(tmp_path, spec)), "--detach")
+        assert out.returncode == 0, out.stderr
+        wait_until(
+            lambda: (allocs := allocations(name)) and all(a["ClientStatus"] in ("complete", "failed") for a in allocs),
+            90, "every allocation of the job to stop",
+        )
+        by_role = {a["TaskGroup"]: a["ClientStatus"] for a in allocations(name)}
+        assert by_role == {"chief": "failed", "worker": "complete", "ps": "complete"}, by_role
+        status = nomadtf("status", name)
+        assert "outcome: failed: chief[0] exited 1" in status.stdout, status.stdout
+    finally:
+        purge(name)

@@ -32,7 +32,7 @@ from pathlib import Path
 import psutil
 import requests
 
-from nomadtf.devstack import binaries, processes
+from nomadtf.devstack import binaries, gpu_plugin, processes
 from nomadtf.devstack.processes import pid_alive  # noqa: F401 - the one liveness check; tests import it from here
 from nomadtf.errors import DevStackError, PortInUseError
 
@@ -101,6 +101,7 @@ class Component:
 class DevStack:
     def __init__(self, state_dir: Path):
         self.state_dir = state_dir
+        self.gpus = 0  # fake NVIDIA GPUs the Nomad client advertises (`up --gpus N`)
         self.record_path = state_dir / "stack.json"
         self.token_path = state_dir / "root-token"
         self.marker_path = state_dir / MARKER
@@ -162,10 +163,20 @@ class DevStack:
 
     # ---- up --------------------------------------------------------------------------
 
-    def up(self, progress: Progress, timeout: float = 120.0) -> bool:
-        """Start the stack. Returns False when it was already up (a no-op)."""
+    def up(self, progress: Progress, timeout: float = 120.0, gpus: int | None = None) -> bool:
+        """Start the stack. Returns False when it was already up (a no-op). `gpus`: fake
+        NVIDIA GPUs on the Nomad client through the project's device plugin (None: as the
+        last `up` of this object, else none)."""
+        self.gpus = self.gpus if gpus is None else gpus
         self._adopt_legacy_record()
         if self.is_up():
+            running = self.recorded_gpus()
+            if gpus is not None and running != gpus:
+                raise DevStackError(
+                    f"the running local stack has {running} fake GPUs, not {gpus}; "
+                    f"`nomadtf dev down`, then `nomadtf dev up --gpus {gpus}`"
+                )
+            self.gpus = running
             return False
         if self.components():
             progress("a previous stack is partly running; stopping it first")
@@ -173,6 +184,7 @@ class DevStack:
         self._check_ports_free()
         self._claim_state_dir()
         bins = {name: binaries.find_or_build(name, progress) for name in ("consul", "bao", "nomad")}
+        plugin = gpu_plugin.find_or_build(progress) if self.gpus else None
         token = secrets.token_urlsafe(24)
         _write_private(self.token_path, token)
         started: list[Component] = []
@@ -188,10 +200,11 @@ class DevStack:
             nomad_token = configure_openbao(token)
             progress(f"openbao ready at {VAULT_ADDR} (KV v2 at secret/, role nomad-cluster)")
 
-            started.append(self._start_nomad(bins["nomad"], nomad_token))
+            started.append(self._start_nomad(bins["nomad"], nomad_token, plugin))
             self._record(started)
-            wait_for(lambda: _nomad_client_ready(), timeout, "nomad", started[-1].log)
-            progress(f"nomad ready at {NOMAD_ADDR} (UI at {NOMAD_ADDR}/ui/)")
+            wait_for(lambda: _nomad_client_ready(self.gpus), timeout, "nomad", started[-1].log)
+            gpus = f"; {self.gpus} fake GPUs ({gpu_plugin.DEFAULT_MODEL})" if self.gpus else ""
+            progress(f"nomad ready at {NOMAD_ADDR} (UI at {NOMAD_ADDR}/ui/){gpus}")
         except BaseException:
             self.down(lambda _msg: None)
             raise
@@ -270,19 +283,26 @@ class DevStack:
         env = {**_base_env(), "BAO_DEV_ROOT_TOKEN_ID": token, "VAULT_DEV_ROOT_TOKEN_ID": token}
         return self._spawn("openbao", argv, env)
 
-    def _start_nomad(self, binary: Path, vault_token: str) -> Component:
+    def _start_nomad(self, binary: Path, vault_token: str, plugin: Path | None = None) -> Component:
         data_dir = self.state_dir / "nomad-data"
         data_dir.mkdir(exist_ok=True)
         config = self.state_dir / "nomad.hcl"
-        _write_private(config, nomad_config(data_dir))
+        extra = gpu_plugin.client_plugin_hcl(plugin.parent, self.gpus, seed="nomadtf-dev") if plugin else ""
+        _write_private(config, nomad_config(data_dir) + extra)
         argv = [str(binary), "agent", "-dev", "-bind", HOST, "-config", str(config)]
         # Nomad reads its Vault token from VAULT_TOKEN; its client keeps that variable
         # out of every task's environment (env.denylist default).
         env = {**_base_env(), "VAULT_TOKEN": vault_token}
         return self._spawn("nomad", argv, env)
 
+    def recorded_gpus(self) -> int:
+        try:
+            return int(json.loads(self.record_path.read_text()).get("gpus", 0))
+        except (OSError, ValueError):
+            return 0
+
     def _record(self, comps: list[Component]) -> None:
-        data = {"components": [c.__dict__ for c in comps]}
+        data = {"components": [c.__dict__ for c in comps], "gpus": self.gpus or self.recorded_gpus()}
         _write_private(self.record_path, json.dumps(data, indent=2))
 
     def restart_consul(self, progress: Progress, timeout: float = 60.0) -> None:
@@ -424,16 +444,22 @@ def _openbao_ready() -> bool:
     return requests.get(f"{VAULT_ADDR}/v1/sys/health", timeout=2).status_code == 200
 
 
-def _nomad_client_ready() -> bool:
-    # GET /v1/nodes ; GET /v1/node/:id for drivers
-    nodes = requests.get(f"{NOMAD_ADDR}/v1/nodes", timeout=2).json()
+def _nomad_client_ready(gpus: int = 0) -> bool:
+    # GET /v1/nodes?resources=true ; drivers healthy and, with fake GPUs, every one fingerprinted
+    nodes = requests.get(f"{NOMAD_ADDR}/v1/nodes", params={"resources": "true"}, timeout=2).json()
     for node in nodes:
         if node.get("Status") != "ready":
             continue
         drivers = node.get("Drivers") or {}
-        if drivers.get("raw_exec", {}).get("Healthy"):
+        if drivers.get("raw_exec", {}).get("Healthy") and node_gpu_count(node) >= gpus:
             return True
     return False
+
+
+def node_gpu_count(node: dict) -> int:
+    """GPUs a node offers (its NodeResources' nvidia/gpu device groups)."""
+    devices = ((node.get("NodeResources") or {}).get("Devices")) or []
+    return sum(len(d.get("Instances") or []) for d in devices if d.get("Vendor") == "nvidia" and d.get("Type") == "gpu")
 
 
 def _unmount_under(root: Path) -> None:

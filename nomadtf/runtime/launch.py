@@ -19,9 +19,29 @@ def child_argv(spec: JobSpec, role: str, tf_port: int, python: str = sys.executa
         return [python, "-m", "nomadtf.tfserver", "legacy", entry.target]
     if not roles.runs_user_code(spec.strategy, role):
         return [python, "-m", "nomadtf.tfserver", "server"]
-    if entry.kind == "module":
-        return [python, "-u", "-m", entry.target, *entry.args]
-    return [python, "-u", entry.target, *entry.args]
+    code = ["-m", entry.target, *entry.args] if entry.kind == "module" else [entry.target, *entry.args]
+    if (spec.gpus.get(role) or {}).get("memory_limit_mib"):
+        return [python, "-u", "-m", "nomadtf.gpulimit", *code]  # caps TF's GPU memory, then runs the code
+    return [python, "-u", *code]
+
+
+def assigned_gpus(environ: dict[str, str]) -> list[str]:
+    """The GPU ids Nomad's device plugin reserved for this task (NVIDIA_VISIBLE_DEVICES)."""
+    value = environ.get(wire.ENV_NVIDIA_VISIBLE, "")
+    return [d.strip() for d in value.split(",") if d.strip() and d.strip() not in ("all", "none", "void")]
+
+
+def gpu_env(request: dict | None, environ: dict[str, str]) -> dict[str, str]:
+    """What CUDA and TensorFlow must see: exactly the GPUs Nomad assigned to this task (CUDA
+    takes the UUIDs; under raw_exec/exec every device of the node would be visible
+    otherwise), none for a role that asked for none, memory growth on, and the optional cap."""
+    if not request:
+        return {wire.ENV_CUDA_VISIBLE: ""}
+    env = {wire.ENV_CUDA_VISIBLE: ",".join(assigned_gpus(environ)), wire.ENV_TF_GPU_GROWTH: "true"}
+    if request.get("memory_limit_mib"):
+        env[wire.ENV_GPU_MEMORY_LIMIT_MIB] = str(request["memory_limit_mib"])
+        env.pop(wire.ENV_TF_GPU_GROWTH)  # TensorFlow refuses growth together with a logical device size
+    return env
 
 
 def child_env(
@@ -57,5 +77,6 @@ def child_env(
             "PYTHONUNBUFFERED": "1",
         }
     )
+    env.update(gpu_env(spec.gpus.get(role), environ))
     env.update(secret_env)
     return env

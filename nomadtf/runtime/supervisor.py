@@ -131,6 +131,11 @@ class Supervisor:
 
     def _main(self) -> int:
         log.info("job %s (namespace %s), alloc %s, %s strategy", self.spec.name, self.spec.namespace, self.alloc.alloc_id[:8], self.spec.strategy)
+        gpus = launch.assigned_gpus(dict(os.environ))
+        if self.spec.gpus.get(self.role):
+            log.info("GPUs assigned by Nomad: %s", ", ".join(gpus) or "none (no device plugin granted any)")
+        else:
+            log.info("GPUs: none requested; CUDA_VISIBLE_DEVICES is empty for our code")
         ended = self._ended_before_start(self._job_state(), self.alloc.alloc_index, "before we started")
         if ended is not None:
             return ended

@@ -18,6 +18,8 @@ print(f"role={os.environ['NOMADTF_ROLE']} index={os.environ['NOMADTF_INDEX']} jo
 print("context=" + json.dumps(context, sort_keys=True), flush=True)
 print("model_dir=" + os.environ["NOMADTF_MODEL_DIR"], flush=True)
 print("vault_token_visible=" + str("VAULT_TOKEN" in os.environ), flush=True)
+for name in ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "TF_FORCE_GPU_ALLOW_GROWTH"):
+    print(f"env {name}={os.environ.get(name, '<unset>')}", flush=True)
 if "PROBE_SECRET" in os.environ:
     print("secret_env_sha256=" + hashlib.sha256(os.environ["PROBE_SECRET"].encode()).hexdigest(), flush=True)
 secret_file = os.path.join(os.environ.get("NOMAD_SECRETS_DIR", "."), "probe.key")
