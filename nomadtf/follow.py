@@ -137,6 +137,14 @@ def deciding_alloc(allocs: list[dict[str, Any]]) -> dict[str, Any] | None:
     return latest.get(("chief", 0)) or latest.get(("worker", 0))
 
 
+def port_address(alloc: dict[str, Any], label: str) -> str | None:
+    """"host:port" of an allocation's port (from GET /v1/allocation/:id). Pure."""
+    for port in ((alloc.get("AllocatedResources") or {}).get("Shared") or {}).get("Ports") or []:
+        if port.get("Label") == label and port.get("Value"):
+            return f"{port.get('HostIP') or '127.0.0.1'}:{port['Value']}"
+    return None
+
+
 def task_events(alloc: dict[str, Any]) -> list[tuple[int, str, str]]:
     """(time ns, task, text) for every task event of an allocation."""
     out = []
@@ -181,6 +189,7 @@ class Follower:
         self.seen_events: set[tuple[str, int, str]] = set()
         self.last_line_at = 0.0
         self.last_line = ""
+        self.tensorboard_announced = False
 
     def follow(self, eval_id: str) -> JobView:
         """The final view once the job succeeded; JobFailed (with the failing tasks' events
@@ -200,6 +209,7 @@ class Follower:
             if job is None:
                 raise JobFailed(f"job {self.job_id} disappeared (stopped from outside?)")
             self._report_events(allocs)
+            self._announce_tensorboard(allocs)
             view = summarize(job, allocs)
             self._fill_progress(view, allocs)
             self.on_view(view)
@@ -247,6 +257,21 @@ class Follower:
                 if any(word in text for word in ("Received", "Task Setup", "Building Task Directory", "Downloading")):
                     continue  # routine steps; keep the output about what matters
                 self.on_event(f"{role}[{index}] ({alloc['ID'][:8]}) {text}")
+
+    def _announce_tensorboard(self, allocs: list[dict[str, Any]]) -> None:
+        """Once: where TensorBoard serves, as soon as its task runs.  GET /v1/allocation/:id"""
+        if self.tensorboard_announced:
+            return
+        running = [a for (r, _i), a in latest_allocs(allocs).items() if r == "tensorboard" and a.get("ClientStatus") == "running"]
+        if not running:
+            return
+        try:
+            address = port_address(self.api.allocation(running[0]["ID"]), "tf")
+        except ServerError:
+            return
+        if address:
+            self.tensorboard_announced = True
+            self.on_event(f"TensorBoard: http://{address}/")
 
     def _fill_progress(self, view: JobView, allocs: list[dict[str, Any]]) -> None:
         view.elapsed = time.monotonic() - self.started

@@ -36,8 +36,17 @@ def test_validate_reports_nomads_own_objections(stack, tmp_path):
     assert out.returncode == 2 and "roles.chief.cpu" in out.stderr
 
 
-def test_plan_of_the_gpu_example_explains_the_missing_device(stack):
-    out = nomadtf("plan", str(EXAMPLES / "gpu" / "job.json"))
+def test_plan_of_the_gpu_example_places_it_on_the_fake_gpus(stack):
+    # The test bed's client offers 6 fake GPUs: a 1-GPU chief and two 2-GPU workers fit.
+    out = nomadtf("plan", str(EXAMPLES / "gpu" / "job.json"), "--var", "driver.python=python3",
+                  "--var", "roles.chief.memory=600", "--var", "roles.worker.memory=600", "--var", "roles.ps.memory=600",
+                  "--var", "roles.chief.cpu=200", "--var", "roles.worker.cpu=200", "--var", "roles.ps.cpu=200")
+    assert "cannot be placed" not in out.stdout, out.stdout
+    assert "worker: create 2" in out.stdout or "worker: place 2" in out.stdout, out.stdout
+
+
+def test_plan_of_the_gpu_example_explains_a_model_nobody_offers(stack):
+    out = nomadtf("plan", str(EXAMPLES / "gpu" / "job.json"), "--var", 'roles.worker.gpus={"count": 2, "model": "NVIDIA A100-SXM4-40GB"}')
     assert out.returncode in (1, 255), out.stdout + out.stderr
     assert "nvidia/gpu" in out.stdout and "cannot be placed" in out.stdout, out.stdout
 

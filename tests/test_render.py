@@ -123,12 +123,15 @@ def test_gpu_roles_get_devices_with_constraints():
     assert task(job, "worker")["Resources"]["Devices"] == [
         {
             "Name": "nvidia/gpu",
-            "Count": 1,
-            "Constraints": [
-                {"LTarget": "${device.model}", "RTarget": "NVIDIA A100-SXM4-40GB", "Operand": "="},
-                {"LTarget": "${device.attr.memory}", "RTarget": "16000 MiB", "Operand": ">="},
-            ],
+            "Count": 2,
+            "Constraints": [{"LTarget": "${device.attr.memory}", "RTarget": "15 GiB", "Operand": ">="}],
         }
+    ]
+    spec = example_spec("gpu")
+    spec["roles"]["worker"]["gpus"] = {"count": 1, "vendor": "nvidia", "model": "NVIDIA A100-SXM4-40GB", "min_memory_mib": 16000}
+    assert task(render_job(spec), "worker")["Resources"]["Devices"][0]["Constraints"] == [
+        {"LTarget": "${device.model}", "RTarget": "NVIDIA A100-SXM4-40GB", "Operand": "="},
+        {"LTarget": "${device.attr.memory}", "RTarget": "16000 MiB", "Operand": ">="},
     ]
     assert task(job, "chief")["Resources"]["Devices"] == [
         {"Name": "nvidia/gpu", "Count": 1, "Constraints": []}

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 
 import hvac
 import pytest
@@ -264,27 +267,31 @@ def test_evaluator_and_tensorboard_roles(stack, tmp_path):
     spec = probe_job(job_id, context={"until_file": str(release)})
     spec["roles"]["evaluator"] = {"count": 1, "cpu": 200, "memory": 600}
     spec["roles"]["tensorboard"] = {"count": 1, "cpu": 200, "memory": 600}
-    out = nomadtf("run", str(write_job(tmp_path, spec)), "--detach")
-    assert out.returncode == 0, out.stderr
+    # `run` names TensorBoard's address as soon as its task runs.
+    follower = subprocess.Popen(
+        [str(Path(sys.executable).parent / "nomadtf"), "run", str(write_job(tmp_path, spec)), "--timeout", "5m"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
     try:
-        def tensorboard_url():
-            for alloc in allocations(job_id):
-                if alloc["TaskGroup"] == "tensorboard" and alloc["ClientStatus"] == "running":
-                    ports = nomad(f"allocation/{alloc['ID']}")["AllocatedResources"]["Shared"]["Ports"]
-                    return f"http://127.0.0.1:{next(p['Value'] for p in ports if p['Label'] == 'tf')}/"
-            return None
-
-        url = wait_until(tensorboard_url, 60, "the tensorboard allocation")
+        url = None
+        for line in follower.stdout:
+            if "TensorBoard: " in line:
+                url = line.split("TensorBoard: ", 1)[1].strip()
+                break
+        assert url and url.startswith("http://127.0.0.1:"), url
         page = wait_until(lambda: _get_or_none(url), 90, "TensorBoard to answer")
         assert "TensorBoard" in page
         release.touch()
-        wait_until(lambda: nomad(f"job/{job_id}")["Status"] == "dead", 180, "the job to finish")
+        rest, _ = follower.communicate(timeout=180)
+        assert follower.returncode == 0, rest
         _assert_all_complete(job_id)  # tensorboard and evaluator stopped on their own, exit 0
         evaluator = [a for a in allocations(job_id) if a["TaskGroup"] == "evaluator"][0]
         config = json.loads(task_log(evaluator["ID"], "evaluator").split("TF_CONFIG=", 1)[1].splitlines()[0])
         assert config["task"] == {"type": "evaluator", "index": 0}
         assert "evaluator" not in config["cluster"] and set(config["cluster"]) == {"chief", "worker", "ps"}
     finally:
+        follower.kill()
+        follower.wait()
         purge(job_id)
 
 

@@ -53,7 +53,7 @@ def test_the_same_job_run_twice_reports_each_runs_own_outcome(stack, tmp_path):
         assert _run_id(first) != _run_id(second)
         # The second run was followed to its own end: it trained (its chief ran its code),
         # in a fresh model_dir, and took as long as a run takes, not "0s".
-        assert re.search(r"succeeded in ([3-9]|\d\d+)s", second.stdout), second.stdout
+        assert re.search(r"succeeded in ([3-9]|\d\d+)s", second.stderr), second.stderr
         assert _model_dir(name) != first_dir and _run_id(second) in _model_dir(name)
         status = nomadtf("status", name)
         assert status.returncode == 0, status.stderr
@@ -72,7 +72,7 @@ def test_a_fixed_rerun_after_a_failure_succeeds(stack, tmp_path):
         assert broken.returncode == 1 and "boom from user code" in broken.stderr, broken.stderr
         fixed = nomadtf("run", str(write_job(tmp_path, probe_job(name))), "--timeout", "3m")
         assert fixed.returncode == 0, fixed.stderr
-        assert "succeeded" in fixed.stdout
+        assert "succeeded" in fixed.stderr
         assert "outcome: succeeded" in nomadtf("status", name).stdout
     finally:
         purge(name)
@@ -88,7 +88,7 @@ def test_a_running_job_is_refused_unless_replace(stack, tmp_path):
         assert "already running" in again.stderr and "--replace" in again.stderr, again.stderr
         replaced = nomadtf("run", str(write_job(tmp_path, probe_job(name))), "--replace", "--timeout", "3m")
         assert replaced.returncode == 0, replaced.stderr
-        assert f"stopped the running run {_run_id(forever)}" in replaced.stdout
+        assert f"stopped the running run {_run_id(forever)}" in replaced.stderr
         # Nothing of the first run runs on.
         assert all(a["ClientStatus"] != "running" for a in allocations(name))
     finally:
@@ -103,7 +103,7 @@ def test_resume_trains_on_in_the_previous_runs_model_dir(stack, tmp_path):
         first_dir = _model_dir(name)
         resumed = nomadtf("run", str(write_job(tmp_path, probe_job(name))), "--resume", "--timeout", "3m")
         assert resumed.returncode == 0, resumed.stderr
-        assert f"resuming run {_run_id(first)}" in resumed.stdout and "at step 600" in resumed.stdout, resumed.stdout
+        assert f"resuming run {_run_id(first)}" in resumed.stderr and "at step 600" in resumed.stderr, resumed.stderr
         assert _model_dir(name) == first_dir
         # A resume of the resumed run still continues the same directory.
         again = nomadtf("run", str(write_job(tmp_path, probe_job(name))), "--resume", "--timeout", "3m")
@@ -154,6 +154,7 @@ def test_the_same_name_in_two_namespaces_at_once(stack, tmp_path):
     finally:
         for proc in procs.values():
             proc.kill()
+            proc.wait()
         purge(name)
         requests.delete(f"{os.environ['NOMAD_ADDR']}/v1/job/{name}", params={"purge": "true", "namespace": namespace}, timeout=10)
 
@@ -191,6 +192,7 @@ def test_scale_resizes_the_workers_and_restarts_the_chief_once_per_change(stack,
         assert bad.returncode == 1 and "not running" in bad.stderr
     finally:
         follower.kill()
+        follower.wait()
         purge(name)
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import psutil
 import requests
 
-from nomadtf.devstack import binaries, gpu_plugin, processes
+from nomadtf.devstack import binaries, gpu_plugin, processes, wiring
 from nomadtf.devstack.processes import pid_alive  # noqa: F401 - the one liveness check; tests import it from here
 from nomadtf.errors import DevStackError, PortInUseError
 
@@ -236,17 +236,7 @@ class DevStack:
         self._record(adopted)
 
     def _claim_state_dir(self) -> None:
-        """Create the state directory with its marker; refuse a foreign one, which `down`
-        would later delete."""
-        if self.state_dir.exists() and not self.marker_path.is_file():
-            if not self.state_dir.is_dir() or any(self.state_dir.iterdir()):
-                raise DevStackError(
-                    f"{self.state_dir} exists and was not created by `nomadtf dev up` (no {MARKER} in it); "
-                    "point NOMADTF_DEV_DIR at a new directory"
-                )
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.state_dir.chmod(0o700)
-        _write_private(self.marker_path, MARKER_TEXT)
+        claim_state_dir(self.state_dir, "NOMADTF_DEV_DIR")
 
     def _check_ports_free(self) -> None:
         for label, port in {**CONSUL_PORTS, **VAULT_PORTS, **NOMAD_PORTS}.items():
@@ -257,21 +247,7 @@ class DevStack:
                 )
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> Component:
-        log = self.state_dir / f"{name}.log"
-        with open(log, "ab") as out:
-            proc = subprocess.Popen(
-                argv,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                cwd=self.state_dir,
-                # Its own session: Ctrl-C in the shell that ran `up` does not stop it.
-                start_new_session=True,
-            )
-        return Component(
-            name=name, pid=proc.pid, binary=argv[0], log=str(log), create_time=processes.started_at(proc.pid)
-        )
+        return spawn(self.state_dir, name, argv, env)
 
     def _start_consul(self, binary: Path) -> Component:
         argv = [str(binary), "agent", "-dev", "-bind", HOST, "-client", HOST, "-node", "nomadtf-dev"]
@@ -354,40 +330,47 @@ class DevStack:
 
 
 def nomad_config(data_dir: Path) -> str:
-    return f"""
-data_dir  = "{data_dir}"
-bind_addr = "{HOST}"
-log_level = "INFO"
-
-client {{
-  enabled = true
-  # Tasks of the dev stack see PATH of the interpreter that started it, so
-  # `python3 -m nomadtf` inside raw_exec tasks finds this installation.
-}}
-
-plugin "raw_exec" {{
-  config {{
-    enabled = true
-  }}
-}}
-
-consul {{
-  address = "{CONSUL_ADDR}"
-}}
-
-vault {{
-  enabled          = true
-  address          = "{VAULT_ADDR}"
-  create_from_role = "nomad-cluster"
-}}
-
-ui {{
-  enabled = true
-}}
-"""
+    return wiring.nomad_dev_config(data_dir, HOST, CONSUL_ADDR, VAULT_ADDR)
 
 
-def configure_openbao(root_token: str) -> str:
+def claim_state_dir(state_dir: Path, env_var: str) -> None:
+    """Create `state_dir` with its marker; refuse a foreign one, which `down` would later
+    delete. `env_var` is the variable that chooses the directory (named in the error)."""
+    marker = state_dir / MARKER
+    if state_dir.exists() and not marker.is_file():
+        if not state_dir.is_dir() or any(state_dir.iterdir()):
+            raise DevStackError(
+                f"{state_dir} exists and was not created by `nomadtf dev up` (no {MARKER} in it); "
+                f"point {env_var} at a new directory"
+            )
+    state_dir.mkdir(parents=True, exist_ok=True)
+    state_dir.chmod(0o700)
+    _write_private(marker, MARKER_TEXT)
+
+
+def spawn(state_dir: Path, name: str, argv: list[str], env: dict[str, str], binary: str | None = None) -> Component:
+    """Start one server in the background, its output in `<state_dir>/<name>.log`.
+
+    `binary` is what the record names (default argv[0]); it differs when argv[0] is a
+    launcher that execs it in place (`ip netns exec NS nomad ...`: same PID)."""
+    log = state_dir / f"{name}.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=state_dir,
+            # Its own session: Ctrl-C in the shell that ran `up` does not stop it.
+            start_new_session=True,
+        )
+    return Component(
+        name=name, pid=proc.pid, binary=binary or argv[0], log=str(log), create_time=processes.started_at(proc.pid)
+    )
+
+
+def configure_openbao(root_token: str, address: str = VAULT_ADDR) -> str:
     """Policy + token role for Nomad, KV v2 at secret/. Returns Nomad's server token.
 
     Uses: PUT /v1/sys/policies/acl/nomad-server, POST /v1/auth/token/roles/nomad-cluster,
@@ -395,7 +378,7 @@ def configure_openbao(root_token: str) -> str:
     """
     import hvac
 
-    client = hvac.Client(url=VAULT_ADDR, token=root_token)
+    client = hvac.Client(url=address, token=root_token)
     client.sys.create_or_update_policy("nomad-server", NOMAD_SERVER_POLICY)
     client.adapter.post("/v1/auth/token/roles/nomad-cluster", json=NOMAD_CLUSTER_ROLE)
     mounts = client.sys.list_mounted_secrets_engines()["data"]
@@ -434,14 +417,14 @@ def wait_for(check: Callable[[], bool], timeout: float, component: str, log: str
     raise DevStackError(f"{component} did not become healthy within {timeout:.0f}s; see its log: {log}")
 
 
-def _consul_leader() -> bool:
+def _consul_leader(address: str = CONSUL_ADDR) -> bool:
     # GET /v1/status/leader
-    return bool(requests.get(f"http://{CONSUL_ADDR}/v1/status/leader", timeout=2).json())
+    return bool(requests.get(f"http://{address}/v1/status/leader", timeout=2).json())
 
 
-def _openbao_ready() -> bool:
+def _openbao_ready(address: str = VAULT_ADDR) -> bool:
     # GET /v1/sys/health answers 200 only when initialized, unsealed and active
-    return requests.get(f"{VAULT_ADDR}/v1/sys/health", timeout=2).status_code == 200
+    return requests.get(f"{address}/v1/sys/health", timeout=2).status_code == 200
 
 
 def _nomad_client_ready(gpus: int = 0) -> bool:

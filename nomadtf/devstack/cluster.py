@@ -1,0 +1,598 @@
+"""Several Nomad clients on this one machine, each in its own Linux network namespace.
+
+The shape of a production cluster, small: a "server machine" in the host namespace and N
+"client machines" that are network namespaces joined by a bridge.
+
+    ntf-br0 (host)      198.18.0.1/24   Consul server, OpenBao, Nomad server (bound there only)
+    ntf-cI (netns)      198.18.0.(10+I) Consul client agent (HTTP on the namespace's own
+                                        127.0.0.1:8500) + Nomad client `client-I`
+
+198.18.0.0/15 is the RFC 2544 benchmarking range: nothing outside this machine uses it, and
+nothing here routes it anywhere. Nothing binds 127.0.0.1 of the host, so the single-node
+stack (`stack.py`) runs beside this one.
+
+Every task reaches "its" Consul agent at 127.0.0.1:8500, as on a real node; one agent per
+Nomad client is required, since a Nomad client's service sync deregisters every `_nomad-`
+service its agent holds that it does not know. The Nomad server declares a silent client
+down within seconds (`wiring.FAST_HEARTBEATS`), so node loss can be tested.
+
+State, under `~/.local/state/nomadtf/dev-cluster` (`$NOMADTF_DEV_CLUSTER_DIR`):
+
+    .nomadtf-devstack       the marker: `down` deletes no directory without it
+    stack.json              every process (PID + start time) and every namespace and link `up` made
+    root-token              the OpenBao root token (0600)
+    server/                 consul.json, nomad.hcl and both data dirs of the server machine
+    client-I/               consul.json, nomad.hcl and both data dirs of client I
+    <component>.log         each agent's output
+
+Usage:
+    cluster = ClusterStack.default()
+    cluster.up(progress=print, clients=3)
+    cluster.env()            # NOMAD_ADDR=http://198.18.0.1:4646, CONSUL_HTTP_ADDR, VAULT_*, PATH
+    cluster.kill_client(3)   # the machine dies: every process in ntf-c3 gets SIGKILL
+    cluster.restart_client(3)
+    cluster.down(progress=print)
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import secrets
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import requests
+
+from nomadtf.devstack import binaries, gpu_plugin, processes, wiring
+from nomadtf.devstack.stack import (
+    MARKER,
+    Component,
+    Progress,
+    _base_env,
+    _consul_leader,
+    _openbao_ready,
+    _remove_tree,
+    _unmount_under,
+    _write_private,
+    claim_state_dir,
+    configure_openbao,
+    node_gpu_count,
+    spawn,
+    wait_for,
+)
+from nomadtf.errors import DevStackError
+
+BRIDGE = "ntf-br0"
+SUBNET = ipaddress.ip_network("198.18.0.0/24")
+SERVER_IP = "198.18.0.1"
+# Inside each namespace the client's end of its veth pair.
+CLIENT_INTERFACE = "eth0"
+MAX_CLIENTS = 200
+
+NOMAD_ADDR = f"http://{SERVER_IP}:4646"
+CONSUL_ADDR = f"{SERVER_IP}:8500"
+VAULT_ADDR = f"http://{SERVER_IP}:8200"
+NOMAD_RPC = f"{SERVER_IP}:4647"
+# Where a task (and its Nomad client) finds the Consul agent of its own machine.
+LOCAL_CONSUL = "127.0.0.1:8500"
+
+
+def default_state_dir() -> Path:
+    explicit = os.environ.get("NOMADTF_DEV_CLUSTER_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "nomadtf" / "dev-cluster"
+
+
+def client_ip(index: int) -> str:
+    return str(SUBNET.network_address + 10 + index)
+
+
+def namespace(index: int) -> str:
+    return f"ntf-c{index}"
+
+
+def host_veth(index: int) -> str:
+    """The host end of client `index`'s veth pair, a port of the bridge."""
+    return f"ntf-c{index}-br"
+
+
+def node_name(index: int) -> str:
+    return f"client-{index}"
+
+
+def _client_index(component: str) -> int | None:
+    """`consul-client-2` / `nomad-client-2` -> 2; a server-machine component -> None."""
+    head, _, tail = component.rpartition("-client-")
+    return int(tail) if head and tail.isdigit() else None
+
+
+def _ip(*args: str, check: bool = True) -> str:
+    """Run `ip ARGS`; a failure is a DevStackError with ip's own message."""
+    result = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise DevStackError(f"`ip {' '.join(args)}` failed: {result.stderr.strip() or result.returncode}")
+    return result.stdout
+
+
+def namespaces() -> set[str]:
+    return {line.split()[0] for line in _ip("netns", "list").splitlines() if line.strip()}
+
+
+def link_exists(name: str) -> bool:
+    return subprocess.run(["ip", "link", "show", "dev", name], capture_output=True).returncode == 0
+
+
+def namespace_pids(name: str) -> list[int]:
+    """Every process whose network namespace is `name` (`ip netns pids`)."""
+    result = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
+    return [int(p) for p in result.stdout.split()] if result.returncode == 0 else []
+
+
+def check_subnet_free() -> None:
+    """Refuse to take 198.18.0.0/24 when a route or an address of this machine overlaps it
+    (anything but our own bridge, which `down` removes)."""
+    routes = json.loads(_ip("-j", "route", "show", "table", "all") or "[]")
+    for route in routes:
+        dst = route.get("dst", "")
+        if not dst or dst == "default" or route.get("dev") == BRIDGE or route.get("type") in ("broadcast", "local"):
+            continue
+        try:
+            net = ipaddress.ip_network(dst, strict=False)
+        except ValueError:
+            continue
+        if net.version == 4 and net.overlaps(SUBNET):
+            raise DevStackError(
+                f"a route for {dst} (dev {route.get('dev', '?')}) overlaps {SUBNET}, which the several-client "
+                "stack puts on its own bridge; remove that route or stop what uses it"
+            )
+    for link in json.loads(_ip("-j", "addr", "show") or "[]"):
+        if link.get("ifname") == BRIDGE:
+            continue
+        for addr in link.get("addr_info", []):
+            if addr.get("family") == "inet" and ipaddress.ip_address(addr["local"]) in SUBNET:
+                raise DevStackError(
+                    f"{addr['local']} on {link.get('ifname')} lies in {SUBNET}, which the several-client "
+                    "stack puts on its own bridge"
+                )
+
+
+class ClusterStack:
+    def __init__(self, state_dir: Path):
+        self.state_dir = state_dir
+        self.record_path = state_dir / "stack.json"
+        self.token_path = state_dir / "root-token"
+        self.marker_path = state_dir / MARKER
+
+    @classmethod
+    def default(cls) -> ClusterStack:
+        return cls(default_state_dir())
+
+    # ---- the record ------------------------------------------------------------------
+
+    def _load(self) -> dict:
+        if not self.record_path.is_file():
+            return {}
+        return json.loads(self.record_path.read_text())
+
+    def _save(self, **changes) -> None:
+        data = {"components": [], "clients": 0, "gpus": 0, "namespaces": [], "links": [], **self._load(), **changes}
+        _write_private(self.record_path, json.dumps(data, indent=2))
+
+    def _remember(self, key: str, item: str) -> None:
+        """Record a namespace or link before creating it: a failed `up` still removes it."""
+        items = self._load().get(key, [])
+        if item not in items:
+            self._save(**{key: [*items, item]})
+
+    def _put(self, comp: Component) -> None:
+        comps = [c for c in self.components() if c.name != comp.name]
+        self._save(components=[c.__dict__ for c in [*comps, comp]])
+
+    def components(self) -> list[Component]:
+        return [Component(**c) for c in self._load().get("components", [])]
+
+    def component(self, name: str) -> Component:
+        for comp in self.components():
+            if comp.name == name:
+                return comp
+        raise DevStackError(f"the several-client stack has no {name}")
+
+    def clients(self) -> int:
+        return int(self._load().get("clients", 0))
+
+    def recorded_gpus(self) -> int:
+        return int(self._load().get("gpus", 0))
+
+    def _process(self, comp: Component) -> psutil.Process | None:
+        return processes.find(comp.pid, comp.create_time) if comp.create_time is not None else None
+
+    def is_up(self) -> bool:
+        data = self._load()
+        comps = self.components()
+        if not comps or len(comps) != 3 + 2 * int(data.get("clients", 0)):
+            return False
+        return all(self._process(c) for c in comps) and set(data.get("namespaces", [])) <= namespaces()
+
+    def root_token(self) -> str:
+        try:
+            return self.token_path.read_text().strip()
+        except OSError as exc:
+            raise DevStackError(f"no several-client stack at {self.state_dir}; run `nomadtf dev up --clients N`") from exc
+
+    def env(self) -> dict[str, str]:
+        """The variables that point nomad, consul, bao and nomadtf at this cluster."""
+        bin_dirs = []
+        for comp in self.components():
+            folder = str(Path(comp.binary).parent)
+            if folder not in bin_dirs:
+                bin_dirs.append(folder)
+        return {
+            "NOMAD_ADDR": NOMAD_ADDR,
+            "CONSUL_HTTP_ADDR": CONSUL_ADDR,
+            "VAULT_ADDR": VAULT_ADDR,
+            "VAULT_TOKEN": self.root_token(),
+            "PATH": os.pathsep.join([*bin_dirs, os.environ.get("PATH", "")]),
+        }
+
+    def status(self) -> list[dict[str, str]]:
+        """One row per agent (never the token); a Nomad client's row carries its node's
+        status as the server sees it (`ready`, `down`, `initializing`, or `unknown`)."""
+        nodes = _node_statuses()
+        rows = []
+        for comp in self.components():
+            index = _client_index(comp.name)
+            if index is None:
+                address = {"consul": f"http://{CONSUL_ADDR}", "openbao": VAULT_ADDR, "nomad": NOMAD_ADDR}[comp.name]
+            else:
+                address = f"{client_ip(index)} ({namespace(index)})"
+            node = nodes.get(node_name(index), "unknown") if index is not None and comp.name.startswith("nomad") else ""
+            rows.append(
+                {
+                    "component": comp.name,
+                    "pid": str(comp.pid),
+                    "state": "running" if self._process(comp) else "stopped",
+                    "address": address,
+                    "node": node,
+                    "log": comp.log,
+                }
+            )
+        return rows
+
+    # ---- up --------------------------------------------------------------------------
+
+    def up(self, progress: Progress, clients: int = 3, gpus: int = 0, timeout: float = 180.0) -> bool:
+        """Start the server machine and `clients` client namespaces (`gpus` fake GPUs on
+        each client). Returns False when that cluster already runs (a no-op)."""
+        if isinstance(clients, bool) or not isinstance(clients, int) or not 1 <= clients <= MAX_CLIENTS:
+            raise DevStackError(f"clients must be a number from 1 to {MAX_CLIENTS}, not {clients!r}")
+        if self.is_up():
+            running = (self.clients(), self.recorded_gpus())
+            if running != (clients, gpus):
+                raise DevStackError(
+                    f"the several-client stack runs {running[0]} clients with {running[1]} fake GPUs each, "
+                    f"not {clients} with {gpus}; `nomadtf dev down --cluster`, then `nomadtf dev up --clients {clients}`"
+                )
+            return False
+        if self.record_path.is_file():
+            progress("a previous several-client stack is partly there; removing it first")
+            self.down(progress)
+        check_subnet_free()
+        taken = [n for n in (namespace(i) for i in range(1, clients + 1)) if n in namespaces()]
+        taken += [n for n in (BRIDGE, *(host_veth(i) for i in range(1, clients + 1))) if link_exists(n)]
+        if taken:
+            raise DevStackError(
+                f"{', '.join(taken)} already exist{'s' if len(taken) == 1 else ''} but no several-client stack "
+                f"recorded {'it' if len(taken) == 1 else 'them'} in {self.state_dir}; delete them "
+                "(`ip netns del NAME`, `ip link del NAME`) and retry"
+            )
+        claim_state_dir(self.state_dir, "NOMADTF_DEV_CLUSTER_DIR")
+        self._save(clients=clients, gpus=gpus)
+        bins = {name: binaries.find_or_build(name, progress) for name in ("consul", "bao", "nomad")}
+        plugin = gpu_plugin.find_or_build(progress) if gpus else None
+        token = secrets.token_urlsafe(24)
+        _write_private(self.token_path, token)
+        started = time.monotonic()
+        try:
+            self._make_network(clients)
+            progress(f"network: {BRIDGE} {SERVER_IP}/{SUBNET.prefixlen}, namespaces ntf-c1..ntf-c{clients}")
+
+            self._start_consul_server(bins["consul"])
+            wait_for(lambda: _consul_leader(CONSUL_ADDR), timeout, "consul server", self.component("consul").log)
+            progress(f"consul server ready at http://{CONSUL_ADDR}")
+
+            self._start_openbao(bins["bao"], token)
+            wait_for(lambda: _openbao_ready(VAULT_ADDR), timeout, "openbao", self.component("openbao").log)
+            nomad_token = configure_openbao(token, VAULT_ADDR)
+            progress(f"openbao ready at {VAULT_ADDR} (KV v2 at secret/, role nomad-cluster)")
+
+            self._start_nomad_server(bins["nomad"], nomad_token)
+            wait_for(_nomad_leader, timeout, "nomad server", self.component("nomad").log)
+            progress(f"nomad server ready at {NOMAD_ADDR} (UI at {NOMAD_ADDR}/ui/)")
+
+            for i in range(1, clients + 1):
+                self._start_consul_client(bins["consul"], i)
+            for i in range(1, clients + 1):
+                self._start_nomad_client(bins["nomad"], i, gpus, plugin)
+            for i in range(1, clients + 1):
+                self._wait_client(i, timeout, gpus)
+            progress(
+                f"{clients} nomad clients ready ({', '.join(client_ip(i) for i in range(1, clients + 1))}) "
+                f"in {time.monotonic() - started:.1f}s"
+            )
+        except BaseException:
+            self.down(lambda _msg: None)
+            raise
+        return True
+
+    def _make_network(self, clients: int) -> None:
+        self._remember("links", BRIDGE)
+        _ip("link", "add", BRIDGE, "type", "bridge")
+        _ip("addr", "add", f"{SERVER_IP}/{SUBNET.prefixlen}", "dev", BRIDGE)
+        _ip("link", "set", BRIDGE, "up")
+        for i in range(1, clients + 1):
+            ns, veth = namespace(i), host_veth(i)
+            self._remember("namespaces", ns)
+            _ip("netns", "add", ns)
+            self._remember("links", veth)
+            _ip("link", "add", veth, "type", "veth", "peer", "name", CLIENT_INTERFACE, "netns", ns)
+            _ip("link", "set", veth, "master", BRIDGE, "up")
+            _ip("-n", ns, "addr", "add", f"{client_ip(i)}/{SUBNET.prefixlen}", "dev", CLIENT_INTERFACE)
+            _ip("-n", ns, "link", "set", CLIENT_INTERFACE, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+
+    def _machine_dir(self, name: str) -> Path:
+        path = self.state_dir / name
+        path.mkdir(mode=0o700, exist_ok=True)
+        return path
+
+    def _start(self, name: str, argv: list[str], env: dict[str, str], ns: str | None = None) -> Component:
+        # `ip netns exec` execs the agent in place: the PID we record is the agent's.
+        launcher = ["ip", "netns", "exec", ns] if ns else []
+        comp = spawn(self.state_dir, name, [*launcher, *argv], env, binary=argv[0])
+        self._put(comp)
+        return comp
+
+    def _start_consul_server(self, binary: Path) -> None:
+        folder = self._machine_dir("server")
+        config = folder / "consul.json"
+        _write_private(config, wiring.consul_server_config(folder / "consul-data", "server", SERVER_IP, SERVER_IP))
+        self._start("consul", [str(binary), "agent", "-config-file", str(config)], _base_env())
+
+    def _start_openbao(self, binary: Path, token: str) -> None:
+        argv = [str(binary), "server", "-dev", f"-dev-listen-address={SERVER_IP}:8200"]
+        # The token goes through the environment, not argv, so `ps` never shows it.
+        self._start("openbao", argv, {**_base_env(), "BAO_DEV_ROOT_TOKEN_ID": token, "VAULT_DEV_ROOT_TOKEN_ID": token})
+
+    def _start_nomad_server(self, binary: Path, vault_token: str) -> None:
+        folder = self._machine_dir("server")
+        config = folder / "nomad.hcl"
+        _write_private(config, wiring.nomad_server_config(folder / "nomad-data", SERVER_IP, CONSUL_ADDR, VAULT_ADDR))
+        # Nomad reads its Vault token from VAULT_TOKEN, never from argv.
+        self._start("nomad", [str(binary), "agent", "-config", str(config)], {**_base_env(), "VAULT_TOKEN": vault_token})
+
+    def _start_consul_client(self, binary: Path, index: int) -> None:
+        folder = self._machine_dir(node_name(index))
+        config = folder / "consul.json"
+        text = wiring.consul_client_config(
+            folder / "consul-data", node_name(index), client_ip(index), LOCAL_CONSUL.split(":")[0], [SERVER_IP]
+        )
+        _write_private(config, text)
+        argv = [str(binary), "agent", "-config-file", str(config)]
+        self._start(f"consul-client-{index}", argv, _base_env(), namespace(index))
+
+    def _start_nomad_client(self, binary: Path, index: int, gpus: int, plugin: Path | None) -> None:
+        folder = self._machine_dir(node_name(index))
+        config = folder / "nomad.hcl"
+        extra = gpu_plugin.client_plugin_hcl(plugin.parent, gpus, seed=node_name(index)) if plugin else ""
+        text = wiring.nomad_client_config(
+            folder / "nomad-data",
+            node_name(index),
+            client_ip(index),
+            [NOMAD_RPC],
+            CLIENT_INTERFACE,
+            LOCAL_CONSUL,
+            VAULT_ADDR,
+            node_class=f"nomadtf-client-{index}",
+            meta={"nomadtf_client": str(index)},
+            extra=extra,
+        )
+        _write_private(config, text)
+        # raw_exec tasks inherit this PATH, so `python3 -m nomadtf` in them finds this installation.
+        argv = [str(binary), "agent", "-config", str(config)]
+        self._start(f"nomad-client-{index}", argv, _base_env(), namespace(index))
+
+    def _wait_client(self, index: int, timeout: float, gpus: int) -> None:
+        name = node_name(index)
+        consul = self.component(f"consul-client-{index}")
+        wait_for(lambda: _consul_member_alive(name), timeout, f"consul agent {name}", consul.log)
+        nomad = self.component(f"nomad-client-{index}")
+        wait_for(lambda: _nomad_node_ready(name, gpus), timeout, f"nomad client {name}", nomad.log)
+        # A client sends its first heartbeat up to 10 s after registering (Nomad's fixed
+        # initial stagger), later than our short TTL + grace: the server may mark it down
+        # once in between. Wait until it has heartbeated, and is ready after that.
+        seen = _HeartbeatWatch(client_ip(index))
+        wait_for(seen.heartbeated, timeout, f"nomad client {name}'s first heartbeat", nomad.log)
+        wait_for(lambda: _nomad_node_ready(name, gpus), timeout, f"nomad client {name}", nomad.log)
+
+    # ---- faults, for tests -------------------------------------------------------------
+
+    def kill_client(self, index: int) -> list[int]:
+        """The machine dies: SIGKILL, at once, to every process in client `index`'s
+        namespace (its Nomad and Consul agents, executors, tasks). Returns their PIDs once
+        all are gone."""
+        ns = self._client_namespace(index)
+        procs = []
+        for pid in namespace_pids(ns):
+            try:
+                procs.append(psutil.Process(pid))
+            except psutil.NoSuchProcess:
+                pass
+        for proc in procs:
+            try:
+                proc.send_signal(signal.SIGKILL)
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=processes.REAP_WAIT)
+        if [p for p in alive if processes.running(p)]:
+            raise DevStackError(f"processes in {ns} survived SIGKILL: {', '.join(str(p.pid) for p in alive)}")
+        return [p.pid for p in procs]
+
+    def restart_client(self, index: int, timeout: float = 60.0) -> None:
+        """Start client `index`'s Consul and Nomad agents again (after `kill_client`), with
+        their data dirs: the same node comes back. Waits until the node is ready."""
+        self._client_namespace(index)
+        for name in (f"nomad-client-{index}", f"consul-client-{index}"):
+            running = self._process(self.component(name))
+            if running is not None:
+                processes.stop(processes.tree(running), 10.0)
+        consul = self.component(f"consul-client-{index}")
+        nomad = self.component(f"nomad-client-{index}")
+        self._start_consul_client(Path(consul.binary), index)
+        plugin = gpu_plugin.plugin_path() if self.recorded_gpus() else None
+        self._start_nomad_client(Path(nomad.binary), index, self.recorded_gpus(), plugin)
+        self._wait_client(index, timeout, self.recorded_gpus())
+
+    def pause_client(self, index: int) -> None:
+        """SIGSTOP client `index`'s Nomad agent: it stops heartbeating, its tasks run on
+        (a partition as the servers see it)."""
+        self._signal_nomad_client(index, signal.SIGSTOP)
+
+    def resume_client(self, index: int) -> None:
+        self._signal_nomad_client(index, signal.SIGCONT)
+
+    def _signal_nomad_client(self, index: int, sig: signal.Signals) -> None:
+        self._client_namespace(index)
+        proc = self._process(self.component(f"nomad-client-{index}"))
+        if proc is None:
+            raise DevStackError(f"the Nomad agent of {node_name(index)} is not running")
+        proc.send_signal(sig)
+
+    def _client_namespace(self, index: int) -> str:
+        if not 1 <= index <= self.clients():
+            raise DevStackError(f"the several-client stack has clients 1..{self.clients()}, not {index}")
+        return namespace(index)
+
+    # ---- down ------------------------------------------------------------------------
+
+    def down(self, progress: Progress, grace: float = 15.0) -> None:
+        """Stop every recorded agent and every process in the recorded namespaces, delete
+        the namespaces, veths and the bridge, unmount what Nomad mounted, remove the state.
+
+        Only what the record names is touched; a directory without the marker is refused.
+        """
+        if not self.state_dir.exists():
+            return
+        if not self.marker_path.is_file():
+            raise DevStackError(
+                f"refusing to stop or delete anything in {self.state_dir}: it has no {MARKER}, so "
+                "`nomadtf dev up --clients N` did not create it; fix NOMADTF_DEV_CLUSTER_DIR or XDG_STATE_HOME"
+            )
+        data = self._load()
+        recorded_ns = [ns for ns in data.get("namespaces", []) if ns in namespaces()]
+        # Collected before anything stops: executors and tasks outlive their agent.
+        agents = {c.name: (c, self._process(c)) for c in self.components()}
+        in_namespaces = {pid for ns in recorded_ns for pid in namespace_pids(ns)}
+        consul_like = {"consul", "openbao"} | {n for n in agents if n.startswith("consul-client-")}
+        first: dict[int, psutil.Process] = {}
+        last: dict[int, psutil.Process] = {}
+        for name, (_comp, proc) in agents.items():
+            if proc is not None:
+                target = last if name in consul_like else first
+                target.update((p.pid, p) for p in processes.tree(proc))
+        for pid in in_namespaces - set(last):
+            try:
+                first.setdefault(pid, psutil.Process(pid))
+            except psutil.NoSuchProcess:
+                pass
+        # Nomad and the tasks first, so they stop while Consul and OpenBao still answer.
+        survivors = []
+        for label, group in (("nomad agents and tasks", first), ("consul agents and openbao", last)):
+            if group:
+                progress(f"stopping {len(group)} processes: {label}")
+                survivors += processes.stop(list(group.values()), grace)
+        if survivors:
+            pids = ", ".join(str(p.pid) for p in survivors)
+            raise DevStackError(f"could not stop pid {pids}; stop them and run `nomadtf dev down --cluster` again")
+        for ns in recorded_ns:
+            _ip("netns", "del", ns)
+        for link in reversed(data.get("links", [])):
+            if link_exists(link):
+                _ip("link", "del", link)
+        if recorded_ns or data.get("links"):
+            progress(f"removed {len(recorded_ns)} namespaces and {BRIDGE}")
+        _unmount_under(self.state_dir)
+        _remove_tree(self.state_dir)
+
+
+class _HeartbeatWatch:
+    """Tells when a Nomad client has heartbeated since the watch began, from the instant of
+    its last successful registration or heartbeat (GET /v1/agent/self on the client:
+    stats.client.last_heartbeat is the time since then). Two different instants seen means
+    at least one heartbeat; heartbeats are seconds apart, polls are not."""
+
+    def __init__(self, address: str):
+        self.url = f"http://{address}:4646/v1/agent/self"
+        self.instants: list[float] = []
+
+    def heartbeated(self) -> bool:
+        stats = requests.get(self.url, timeout=2).json()["stats"]["client"]
+        instant = time.time() - go_duration(stats["last_heartbeat"])
+        if not self.instants or instant - self.instants[-1] > 0.5:
+            self.instants.append(instant)
+        return len(self.instants) >= 2
+
+
+_GO_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+def go_duration(text: str) -> float:
+    """Seconds in a Go `time.Duration` string ("1m2.5s", "812.3ms", "0s")."""
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|us|µs|ns|h|m|s)", text)
+    if not parts or "".join(n + u for n, u in parts) != text.lstrip("-"):
+        raise ValueError(f"not a Go duration: {text!r}")
+    seconds = sum(float(n) * _GO_UNITS[u] for n, u in parts)
+    return -seconds if text.startswith("-") else seconds
+
+
+def _nomad_leader() -> bool:
+    # GET /v1/status/leader
+    return bool(requests.get(f"{NOMAD_ADDR}/v1/status/leader", timeout=2).json())
+
+
+def _consul_member_alive(name: str) -> bool:
+    # GET /v1/agent/members (the server's view of the LAN pool; 1 = alive)
+    members = requests.get(f"http://{CONSUL_ADDR}/v1/agent/members", timeout=2).json()
+    return any(m.get("Name") == name and m.get("Status") == 1 for m in members)
+
+
+def _nomad_node_ready(name: str, gpus: int) -> bool:
+    # GET /v1/nodes?resources=true ; ready, raw_exec healthy, every fake GPU fingerprinted
+    nodes = requests.get(f"{NOMAD_ADDR}/v1/nodes", params={"resources": "true"}, timeout=2).json()
+    for node in nodes:
+        if node.get("Name") == name and node.get("Status") == "ready":
+            healthy = (node.get("Drivers") or {}).get("raw_exec", {}).get("Healthy")
+            return bool(healthy) and node_gpu_count(node) >= gpus
+    return False
+
+
+def _node_statuses() -> dict[str, str]:
+    """Node name -> status, from GET /v1/nodes; empty when the server does not answer."""
+    try:
+        nodes = requests.get(f"{NOMAD_ADDR}/v1/nodes", timeout=2).json()
+    except (requests.RequestException, ValueError):
+        return {}
+    latest: dict[str, tuple[int, str]] = {}
+    for node in nodes:
+        # A node re-registering under a new ID leaves its old entry behind: the newest wins.
+        order = int(node.get("ModifyIndex", 0))
+        if order >= latest.get(node["Name"], (-1, ""))[0]:
+            latest[node["Name"]] = (order, node.get("Status", "unknown"))
+    return {name: status for name, (_order, status) in latest.items()}

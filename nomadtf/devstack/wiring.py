@@ -1,0 +1,250 @@
+"""The agents' configuration files, as pure functions of addresses and directories.
+
+One source for every config the project writes for Nomad and Consul: the single-node dev
+agent (`stack.py`), the several-client cluster on this machine (`cluster.py`), and later
+the same files rendered for real machines (`vagrant/`). Nothing here reads the machine or
+touches a file; the callers write the returned text.
+
+Usage:
+    text = nomad_server_config(data_dir, bind="198.18.0.1",
+                               consul_address="198.18.0.1:8500", vault_address="http://198.18.0.1:8200")
+    text = nomad_client_config(data_dir, name="client-1", bind="198.18.0.11", servers=["198.18.0.1:4647"],
+                               network_interface="eth0", consul_address="127.0.0.1:8500",
+                               vault_address="http://198.18.0.1:8200", node_class="nomadtf-client-1",
+                               meta={"nomadtf_client": "1"})
+    text = consul_server_config(data_dir, node_name="server", bind="198.18.0.1", client="198.18.0.1")
+    text = consul_client_config(data_dir, node_name="client-1", bind="198.18.0.11", client="127.0.0.1",
+                                join=["198.18.0.1"])
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from nomadtf.devstack.gpu_plugin import _hcl_string as hcl_string
+
+# The Vault token role the servers create task tokens from (stack.NOMAD_CLUSTER_ROLE).
+VAULT_ROLE = "nomad-cluster"
+
+_META_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class Heartbeats:
+    """How fast the Nomad servers declare a silent client down.
+
+    A client heartbeats every TTL, which the server picks in [min_ttl, 2 * min_ttl) while
+    few nodes are registered; it marks the node down `grace` after a missed one, so a dead
+    client is `down` within min_ttl * 2 + grace. `failover_ttl` is the TTL every node gets
+    when a server becomes leader (Nomad's default, 5 minutes, would hide a client that dies
+    right after a server restart).
+    """
+
+    min_ttl: str = "2s"
+    grace: str = "5s"
+    failover_ttl: str = "30s"
+
+
+FAST_HEARTBEATS = Heartbeats()
+
+
+def _meta_block(meta: Mapping[str, str]) -> list[str]:
+    lines = []
+    for key, value in sorted(meta.items()):
+        if not _META_KEY.match(key):
+            raise ValueError(f"meta key {key!r} is not a plain identifier")
+        lines.append(f"    {key} = {hcl_string(str(value))}")
+    return ["  meta {", *lines, "  }"] if lines else []
+
+
+def _raw_exec_block() -> str:
+    return """
+plugin "raw_exec" {
+  config {
+    enabled = true
+  }
+}
+"""
+
+
+def _consul_block(address: str) -> str:
+    return f"""
+consul {{
+  address = {hcl_string(address)}
+}}
+"""
+
+
+def _vault_block(address: str, *, server: bool) -> str:
+    # Servers create task tokens from the role (their own token comes in VAULT_TOKEN);
+    # clients only need the address to hand tokens to tasks and renew them.
+    role = f"\n  create_from_role = {hcl_string(VAULT_ROLE)}" if server else ""
+    return f"""
+vault {{
+  enabled          = true
+  address          = {hcl_string(address)}{role}
+}}
+"""
+
+
+def nomad_dev_config(data_dir: Path, bind: str, consul_address: str, vault_address: str) -> str:
+    """The single-node `nomad agent -dev` (server and client in one) of `nomadtf dev up`."""
+    return f"""
+data_dir  = "{data_dir}"
+bind_addr = "{bind}"
+log_level = "INFO"
+
+client {{
+  enabled = true
+  # Tasks of the dev stack see PATH of the interpreter that started it, so
+  # `python3 -m nomadtf` inside raw_exec tasks finds this installation.
+}}
+
+plugin "raw_exec" {{
+  config {{
+    enabled = true
+  }}
+}}
+
+consul {{
+  address = "{consul_address}"
+}}
+
+vault {{
+  enabled          = true
+  address          = "{vault_address}"
+  create_from_role = "{VAULT_ROLE}"
+}}
+
+ui {{
+  enabled = true
+}}
+"""
+
+
+def nomad_server_config(
+    data_dir: Path,
+    bind: str,
+    consul_address: str,
+    vault_address: str,
+    *,
+    name: str = "server",
+    bootstrap_expect: int = 1,
+    heartbeats: Heartbeats = FAST_HEARTBEATS,
+) -> str:
+    """A Nomad server-only agent (no client) bound to `bind` alone."""
+    return (
+        f"""
+name      = {hcl_string(name)}
+data_dir  = {hcl_string(str(data_dir))}
+bind_addr = {hcl_string(bind)}
+log_level = "INFO"
+
+server {{
+  enabled          = true
+  bootstrap_expect = {int(bootstrap_expect)}
+  # A lost client is down within seconds, not the production default of minutes.
+  min_heartbeat_ttl      = {hcl_string(heartbeats.min_ttl)}
+  heartbeat_grace        = {hcl_string(heartbeats.grace)}
+  failover_heartbeat_ttl = {hcl_string(heartbeats.failover_ttl)}
+}}
+
+client {{
+  enabled = false
+}}
+"""
+        + _consul_block(consul_address)
+        + _vault_block(vault_address, server=True)
+        + """
+ui {
+  enabled = true
+}
+"""
+    )
+
+
+def nomad_client_config(
+    data_dir: Path,
+    name: str,
+    bind: str,
+    servers: Sequence[str],
+    network_interface: str,
+    consul_address: str,
+    vault_address: str,
+    *,
+    node_class: str = "",
+    meta: Mapping[str, str] | None = None,
+    extra: str = "",
+) -> str:
+    """A Nomad client-only agent: registers with `servers`, advertises the address of
+    `network_interface` for its allocations, syncs services to its own Consul agent.
+    `extra` is appended as is (e.g. `gpu_plugin.client_plugin_hcl`)."""
+    client_lines = [
+        "client {",
+        "  enabled           = true",
+        f"  servers           = [{', '.join(hcl_string(s) for s in servers)}]",
+        f"  network_interface = {hcl_string(network_interface)}",
+    ]
+    if node_class:
+        client_lines.append(f"  node_class        = {hcl_string(node_class)}")
+    client_lines += _meta_block(meta or {})
+    client_lines.append("}")
+    return (
+        f"""
+name      = {hcl_string(name)}
+data_dir  = {hcl_string(str(data_dir))}
+bind_addr = {hcl_string(bind)}
+log_level = "INFO"
+
+"""
+        + "\n".join(client_lines)
+        + "\n"
+        + _raw_exec_block()
+        + _consul_block(consul_address)
+        + _vault_block(vault_address, server=False)
+        + extra
+    )
+
+
+def _consul_agent(data_dir: Path, node_name: str, bind: str, client: str) -> dict:
+    return {
+        "node_name": node_name,
+        "data_dir": str(data_dir),
+        "bind_addr": bind,
+        "advertise_addr": bind,
+        "client_addr": client,
+        "log_level": "INFO",
+        "disable_update_check": True,
+        # Nothing here speaks gRPC (no Connect); keep the ports closed.
+        "ports": {"grpc": -1, "grpc_tls": -1},
+    }
+
+
+def consul_server_config(data_dir: Path, node_name: str, bind: str, client: str, *, bootstrap_expect: int = 1) -> str:
+    """A Consul server agent (JSON). `client` is the address its HTTP and DNS listen on."""
+    config = {
+        **_consul_agent(data_dir, node_name, bind, client),
+        "server": True,
+        "bootstrap_expect": int(bootstrap_expect),
+        "ui_config": {"enabled": True},
+        # Raft timing for one machine, as `-dev` uses: a leader within a second or two.
+        "performance": {"raft_multiplier": 1},
+    }
+    return json.dumps(config, indent=2) + "\n"
+
+
+def consul_client_config(data_dir: Path, node_name: str, bind: str, client: str, join: Sequence[str]) -> str:
+    """A Consul client agent (JSON) that joins the servers at `join` (retrying)."""
+    config = {
+        **_consul_agent(data_dir, node_name, bind, client),
+        "server": False,
+        "retry_join": list(join),
+        "retry_interval": "1s",
+        # SIGTERM means a planned stop: leave, so the catalog does not keep a failed node.
+        "leave_on_terminate": True,
+    }
+    return json.dumps(config, indent=2) + "\n"
