@@ -56,8 +56,15 @@ def _root(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks")
 def dev_up(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for each server")] = 120.0,
     gpus: Annotated[int, typer.Option("--gpus", min=0, help="Fake NVIDIA GPUs on the Nomad client (the project's device plugin)")] = 0,
+    clients: Annotated[
+        int, typer.Option("--clients", min=1, help="Nomad clients; 2 or more: a cluster of network namespaces on 198.18.0.0/24")
+    ] = 1,
 ) -> None:
-    """Build or find the binaries and start Consul, OpenBao and Nomad on 127.0.0.1."""
+    """Build or find the binaries and start Consul, OpenBao and Nomad on 127.0.0.1
+    (--clients N: a server on 198.18.0.1 and N client namespaces)."""
+    if clients >= 2:
+        _dev_cluster_up(clients, gpus, timeout)
+        return
     from nomadtf.devstack.stack import DevStack
 
     stack = DevStack.default()
@@ -69,41 +76,82 @@ def dev_up(
     _err('use it from a shell with: eval "$(nomadtf dev env)"')
 
 
+def _dev_cluster_up(clients: int, gpus: int, timeout: float) -> None:
+    from nomadtf.devstack.cluster import ClusterStack
+
+    cluster = ClusterStack.default()
+    started = time.monotonic()
+    if not cluster.up(progress=_stamp, clients=clients, gpus=gpus, timeout=timeout):
+        _err(f"the several-client stack is already up ({cluster.state_dir})")
+        return
+    _err(f"several-client stack up in {time.monotonic() - started:.1f}s; state in {cluster.state_dir}")
+    _err('use it from a shell with: eval "$(nomadtf dev env --cluster)"')
+
+
+OnlyCluster = Annotated[bool, typer.Option("--cluster", help="Only the several-client stack (`dev up --clients N`)")]
+OnlySingle = Annotated[bool, typer.Option("--single", help="Only the single-node stack")]
+
+
 @dev_app.command("down")
-def dev_down() -> None:
-    """Stop what `dev up` started and remove its state."""
+def dev_down(cluster: OnlyCluster = False, single: OnlySingle = False) -> None:
+    """Stop what `dev up` started and remove its state (every stack that runs, unless
+    --cluster or --single)."""
+    from nomadtf.devstack.cluster import ClusterStack
     from nomadtf.devstack.stack import DevStack
 
-    stack = DevStack.default()
-    stack.down(progress=_stamp)
-    _err("local stack stopped")
+    if single or not cluster:
+        DevStack.default().down(progress=_stamp)
+        _err("local stack stopped")
+    several = ClusterStack.default()
+    if cluster or (not single and several.state_dir.exists()):
+        several.down(progress=_stamp)
+        _err("several-client stack stopped")
 
 
 @dev_app.command("status")
-def dev_status() -> None:
+def dev_status(cluster: OnlyCluster = False) -> None:
     """What runs, where, and where its log is."""
+    from nomadtf.devstack.cluster import ClusterStack
     from nomadtf.devstack.stack import DevStack
 
-    rows = DevStack.default().status()
-    if not rows:
-        typer.echo("local stack: not running")
+    rows = [] if cluster else DevStack.default().status()
+    several = ClusterStack.default()
+    cluster_rows = several.status()
+    if not rows and not cluster_rows:
+        typer.echo("several-client stack: not running" if cluster else "local stack: not running")
         raise typer.Exit(1)
     for row in rows:
         typer.echo(f"{row['component']:<8} {row['state']:<8} pid {row['pid']:<7} {row['address']:<24} log {row['log']}")
-    gpus = DevStack.default().recorded_gpus()
+    gpus = DevStack.default().recorded_gpus() if rows else 0
     if gpus:
         typer.echo(f"nomad client: {gpus} fake NVIDIA GPUs (device plugin nomadtf-fake-gpu)")
-    if any(r["state"] != "running" for r in rows):
+    if cluster_rows:
+        gpus = several.recorded_gpus()
+        typer.echo(f"several-client stack: {several.clients()} clients" + (f", {gpus} fake GPUs each" if gpus else ""))
+    for row in cluster_rows:
+        node = f" node {row['node']}" if row["node"] else ""
+        typer.echo(f"{row['component']:<16} {row['state']:<8} pid {row['pid']:<7} {row['address']:<24}{node:<14} log {row['log']}")
+    broken = [r for r in rows + cluster_rows if r["state"] != "running" or r.get("node") not in ("", "ready", None)]
+    if broken:
         raise typer.Exit(1)
 
 
 @dev_app.command("env")
-def dev_env() -> None:
-    """Print export lines for a shell: eval "$(nomadtf dev env)"."""
+def dev_env(cluster: OnlyCluster = False) -> None:
+    """Print export lines for a shell: eval "$(nomadtf dev env)" (the single-node stack
+    when it runs, else the several-client one; --cluster: always that one)."""
+    import shlex
+
+    from nomadtf.devstack.cluster import ClusterStack
     from nomadtf.devstack.stack import DevStack
 
-    for key, value in DevStack.default().env().items():
-        typer.echo(f"export {key}={value}")
+    single = DevStack.default()
+    if not cluster and (single.components() or not ClusterStack.default().components()):
+        for key, value in single.env().items():
+            typer.echo(f"export {key}={value}")
+        return
+    for key, value in ClusterStack.default().env().items():
+        typer.echo(f"export {key}={shlex.quote(value)}")
 
 
 # ---- inside an allocation ---------------------------------------------------------------

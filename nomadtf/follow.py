@@ -122,7 +122,9 @@ def outcome(job: dict[str, Any], allocs: list[dict[str, Any]], reschedule_attemp
             return "succeeded"
     failures: dict[tuple[str, int], int] = {}
     for alloc in allocs:
-        if alloc.get("ClientStatus") in ("failed", "lost"):
+        # A `lost` allocation (its node went down) is replaced by Nomad whatever the
+        # reschedule policy says: it spends none of the job's reschedule attempts.
+        if alloc.get("ClientStatus") == "failed":
             failures[alloc_slot(alloc)] = failures.get(alloc_slot(alloc), 0) + 1
     if any(count > reschedule_attempts for count in failures.values()):
         return "failed"
@@ -216,8 +218,17 @@ class Follower:
             result = outcome(job, allocs, self.reschedule_attempts)
             if result == "succeeded":
                 return view
-            if result == "failed":
+            if result == "failed" or self._recorded_failure():
                 raise JobFailed(self._failure_report(allocs))
+
+    def _recorded_failure(self) -> bool:
+        """The job's own tasks recorded a failure (a permanent exit code, the deadline):
+        that is the outcome, even while Nomad still restarts the failed slot."""
+        try:
+            state = self.recorded_state()
+        except ServerError:
+            return False
+        return bool(state and state.startswith(STATE_FAILED))
 
     def _check_deadline(self) -> None:
         if self.deadline and time.monotonic() > self.deadline:

@@ -87,14 +87,14 @@ class Run:
         self.templates = templates
         self.job_id: str = spec["name"]
         self.discovery: ConsulDiscovery | None = None
-        self.job: dict[str, Any] = {}
+        # The job as `validate` and `plan` see it; `submit` renders it again with its run.
+        self.job: dict[str, Any] = render.render_job(spec, templates)
 
     @classmethod
     def prepare(cls, job_file: Path, variables: list[str], templates: Path | None = None) -> Run:
         """Load and check the spec and that it renders (offline); the client speaks to the
         job's namespace and region."""
         normalised = spec.load_spec(job_file, variables)
-        render.render_job(normalised, templates)  # a template error is found before anything is asked of Nomad
         api = NomadAPI.from_env(namespace=normalised["namespace"], region=normalised["region"])
         return cls(normalised, api, templates)
 

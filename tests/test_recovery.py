@@ -194,7 +194,9 @@ def test_code_that_raises_on_every_start_fails_in_bounded_time(stack, tmp_path):
         assert out.returncode == 1, out.stderr
         assert "ValueError: boom from user code" in out.stderr
         chief_allocs = [a for a in allocations(name) if a["TaskGroup"] == "chief"]
-        assert len(chief_allocs) == 2  # the first placement and one reschedule, as configured
+        # The first placement, and at most the one reschedule configured: the recorded
+        # permanent failure usually ends the run before Nomad reschedules.
+        assert 1 <= len(chief_allocs) <= 2
         assert time.monotonic() - started < 240
     finally:
         purge(name)

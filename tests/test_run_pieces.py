@@ -75,3 +75,15 @@ def test_the_submitters_view_of_model_dir():
     spec = {"name": "digits", "model_dir": "/tmp/nomadtf/${NOMAD_NAMESPACE}/${NOMAD_JOB_ID}/${NOMADTF_RUN_ID}"}
     assert client_model_dir(spec, "team-a", "r1") == Path("/tmp/nomadtf/team-a/digits/r1")
     assert client_model_dir({**spec, "model_dir": "${NOMAD_ALLOC_DIR}/m"}, "default", "r1") is None
+
+
+def test_a_lost_allocation_spends_no_reschedule_attempt():
+    """A node that went down: Nomad replaces its allocations whatever the reschedule policy."""
+    from nomadtf.follow import outcome
+
+    job = {"Status": "running", "TaskGroups": [{"Name": "worker", "Count": 1}]}
+    lost = {"Name": "j.worker[0]", "ClientStatus": "lost", "CreateIndex": 1}
+    replacement = {"Name": "j.worker[0]", "ClientStatus": "running", "CreateIndex": 2}
+    assert outcome(job, [lost, replacement], reschedule_attempts=0) is None
+    failed = {**lost, "ClientStatus": "failed"}
+    assert outcome(job, [failed, replacement], reschedule_attempts=0) == "failed"

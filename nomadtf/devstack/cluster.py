@@ -116,7 +116,10 @@ def _client_index(component: str) -> int | None:
 
 def _ip(*args: str, check: bool = True) -> str:
     """Run `ip ARGS`; a failure is a DevStackError with ip's own message."""
-    result = subprocess.run(["ip", *args], capture_output=True, text=True)
+    try:
+        result = subprocess.run(["ip", *args], capture_output=True, text=True)
+    except FileNotFoundError as exc:
+        raise DevStackError("the several-client stack needs the `ip` command (iproute2)") from exc
     if check and result.returncode != 0:
         raise DevStackError(f"`ip {' '.join(args)}` failed: {result.stderr.strip() or result.returncode}")
     return result.stdout
@@ -136,10 +139,10 @@ def namespace_pids(name: str) -> list[int]:
     return [int(p) for p in result.stdout.split()] if result.returncode == 0 else []
 
 
-def check_subnet_free() -> None:
-    """Refuse to take 198.18.0.0/24 when a route or an address of this machine overlaps it
-    (anything but our own bridge, which `down` removes)."""
-    routes = json.loads(_ip("-j", "route", "show", "table", "all") or "[]")
+def subnet_conflicts(routes: list[dict], links: list[dict]) -> list[str]:
+    """What on this machine overlaps SUBNET, from `ip -j route show table all` and
+    `ip -j addr show`: routes and IPv4 addresses on anything but our own bridge. Pure."""
+    found = []
     for route in routes:
         dst = route.get("dst", "")
         if not dst or dst == "default" or route.get("dev") == BRIDGE or route.get("type") in ("broadcast", "local"):
@@ -149,19 +152,26 @@ def check_subnet_free() -> None:
         except ValueError:
             continue
         if net.version == 4 and net.overlaps(SUBNET):
-            raise DevStackError(
-                f"a route for {dst} (dev {route.get('dev', '?')}) overlaps {SUBNET}, which the several-client "
-                "stack puts on its own bridge; remove that route or stop what uses it"
-            )
-    for link in json.loads(_ip("-j", "addr", "show") or "[]"):
+            found.append(f"a route for {dst} (dev {route.get('dev', '?')})")
+    for link in links:
         if link.get("ifname") == BRIDGE:
             continue
         for addr in link.get("addr_info", []):
             if addr.get("family") == "inet" and ipaddress.ip_address(addr["local"]) in SUBNET:
-                raise DevStackError(
-                    f"{addr['local']} on {link.get('ifname')} lies in {SUBNET}, which the several-client "
-                    "stack puts on its own bridge"
-                )
+                found.append(f"address {addr['local']} on {link.get('ifname')}")
+    return found
+
+
+def check_subnet_free() -> None:
+    """Refuse to take SUBNET when a route or an address of this machine overlaps it."""
+    routes = json.loads(_ip("-j", "route", "show", "table", "all") or "[]")
+    links = json.loads(_ip("-j", "addr", "show") or "[]")
+    conflicts = subnet_conflicts(routes, links)
+    if conflicts:
+        raise DevStackError(
+            f"{'; '.join(conflicts)} overlaps {SUBNET}, which the several-client stack puts on its own "
+            f"bridge {BRIDGE}; remove it or stop what uses it"
+        )
 
 
 class ClusterStack:
@@ -273,6 +283,8 @@ class ClusterStack:
         each client). Returns False when that cluster already runs (a no-op)."""
         if isinstance(clients, bool) or not isinstance(clients, int) or not 1 <= clients <= MAX_CLIENTS:
             raise DevStackError(f"clients must be a number from 1 to {MAX_CLIENTS}, not {clients!r}")
+        if os.geteuid() != 0:
+            raise DevStackError("the several-client stack creates network namespaces and a bridge: run it as root")
         if self.is_up():
             running = (self.clients(), self.recorded_gpus())
             if running != (clients, gpus):
@@ -295,12 +307,12 @@ class ClusterStack:
             )
         claim_state_dir(self.state_dir, "NOMADTF_DEV_CLUSTER_DIR")
         self._save(clients=clients, gpus=gpus)
-        bins = {name: binaries.find_or_build(name, progress) for name in ("consul", "bao", "nomad")}
-        plugin = gpu_plugin.find_or_build(progress) if gpus else None
-        token = secrets.token_urlsafe(24)
-        _write_private(self.token_path, token)
         started = time.monotonic()
         try:
+            bins = {name: binaries.find_or_build(name, progress) for name in ("consul", "bao", "nomad")}
+            plugin = gpu_plugin.find_or_build(progress) if gpus else None
+            token = secrets.token_urlsafe(24)
+            _write_private(self.token_path, token)
             self._make_network(clients)
             progress(f"network: {BRIDGE} {SERVER_IP}/{SUBNET.prefixlen}, namespaces ntf-c1..ntf-c{clients}")
 
@@ -319,6 +331,11 @@ class ClusterStack:
 
             for i in range(1, clients + 1):
                 self._start_consul_client(bins["consul"], i)
+            # Each Nomad client must find its Consul agent when it starts: it fingerprints
+            # the agent once, then only every 15 s, and without `consul.version` on the
+            # node no job with a service is placed there.
+            for i in range(1, clients + 1):
+                self._wait_consul_client(i, timeout)
             for i in range(1, clients + 1):
                 self._start_nomad_client(bins["nomad"], i, gpus, plugin)
             for i in range(1, clients + 1):
@@ -409,10 +426,12 @@ class ClusterStack:
         argv = [str(binary), "agent", "-config", str(config)]
         self._start(f"nomad-client-{index}", argv, _base_env(), namespace(index))
 
+    def _wait_consul_client(self, index: int, timeout: float) -> None:
+        consul = self.component(f"consul-client-{index}")
+        wait_for(lambda: _consul_member_alive(node_name(index)), timeout, f"consul agent {node_name(index)}", consul.log)
+
     def _wait_client(self, index: int, timeout: float, gpus: int) -> None:
         name = node_name(index)
-        consul = self.component(f"consul-client-{index}")
-        wait_for(lambda: _consul_member_alive(name), timeout, f"consul agent {name}", consul.log)
         nomad = self.component(f"nomad-client-{index}")
         wait_for(lambda: _nomad_node_ready(name, gpus), timeout, f"nomad client {name}", nomad.log)
         # A client sends its first heartbeat up to 10 s after registering (Nomad's fixed
@@ -456,6 +475,7 @@ class ClusterStack:
         consul = self.component(f"consul-client-{index}")
         nomad = self.component(f"nomad-client-{index}")
         self._start_consul_client(Path(consul.binary), index)
+        self._wait_consul_client(index, timeout)
         plugin = gpu_plugin.plugin_path() if self.recorded_gpus() else None
         self._start_nomad_client(Path(nomad.binary), index, self.recorded_gpus(), plugin)
         self._wait_client(index, timeout, self.recorded_gpus())
@@ -574,12 +594,17 @@ def _consul_member_alive(name: str) -> bool:
 
 
 def _nomad_node_ready(name: str, gpus: int) -> bool:
-    # GET /v1/nodes?resources=true ; ready, raw_exec healthy, every fake GPU fingerprinted
+    """Ready, raw_exec healthy, its own Consul agent fingerprinted, every fake GPU there.
+
+    GET /v1/nodes?resources=true ; GET /v1/node/:id
+    """
     nodes = requests.get(f"{NOMAD_ADDR}/v1/nodes", params={"resources": "true"}, timeout=2).json()
-    for node in nodes:
-        if node.get("Name") == name and node.get("Status") == "ready":
+    for stub in nodes:
+        if stub.get("Name") == name and stub.get("Status") == "ready":
+            node = requests.get(f"{NOMAD_ADDR}/v1/node/{stub['ID']}", timeout=2).json()
             healthy = (node.get("Drivers") or {}).get("raw_exec", {}).get("Healthy")
-            return bool(healthy) and node_gpu_count(node) >= gpus
+            own_consul = (node.get("Attributes") or {}).get("unique.consul.name") == name
+            return bool(healthy) and own_consul and node_gpu_count(stub) >= gpus
     return False
 
 

@@ -376,12 +376,9 @@ class Supervisor:
         (and a hang) gets a new incarnation, so peers that depend on our state restart too."""
         if not self.budget.spend(time.monotonic()):
             log.error("giving up after %d recoveries in %.0fs (%s)", self.spec.recovery.restart_attempts, self.budget.window_s, why)
-            code = self._stop_child()
-            # The role's budget is spent: the job fails as a whole (peers stop, Nomad's
-            # restart of this slot ends at once) instead of crash-looping on a fresh budget.
-            spent = f"restart budget spent ({self.spec.recovery.restart_attempts} in {self.budget.window_s:.0f}s; last: {why})"
-            state = policy.failed_state(self.role, self.me.index, code if code is not None else 1, spent)
-            self._retry(lambda: self.discovery.set_job_state(state), "marking the job failed")
+            self._stop_child()
+            # Nomad's restart and reschedule policy is the rest of the budget: it restarts
+            # this task (or places it elsewhere) until its own attempts are spent.
             return 1
         log.info("recovering: %s", why)
         self._stop_child()
