@@ -80,7 +80,8 @@ def test_no_gpu_on_any_node_names_the_device_asked_for():
     summary = describe_plan(plan_result("Added", {"worker": tg_updates(place=2)}, failed), GPU_JOB)
     assert summary.failures
     assert summary.lines[-1] == (
-        "worker: cannot be placed: no node offers nvidia/gpu x1: 3 of 3 nodes lack it "
+        "worker: cannot be placed: not enough free nvidia/gpu x2: on 3 of 3 nodes the matching devices are fewer than asked "
+        "or in use by other allocations "
         "(devices: no devices match request); 2 allocations affected"
     )
 
@@ -131,5 +132,5 @@ def test_quota_exhaustion_is_reported():
 
 
 def test_requested_devices_per_group_from_the_rendered_job():
-    assert requested_devices(GPU_JOB) == {"chief": ["nvidia/gpu x1"], "worker": ["nvidia/gpu x1"], "ps": []}
+    assert requested_devices(GPU_JOB) == {"chief": ["nvidia/gpu x1"], "worker": ["nvidia/gpu x2"], "ps": []}
     assert requested_devices(None) == {}

@@ -211,3 +211,15 @@ def test_the_child_gets_sighup_back_to_its_default(tmp_path):
     finally:
         signal.signal(signal.SIGHUP, previous)
     assert int(out.read_text()) == signal.SIG_DFL
+
+
+def test_a_stopped_child_is_ended_by_sigterm_without_waiting_for_sigkill(tmp_path):
+    """A hung child may be SIGSTOPped: stop() continues it, so SIGTERM works at once."""
+    ready = tmp_path / "ready"
+    code = f"import time; open({str(ready)!r}, 'w').write('1'); time.sleep(600)"
+    child = Child([sys.executable, "-c", code], dict(os.environ), str(tmp_path), lambda *_: None)
+    _wait_for(ready)
+    child.pause()
+    started = time.monotonic()
+    assert child.stop(grace=5.0) == -signal.SIGTERM
+    assert time.monotonic() - started < 3

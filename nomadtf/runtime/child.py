@@ -112,6 +112,10 @@ class Child:
         _signal_group(self.pid, signal.SIGTERM)
         for proc in tree:
             _signal(proc, signal.SIGTERM)
+        # A stopped (SIGSTOP, hung in a debugger) process acts on SIGTERM only once it runs.
+        _signal_group(self.pid, signal.SIGCONT)
+        for proc in tree:
+            _signal(proc, signal.SIGCONT)
         code = self._wait_for(grace)
         _, alive = psutil.wait_procs(tree, timeout=0.5 if code is not None else 0)
         if code is None or alive:

@@ -20,6 +20,7 @@ from nomadtf.cluster import Member
 from nomadtf.discovery import ConsulDiscovery, Slot
 from nomadtf.errors import NomadtfError
 from nomadtf.runtime.loop import CATALOG, CLUSTER_KV, Event
+from nomadtf.runtime.policy import SlotState, slot_state
 from nomadtf.spec import JobSpec
 
 log = logging.getLogger("nomadtf.task")
@@ -140,9 +141,16 @@ class Membership:
         log.info("holding %s[%d] (alloc %s, incarnation %s)", self.me.role, index, self.me.alloc_id[:8], self.me.incarnation)
         return True
 
-    def holds_slot(self, slots: dict[tuple[str, int], Slot]) -> bool:
+    def slot_state(self, slots: dict[tuple[str, int], Slot]) -> SlotState:
+        """Whether we hold our index, lost it (claim it back) or another allocation took it."""
         slot = slots.get((self.me.role, self.me.index))
-        return bool(slot and slot.alloc_id == self.me.alloc_id and slot.session == self.discovery.session)
+        if slot is None:
+            return slot_state(None, None, self.me.alloc_id, self.discovery.session)
+        return slot_state(slot.alloc_id, slot.session, self.me.alloc_id, self.discovery.session)
+
+    def holder(self, slots: dict[tuple[str, int], Slot]) -> str:
+        slot = slots.get((self.me.role, self.me.index))
+        return slot.alloc_id if slot else ""
 
     def reclaim(self) -> bool:
         """After Consul forgot us (a dev agent restarted): a new session, our index again."""

@@ -15,6 +15,9 @@ What restarts when is the role table (nomadtf.roles); this module applies it:
     job succeeded            bare servers stop now; user code gets a grace period
     job failed               the same, seen by a running task
     budget                   at most restart_attempts recoveries per restart_interval
+    our index taken          another allocation holds our slot (Nomad replaced ours while
+                             our node was cut off and our session lapsed): stop our child
+                             and exit 0; two tasks of one index never run
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from nomadtf import roles
 from nomadtf.cluster import Member
 
 STRAGGLER_GRACE_S = 30.0  # after success, how long user code that is still running gets
-PEER_SETTLE_S = 12.0  # after a child failure, how long to look for a peer change that explains it
+PEER_SETTLE_S = 15.0  # after a child failure, how long to look for a peer change that explains it
 
 
 def fingerprint(members: Iterable[Member]) -> str:
@@ -68,6 +71,24 @@ def must_restart(strategy: str, role: str, index: int, old: Iterable[Member], ne
         for change in peer_changes(old, new)
         if (change.role, change.index) != (role, index)
     )
+
+
+# ---- our slot -----------------------------------------------------------------------------
+
+
+class SlotState(enum.Enum):
+    HELD = "held"  # our allocation holds it under our current session
+    LOST = "lost"  # nobody holds it, or our allocation under a session Consul forgot: claim it back
+    TAKEN = "taken"  # another allocation holds it: ours was replaced
+
+
+def slot_state(holder_alloc: str | None, holder_session: str | None, alloc_id: str, session: str | None) -> SlotState:
+    """What the slot of our index, as Consul shows it, means for us."""
+    if holder_alloc is None:
+        return SlotState.LOST
+    if holder_alloc != alloc_id:
+        return SlotState.TAKEN
+    return SlotState.HELD if holder_session == session and session else SlotState.LOST
 
 
 # ---- exits ---------------------------------------------------------------------------------

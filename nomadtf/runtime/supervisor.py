@@ -190,7 +190,10 @@ class Supervisor:
         if name == "progress":
             return self._on_progress_tick()
         if name == "peer-settle" and self.phase is Phase.CHECKING:
-            return self._guard(lambda: self._decide_after_peer_check(False, []))
+            # A peer still missing when the window closes (its supervisor was killed and
+            # Nomad is restarting it) explains our failure as much as a changed one: wait
+            # for it in a new rendezvous, bounded by the rendezvous timeout.
+            return self._guard(lambda: self._decide_after_peer_check(bool(self.membership.missing(self.membership.members())), []))
         if name == "job-deadline":
             return self._on_deadline()
         if name == "straggler":
@@ -245,7 +248,10 @@ class Supervisor:
         if ended is not None:
             return ended
         slots = self.discovery.slots()
-        if not self.membership.holds_slot(slots):
+        state = self.membership.slot_state(slots)
+        if state is policy.SlotState.TAKEN:
+            return self._replaced(self.membership.holder(slots))
+        if state is policy.SlotState.LOST:
             self.membership.reclaim()
             slots = self.discovery.slots()
         members = self.membership.members(slots)
@@ -297,7 +303,10 @@ class Supervisor:
             self.loop.call_at(self.succeeded_at + policy.STRAGGLER_GRACE_S, "straggler")
             return None
         slots = self.discovery.slots()
-        if not self.membership.holds_slot(slots):
+        state = self.membership.slot_state(slots)
+        if state is policy.SlotState.TAKEN:
+            return self._replaced(self.membership.holder(slots))
+        if state is policy.SlotState.LOST:
             self.membership.reclaim()
             return None  # the claim's KV write wakes us again
         members = self.membership.members(slots)
@@ -322,6 +331,19 @@ class Supervisor:
             else:
                 self.running.generation, self.running.members = number, members
         return None
+
+    def _replaced(self, holder: str) -> int:
+        """Another allocation holds our index: Nomad placed a replacement of ours while our
+        node was cut off, and our Consul session lapsed meanwhile. Two tasks of one index must
+        never run (two ps[0] would each hold half the truth), so we stop our child and end.
+        Exit 0: this task did nothing wrong, and Nomad stops its allocation anyway once it
+        hears from our node again."""
+        log.error(
+            "%s[%d] is held by allocation %s now, a replacement of ours (we were cut off); stopping our child",
+            self.role, self.me.index, holder[:8],
+        )
+        self._stop_child()
+        return 0
 
     def _on_child_exit(self, code: int) -> int | None:
         state = self._job_state()
@@ -381,10 +403,13 @@ class Supervisor:
             # this task (or places it elsewhere) until its own attempts are spent.
             return 1
         log.info("recovering: %s", why)
-        self._stop_child()
         if own_crash:
+            # Peers are told first: stopping a hung child can take the whole stop grace,
+            # and a peer whose own code failed meanwhile (a collective that timed out) is
+            # looking for exactly this change to know it was not its own fault.
             incarnation = _incarnation()
             self._retry(lambda: self.membership.announce_incarnation(incarnation), "telling peers we restarted")
+        self._stop_child()
         self.phase = Phase.RENDEZVOUS
         self.rendezvous_started = time.monotonic()
         self.loop.call_at(self.rendezvous_started + self.spec.discovery.rendezvous_timeout_s, "rendezvous-deadline")
