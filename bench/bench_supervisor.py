@@ -263,9 +263,13 @@ def children(job_id: str) -> int:
 
 
 def generation_written(job_id: str) -> bool:
-    """GET /v1/kv/nomadtf/default/<job>/cluster/generation, on Consul itself (not the proxy)."""
-    resp = requests.get(f"http://{consul_address()}/v1/kv/{wire.kv_generation(wire.DEFAULT_NAMESPACE, job_id)}", timeout=10)
-    return resp.status_code == 200
+    """Some run of the job has its generation key (the key path carries the run id).
+
+    GET /v1/kv/nomadtf/default/<job>/?keys, on Consul itself (not the proxy)
+    """
+    prefix = wire.kv_job_prefix(wire.DEFAULT_NAMESPACE, job_id)
+    resp = requests.get(f"http://{consul_address()}/v1/kv/{prefix}", params={"keys": "true"}, timeout=10)
+    return resp.status_code == 200 and any(key.endswith("/cluster/generation") for key in resp.json())
 
 
 def consul_address() -> str:

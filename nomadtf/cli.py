@@ -6,6 +6,7 @@ block) on stderr and its exit code; tracebacks only with --debug.
 
 from __future__ import annotations
 
+import enum
 import json
 import sys
 import time
@@ -55,7 +56,9 @@ def _root(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks")
 @dev_app.command("up")
 def dev_up(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for each server")] = 120.0,
-    gpus: Annotated[int, typer.Option("--gpus", min=0, help="Fake NVIDIA GPUs on the Nomad client (the project's device plugin)")] = 0,
+    gpus: Annotated[
+        Optional[int], typer.Option("--gpus", min=0, help="Fake NVIDIA GPUs per Nomad client (the project's device plugin); default none, or as the running stack has")
+    ] = None,
     clients: Annotated[
         int, typer.Option("--clients", min=1, help="Nomad clients; 2 or more: a cluster of network namespaces on 198.18.0.0/24")
     ] = 1,
@@ -63,7 +66,7 @@ def dev_up(
     """Build or find the binaries and start Consul, OpenBao and Nomad on 127.0.0.1
     (--clients N: a server on 198.18.0.1 and N client namespaces)."""
     if clients >= 2:
-        _dev_cluster_up(clients, gpus, timeout)
+        _dev_cluster_up(clients, gpus or 0, timeout)
         return
     from nomadtf.devstack.stack import DevStack
 
@@ -152,6 +155,61 @@ def dev_env(cluster: OnlyCluster = False) -> None:
         return
     for key, value in ClusterStack.default().env().items():
         typer.echo(f"export {key}={shlex.quote(value)}")
+
+
+@dev_app.command("binaries")
+def dev_binaries(
+    names: Annotated[Optional[list[str]], typer.Argument(help="consul, nomad, bao, gpu-plugin (default: the first three)", show_default=False)] = None,
+    go: Annotated[Optional[str], typer.Option("--go", help="First install this Go (e.g. go1.26.8) from the Go module proxy's toolchain module")] = None,
+    go_root: Annotated[Path, typer.Option("--go-root", help="Where --go puts it")] = Path("/usr/local/go"),
+) -> None:
+    """Find or build the stack's binaries (cached in ~/.cache/nomadtf) and print their paths."""
+    from nomadtf.devstack import binaries
+
+    started = time.monotonic()
+    found = binaries.ensure(names or ["consul", "nomad", "bao"], lambda m: _err(f"    {m}"), go, go_root)
+    for name, path in found.items():
+        typer.echo(f"{name}: {path}")
+    _err(f"binaries ready in {time.monotonic() - started:.0f}s")
+
+
+class MachineKind(str, enum.Enum):
+    server = "server"
+    client = "client"
+
+
+class Agent(str, enum.Enum):
+    nomad = "nomad"
+    consul = "consul"
+
+
+@dev_app.command("config")
+def dev_config(
+    kind: Annotated[MachineKind, typer.Argument(help="server (Consul and Nomad servers) or client (their client agents)")],
+    agent: Annotated[Agent, typer.Option("--agent", help="nomad: the Nomad agent's HCL; consul: the Consul agent's JSON")] = Agent.nomad,
+    index: Annotated[int, typer.Option("--index", min=1, help="client: its number (node client-N, node_class nomadtf-client-N)")] = 1,
+    address: Annotated[Optional[str], typer.Option("--address", help="The machine's address; default: the stack's (198.18.0.1, 198.18.0.(10+N))")] = None,
+    servers: Annotated[Optional[str], typer.Option("--servers", help="client: the server machine's address(es), comma-separated; default 198.18.0.1")] = None,
+    interface: Annotated[str, typer.Option("--interface", help="client: the network interface its allocations advertise")] = "eth0",
+    state_dir: Annotated[Optional[Path], typer.Option("--state-dir", help="Holds <machine>/nomad-data and consul-data; default: the stack's")] = None,
+    gpus: Annotated[int, typer.Option("--gpus", min=0, help="client: fake NVIDIA GPUs (the project's device plugin)")] = 0,
+    no_vault: Annotated[bool, typer.Option("--no-vault", help="No vault block (a cluster without Vault)")] = False,
+) -> None:
+    """Print one machine's agent configuration, as `dev up --clients N` writes it (with no
+    option: exactly the stack's file). vagrant/provision.sh writes the VMs' files with it."""
+    from nomadtf.devstack import cluster, wiring
+
+    machine = cluster.machine(
+        kind.value,
+        index,
+        state_dir=state_dir,
+        address=address,
+        servers=[s.strip() for s in servers.split(",") if s.strip()] if servers else (),
+        network_interface=interface,
+        vault=not no_vault,
+        gpus=gpus,
+    )
+    typer.echo(wiring.nomad_config(machine) if agent is Agent.nomad else wiring.consul_config(machine), nl=False)
 
 
 # ---- inside an allocation ---------------------------------------------------------------

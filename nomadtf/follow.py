@@ -23,7 +23,7 @@ from typing import Any
 
 from nomadtf.errors import FollowTimeout, JobFailed, NomadtfError, ServerError
 from nomadtf.nomad import NomadAPI
-from nomadtf.plan import explain_placement_failure, requested_devices
+from nomadtf.plan import explain_placement_failure, group_counts, requested_devices
 from nomadtf.wire import META_RUN, META_VERSION, STATE_FAILED
 
 
@@ -248,8 +248,8 @@ class Follower:
             failed = evaluation.get("FailedTGAllocs") or {}
             if failed:
                 job = self.api.job(self.job_id) or {}
-                devices = requested_devices(job)
-                reasons = [explain_placement_failure(g, m, devices.get(g)) for g, m in sorted(failed.items())]
+                devices, counts = requested_devices(job), group_counts(job)
+                reasons = [explain_placement_failure(g, m, devices.get(g), counts.get(g)) for g, m in sorted(failed.items())]
                 raise JobFailed("the job cannot be placed:\n  " + "\n  ".join(reasons))
             if evaluation.get("Status") in ("complete", "failed", "canceled"):
                 if evaluation["Status"] != "complete":

@@ -13,19 +13,42 @@ class PlanSummary:
     failures: bool = False
 
 
-def explain_placement_failure(group: str, metric: dict[str, Any], requested_devices: list[str] | None = None) -> str:
-    """One sentence for one task group's AllocMetric (FailedTGAllocs entry)."""
+# The ConstraintFiltered key Nomad's scheduler uses for a node that already runs an
+# allocation of the group when the group asks for distinct hosts.
+DISTINCT_HOSTS = "distinct_hosts"
+# Nomad's key for nodes it skipped because another node of the same computed class (same
+# attributes, class and meta) already failed the group's constraints.
+COMPUTED_CLASS_INELIGIBLE = "computed class ineligible"
+
+
+def explain_placement_failure(
+    group: str, metric: dict[str, Any], requested_devices: list[str] | None = None, wanted: int | None = None
+) -> str:
+    """One sentence for one task group's AllocMetric (FailedTGAllocs entry); `wanted` is
+    the group's count, which turns a distinct_hosts failure into how many nodes it needs."""
     evaluated = metric.get("NodesEvaluated", 0)
     available = sum((metric.get("NodesAvailable") or {}).values()) or evaluated
     reasons = []
     for constraint, count in sorted((metric.get("ConstraintFiltered") or {}).items()):
-        if "device" in constraint:
+        # Nomad checks distinct_hosts after every other constraint: the nodes it filtered,
+        # and those that passed it but had no room, are all the eligible ones.
+        eligible = count + (metric.get("NodesExhausted") or 0)
+        if constraint == DISTINCT_HOSTS and wanted is not None and wanted > eligible:
+            verb = "is" if eligible == 1 else "are"
+            reasons.append(f"distinct_hosts asks for {wanted} different nodes, only {eligible} {verb} eligible")
+        elif constraint == COMPUTED_CLASS_INELIGIBLE:
+            reasons.append(f"{count} of {available} nodes do not meet the group's constraints (node_class, constraints)")
+        elif "device" in constraint:
             what = ", ".join(requested_devices or []) or "the requested device"
             reasons.append(f"no node offers {what}: {count} of {available} nodes have no matching device ({constraint})")
         else:
             reasons.append(f"{count} of {available} nodes filtered by constraint {constraint}")
-    for cls, count in sorted((metric.get("ClassFiltered") or {}).items()):
-        reasons.append(f"{count} nodes of class {cls} filtered")
+    # ClassFiltered counts every filtered node by its class, whatever filtered it: only
+    # worth saying for the nodes no constraint above accounts for.
+    explained = sum((metric.get("ConstraintFiltered") or {}).values())
+    if (metric.get("NodesFiltered") or 0) > explained:
+        for cls, count in sorted((metric.get("ClassFiltered") or {}).items()):
+            reasons.append(f"{count} nodes of class {cls} filtered")
     for dimension, count in sorted((metric.get("DimensionExhausted") or {}).items()):
         if "device" in dimension:
             what = ", ".join(requested_devices or []) or "the requested device"
@@ -57,6 +80,10 @@ def requested_devices(job: dict[str, Any] | None) -> dict[str, list[str]]:
     return out
 
 
+def group_counts(job: dict[str, Any] | None) -> dict[str, int]:
+    return {group["Name"]: group.get("Count", 1) for group in (job or {}).get("TaskGroups") or []}
+
+
 def describe_plan(result: dict[str, Any], job: dict[str, Any] | None = None) -> PlanSummary:
     summary = PlanSummary()
     diff_type = (result.get("Diff") or {}).get("Type", "None")
@@ -66,8 +93,8 @@ def describe_plan(result: dict[str, Any], job: dict[str, Any] | None = None) -> 
     for group, counts in sorted(updates.items()):
         parts = [f"{k.lower()} {v}" for k, v in sorted(counts.items()) if v]
         summary.lines.append(f"  {group}: {', '.join(parts) or 'no change'}")
-    devices = requested_devices(job)
+    devices, counts = requested_devices(job), group_counts(job)
     for group, metric in sorted((result.get("FailedTGAllocs") or {}).items()):
         summary.failures = True
-        summary.lines.append(explain_placement_failure(group, metric, devices.get(group)))
+        summary.lines.append(explain_placement_failure(group, metric, devices.get(group), counts.get(group)))
     return summary

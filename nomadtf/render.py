@@ -43,6 +43,29 @@ def _constraints(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"LTarget": c["attribute"], "RTarget": c["value"], "Operand": c["operator"]} for c in items]
 
 
+def _placement_constraints(cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """A role's own placement options as Nomad group constraints: `node_class` is a
+    constraint on ${node.class}; `distinct_hosts` is Nomad's operator of that name, which
+    compares nothing (no LTarget) and keeps two allocations of the group off one node."""
+    out = []
+    if cfg.get("node_class"):
+        out.append({"LTarget": "${node.class}", "RTarget": cfg["node_class"], "Operand": "="})
+    if cfg.get("distinct_hosts"):
+        out.append({"LTarget": "", "RTarget": "true", "Operand": "distinct_hosts"})
+    return out
+
+
+def _spreads(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {
+            "Attribute": s["attribute"],
+            "Weight": s["weight"],
+            "SpreadTarget": [{"Value": t["value"], "Percent": t["percent"]} for t in s["targets"]],
+        }
+        for s in items
+    ]
+
+
 def _affinities(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [
         {"LTarget": a["attribute"], "RTarget": a["value"], "Operand": a["operator"], "Weight": a.get("weight", 50)}
@@ -86,6 +109,8 @@ def _environment(templates_dir: str) -> jinja2.Environment:
     env.filters.update(
         ns=_ns,
         constraints=_constraints,
+        placement_constraints=_placement_constraints,
+        spreads=_spreads,
         affinities=_affinities,
         gpu_request=gpu_request,
         device_constraints=_device_constraints,

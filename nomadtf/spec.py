@@ -252,6 +252,20 @@ def cross_field_problems(spec: dict[str, Any]) -> list[str]:
     for role, cfg in roles.items():
         if cfg.get("memory_max") is not None and cfg["memory_max"] < cfg["memory"]:
             problems.append(f"roles.{role}.memory_max: must be >= memory ({cfg['memory']})")
+        problems += spread_problems(f"roles.{role}.spread", cfg["spread"])
+    return problems
+
+
+def spread_problems(where: str, spreads: list[dict[str, Any]]) -> list[str]:
+    """What Nomad would refuse in a role's spread blocks, said before anything is sent."""
+    problems = []
+    for i, spread in enumerate(spreads):
+        values = [t["value"] for t in spread["targets"]]
+        for dup in sorted({v for v in values if values.count(v) > 1}):
+            problems.append(f"{where}[{i}].targets: value {dup!r} is listed more than once")
+        total = sum(t["percent"] for t in spread["targets"])
+        if total > 100:
+            problems.append(f"{where}[{i}].targets: the percentages add up to {total}; at most 100")
     return problems
 
 

@@ -10,23 +10,31 @@ of the other tests is never confused with it.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import consul
 import psutil
 import pytest
 import requests
 
+from nomadtf import wire
 from nomadtf.devstack import cluster as cluster_mod
-from nomadtf.devstack import wiring
+from nomadtf.devstack import processes, wiring
 from nomadtf.devstack.cluster import ClusterStack
+from nomadtf.discovery import ConsulDiscovery
+from nomadtf.spec import normalize
 from tests.helpers import nomadtf, probe_job, unique, wait_until, write_job
+from tests.test_runtime_consul import FakeAlloc
 
 CLIENTS = 3
 META = "${meta.nomadtf_client}"
@@ -208,6 +216,289 @@ def test_a_paused_client_goes_down_and_comes_back(cluster):
 
 def _node_status(name: str) -> str:
     return {n["Name"]: n["Status"] for n in api("nodes")}.get(name, "absent")
+
+
+def _node_id(name: str) -> str:
+    (node,) = [n for n in api("nodes") if n["Name"] == name and n["Status"] == "ready"]
+    return node["ID"]
+
+
+def _allocs(job_id: str) -> list[dict]:
+    return api(f"job/{job_id}/allocations")
+
+
+def _run_id(job_id: str) -> str:
+    return (api(f"job/{job_id}")["Meta"] or {})[wire.META_RUN]
+
+
+# ---- placement: distinct_hosts ----------------------------------------------------------------
+
+
+def _distinct_workers(name: str, workers: int) -> dict:
+    """A chief and `workers` workers that all run the probe (no TensorFlow to import), the
+    workers on distinct hosts."""
+    spec = probe_job(name, strategy="multi_worker_mirrored")
+    spec["roles"] = {
+        "chief": {"count": 1, "cpu": 100, "memory": 200},
+        "worker": {"count": workers, "cpu": 100, "memory": 200, "distinct_hosts": True},
+    }
+    return spec
+
+
+@pytest.mark.stack
+def test_distinct_hosts_puts_every_worker_on_its_own_client(cluster, tmp_path):
+    env = cluster.env()
+    spec = _distinct_workers(unique("mc-distinct"), CLIENTS)
+    try:
+        run = nomadtf("run", str(write_job(tmp_path, spec)), "--timeout", "2m", env=env, timeout=180)
+        assert run.returncode == 0, run.stdout + run.stderr
+        (tf_config,) = tf_configs(spec["name"], env)
+        workers = {addr.rsplit(":", 1)[0] for addr in tf_config["cluster"]["worker"]}
+        assert workers == {f"198.18.0.{10 + i}" for i in range(1, CLIENTS + 1)}, tf_config
+    finally:
+        purge(spec["name"])
+
+
+@pytest.mark.stack
+def test_more_distinct_hosts_than_clients_is_explained_by_plan(cluster, tmp_path):
+    spec = _distinct_workers(unique("mc-distinct"), CLIENTS + 1)
+    out = nomadtf("plan", str(write_job(tmp_path, spec)), env=cluster.env(), timeout=120)
+    assert out.returncode == 1, out.stdout + out.stderr
+    expected = f"worker: cannot be placed: distinct_hosts asks for {CLIENTS + 1} different nodes, only {CLIENTS} are eligible"
+    assert expected in out.stdout.splitlines(), out.stdout
+
+
+# ---- drain: the chief moves, after SIGTERM ------------------------------------------------------
+
+
+def _drain(node_id: str, deadline_s: float | None) -> None:
+    """`nomad node drain -enable -yes -deadline 30s <node>` (deadline_s None: -disable, and
+    the node is eligible again). PUT /v1/node/:node_id/drain"""
+    spec = {"Deadline": int(deadline_s * 1e9), "IgnoreSystemJobs": False} if deadline_s is not None else None
+    body = {"DrainSpec": spec, "MarkEligible": deadline_s is None}
+    requests.put(f"{cluster_mod.NOMAD_ADDR}/v1/node/{node_id}/drain", json=body, timeout=10).raise_for_status()
+
+
+@pytest.mark.stack
+def test_a_drained_client_moves_the_chief_after_sigterm(cluster, tmp_path):
+    """client-1 is drained with a 30 s deadline: Nomad leaves a batch allocation running
+    until the deadline, then stops it (SIGTERM to `nomadtf task`, which passes it to the
+    code) and places the chief on another client; the chief starts again with the new
+    address in its TF_CONFIG, the workers (elsewhere) keep theirs, and the job succeeds."""
+    env = cluster.env()
+    release = tmp_path / "release"
+    # Every task runs the probe (multi_worker_mirrored with a chief): no TensorFlow to import.
+    spec = probe_job(unique("mc-drain"), "multi_worker_mirrored", context={"until_file": str(release), "report_sigterm": True})
+    spec["roles"] = {
+        "chief": {"count": 1, "cpu": 100, "memory": 200, "affinities": [{"attribute": META, "value": "1", "weight": 100}]},
+        "worker": {"count": 2, "cpu": 100, "memory": 200, "constraints": [on_client(1, "!=")]},
+    }
+    job_id = spec["name"]
+    node = _node_id("client-1")
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(nomadtf, "run", str(write_job(tmp_path, spec)), "--timeout", "4m", env=env, timeout=300)
+        try:
+            first = wait_until(lambda: tf_configs(job_id, env), 90, "the chief's first TF_CONFIG", interval=1.0)[0]
+            assert first["cluster"]["chief"][0].startswith("198.18.0.11:"), first
+            kill_timeout = next(g for g in api(f"job/{job_id}")["TaskGroups"] if g["Name"] == "chief")["Tasks"][0]["KillTimeout"]
+
+            drained_at = time.time()
+            _drain(node, 30)
+            configs = wait_until(
+                lambda: (c := tf_configs(job_id, env)) and len(c) >= 2 and c, 120, "the chief's TF_CONFIG after the drain", interval=0.5
+            )
+            moved_after = time.time() - drained_at
+            assert not configs[-1]["cluster"]["chief"][0].startswith("198.18.0.11:"), configs
+            assert configs[-1]["cluster"]["worker"] == first["cluster"]["worker"]
+            logs = nomadtf("logs", job_id, "--role", "chief", env=env, timeout=60).stdout
+            sigterm_at = float(re.search(r"probe got SIGTERM at ([\d.]+)", logs)[1])
+
+            release.write_text("go")
+            result = running.result(timeout=180)
+            assert result.returncode == 0, result.stdout + result.stderr
+            assert "succeeded" in result.stderr
+            sys.stderr.write(
+                f"[cluster] client-1 drained (deadline 30s, chief KillTimeout {kill_timeout / 1e9:.0f}s): chief got SIGTERM "
+                f"after {sigterm_at - drained_at:.1f}s, ran again elsewhere with its new TF_CONFIG after {moved_after:.1f}s\n"
+            )
+            assert 25 <= sigterm_at - drained_at <= 45  # the batch allocation runs until the deadline
+        finally:
+            release.write_text("go")
+            _drain(node, None)
+            wait_until(
+                lambda: api(f"node/{node}")["SchedulingEligibility"] == "eligible", 30, "client-1 to be eligible again"
+            )
+            purge(job_id)
+
+
+# ---- partition: a ps whose client goes silent ---------------------------------------------------
+
+
+def _ps_servers() -> list[str]:
+    """The allocation of every bare TensorFlow server of role ps running in a client
+    namespace (psutil: NOMADTF_ROLE=ps in the environment, nomadtf.tfserver in argv)."""
+    spaces = {os.stat(f"/run/netns/{cluster_mod.namespace(i)}").st_ino for i in range(1, CLIENTS + 1)}
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if "nomadtf.tfserver" not in (proc.info["cmdline"] or []):
+                continue
+            if os.stat(f"/proc/{proc.pid}/ns/net").st_ino not in spaces:
+                continue  # the single-node stack's tasks, beside us
+            environ = proc.environ()
+            if environ.get("NOMADTF_ROLE") == "ps" and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(environ.get("NOMAD_ALLOC_ID", "?"))
+        except (psutil.NoSuchProcess, psutil.AccessDenied, FileNotFoundError, ProcessLookupError):
+            continue
+    return found
+
+
+def _slot_holder(key: str) -> str | None:
+    """The allocation holding a Consul KV slot. GET /v1/kv/<key>"""
+    resp = requests.get(f"http://{cluster_mod.CONSUL_ADDR}/v1/kv/{key}", timeout=5)
+    if resp.status_code == 404:
+        return None
+    item = resp.json()[0]
+    return json.loads(base64.b64decode(item["Value"]))["alloc"] if item.get("Session") else None
+
+
+@pytest.mark.stack
+def test_a_partitioned_ps_is_replaced_and_two_never_serve_at_once(cluster, tmp_path):
+    """client-3, which runs the ps, stops talking to the Nomad server (its agent paused):
+    Nomad marks it down and places a replacement ps on another client, which waits for the
+    index (the old task's Consul session lives on: client-3's Consul agent still runs).
+    When the agent comes back, Nomad stops the old allocation, the new ps takes the index,
+    and the chief restarts with its address. Sampled all along, from the processes and
+    from the slot in Consul: never two ps[0] servers."""
+    env = cluster.env()
+    release = tmp_path / "release"
+    spec = probe_job(unique("mc-part"), context={"until_file": str(release)})
+    spec["roles"]["ps"].update(cpu=200, memory=300, affinities=[{"attribute": META, "value": "3", "weight": 100}])
+    for role in ("chief", "worker"):
+        spec["roles"][role].update(cpu=200, memory=300, constraints=[on_client(3, "!=")])
+    job_id = spec["name"]
+    samples: list[tuple[float, str | None, list[str], str | None]] = []
+    sampling = threading.Event()
+
+    def sample(key: str) -> None:
+        while not sampling.is_set():
+            before = _slot_holder(key)
+            servers = _ps_servers()
+            samples.append((time.time(), before, servers, _slot_holder(key)))
+            time.sleep(0.2)
+
+    with ThreadPoolExecutor(2) as pool:
+        running = pool.submit(nomadtf, "run", str(write_job(tmp_path, spec)), "--timeout", "5m", env=env, timeout=360)
+        paused = False
+        try:
+            first = wait_until(lambda: tf_configs(job_id, env), 120, "the chief's first TF_CONFIG", interval=1.0)[0]
+            assert first["cluster"]["ps"][0].startswith("198.18.0.13:"), first
+            key = wire.kv_slot("default", job_id, "ps", 0, _run_id(job_id))
+            old = wait_until(lambda: _slot_holder(key), 30, "the ps slot")
+            wait_until(lambda: _ps_servers() == [old], 60, "the ps server process")
+            sampler = pool.submit(sample, key)
+
+            cluster.pause_client(3)
+            paused, paused_at = True, time.time()
+            wait_until(lambda: _node_status("client-3") == "down", 30, "client-3 to be down")
+            down_after = time.time() - paused_at
+            new = wait_until(
+                lambda: [a["ID"] for a in _allocs(job_id) if a["TaskGroup"] == "ps" and a["ID"] != old
+                         and a["ClientStatus"] == "running"],
+                60, "a replacement ps running elsewhere",
+            )[0]
+            replaced_after = time.time() - paused_at
+            time.sleep(5)  # the replacement waits for the index: the old ps still holds it
+            assert _slot_holder(key) == old and _ps_servers() == [old]
+
+            cluster.resume_client(3)
+            paused, resumed_at = False, time.time()
+            wait_until(lambda: old not in _ps_servers(), 60, "the old ps server to stop")
+            old_gone_after = time.time() - resumed_at
+            wait_until(lambda: _ps_servers() == [new] and _slot_holder(key) == new, 90, "the new ps to serve")
+            serving_after = time.time() - resumed_at
+            configs = wait_until(
+                lambda: (c := tf_configs(job_id, env)) and len(c) >= 2 and c, 90, "the chief's TF_CONFIG with the new ps", interval=0.5
+            )
+            chief_after = time.time() - resumed_at
+            assert not configs[-1]["cluster"]["ps"][0].startswith("198.18.0.13:"), configs
+            time.sleep(2)
+            sampling.set()
+            sampler.result(timeout=30)
+
+            release.write_text("go")
+            result = running.result(timeout=240)
+            assert result.returncode == 0, result.stdout + result.stderr
+            sys.stderr.write(
+                f"[cluster] client-3 paused: down after {down_after:.1f}s, replacement ps running after "
+                f"{replaced_after:.1f}s (waiting for the index); resumed: old ps stopped after {old_gone_after:.1f}s, "
+                f"new ps serving after {serving_after:.1f}s, chief with its address after {chief_after:.1f}s; "
+                f"{len(samples)} samples\n"
+            )
+        finally:
+            sampling.set()
+            release.write_text("go")
+            if paused:
+                cluster.resume_client(3)
+            purge(job_id)
+    two = [s for s in samples if len(s[2]) > 1]
+    assert not two, f"two ps[0] servers at once: {two[:5]}"
+    strays = [s for s in samples if s[2] and s[2][0] not in (s[1], s[3])]
+    assert not strays, f"a ps server whose allocation did not hold the slot: {strays[:5]}"
+    assert {s[2][0] for s in samples if s[2]} == {old, new}
+    wait_until(lambda: _node_status("client-3") == "ready", 30, "client-3 to be ready again")
+
+
+# ---- the runtime: a task whose index was taken while it was cut off ----------------------------
+
+
+class ClusterAlloc(FakeAlloc):
+    """tests/test_runtime_consul.py's allocation (Nomad's part played by the test), with the
+    task and its registration on the several-client stack's Consul server."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.consul = cluster_consul()
+
+    def env(self) -> dict[str, str]:
+        return {**super().env(), "CONSUL_HTTP_ADDR": cluster_mod.CONSUL_ADDR}
+
+
+def cluster_consul() -> consul.Consul:
+    host, port = cluster_mod.CONSUL_ADDR.split(":")
+    return consul.Consul(host=host, port=int(port))
+
+
+@pytest.mark.stack
+def test_a_task_whose_index_was_taken_stops_its_child(cluster, tmp_path):
+    """A real `nomadtf task` runs its child; then it is frozen (SIGSTOP: cut off, as the
+    task sees it), its session lapses and another allocation claims its index, as a
+    replacement Nomad placed meanwhile would. Running again, it must stop its child and
+    end, never serve beside the new holder."""
+    spec = probe_job(unique("mc-taken"), strategy="multi_worker_mirrored", context={"sleep": -1})
+    spec["roles"]["worker"]["count"] = 1
+    spec = normalize(spec)
+    task = ClusterAlloc(tmp_path, spec, "worker").register().start()
+    other = ConsulDiscovery(spec["name"], client=cluster_consul())
+    try:
+        wait_until(lambda: "generation 1: starting" in task.output(), 60, "the task's child")
+        children = wait_until(lambda: psutil.Process(task.proc.pid).children(recursive=True), 10, "the child process")
+        lapsed = other.slots()[("worker", 0)].session
+        task.proc.send_signal(signal.SIGSTOP)
+        try:
+            other.consul.session.destroy(lapsed)  # Consul's doing when the TTL runs out; the key goes with it
+            other.open_session("nomadtf replacement")
+            assert other.claim_slot("worker", 1, "replacement-alloc", 0, "new") == 0
+        finally:
+            task.proc.send_signal(signal.SIGCONT)
+        assert task.wait(timeout=30) == 0, task.output()
+        assert "worker[0] is held by allocation replacem" in task.output()
+        assert not [p for p in children if processes.running(p)], "the child outlived its task"
+        assert other.slots()[("worker", 0)].alloc_id == "replacement-alloc"  # the new holder keeps it
+    finally:
+        task.stop()
+        other.close()
+        other.delete_job_keys()
 
 
 # ---- the agents' configuration (no servers) ---------------------------------------------------

@@ -272,3 +272,17 @@ def test_scale_targets_are_parsed_or_named_with_the_fix():
 def test_whose_exit_decides_the_job(strategy, counts, success, deciders):
     every = {(role, i) for role, n in counts.items() for i in range(n)}
     assert {slot for slot in every if roles.completes_job(strategy, *slot, counts, success)} == deciders
+
+
+@pytest.mark.parametrize(
+    ("holder_alloc", "holder_session", "state"),
+    [
+        ("mine", "s1", policy.SlotState.HELD),
+        (None, None, policy.SlotState.LOST),  # the key went with our lapsed session
+        ("mine", "s0", policy.SlotState.LOST),  # ours, under a session Consul forgot (it restarted)
+        ("mine", None, policy.SlotState.LOST),
+        ("replacement", "s9", policy.SlotState.TAKEN),  # Nomad replaced us while we were cut off
+    ],
+)
+def test_what_our_slot_says_about_us(holder_alloc, holder_session, state):
+    assert policy.slot_state(holder_alloc, holder_session, "mine", "s1") is state

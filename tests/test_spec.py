@@ -260,6 +260,8 @@ def test_normalize_fills_every_default():
         "port": 0,
         "constraints": [],
         "affinities": [],
+        "distinct_hosts": False,
+        "spread": [],
         "env": {},
     }
     assert spec["recovery"]["restart_delay"] == "2s"

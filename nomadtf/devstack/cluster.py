@@ -44,6 +44,7 @@ import secrets
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
@@ -76,11 +77,8 @@ CLIENT_INTERFACE = "eth0"
 MAX_CLIENTS = 200
 
 NOMAD_ADDR = f"http://{SERVER_IP}:4646"
-CONSUL_ADDR = f"{SERVER_IP}:8500"
-VAULT_ADDR = f"http://{SERVER_IP}:8200"
-NOMAD_RPC = f"{SERVER_IP}:4647"
-# Where a task (and its Nomad client) finds the Consul agent of its own machine.
-LOCAL_CONSUL = "127.0.0.1:8500"
+CONSUL_ADDR = f"{SERVER_IP}:{wiring.CONSUL_HTTP_PORT}"
+VAULT_ADDR = f"http://{SERVER_IP}:{wiring.VAULT_PORT}"
 
 
 def default_state_dir() -> Path:
@@ -106,6 +104,41 @@ def host_veth(index: int) -> str:
 
 def node_name(index: int) -> str:
     return f"client-{index}"
+
+
+def machine(
+    kind: str,
+    index: int = 0,
+    *,
+    state_dir: Path | None = None,
+    address: str | None = None,
+    servers: Sequence[str] = (),
+    network_interface: str = CLIENT_INTERFACE,
+    vault: bool = True,
+    gpus: int = 0,
+) -> wiring.Machine:
+    """The server machine or client `index` of the several-client stack, as `up` runs it;
+    an argument given replaces the stack's own value (`nomadtf dev config` for other
+    machines: addresses, interface, state directory)."""
+    if kind == "server" and servers:
+        raise DevStackError("the server machine's agents are the servers; --servers is for a client")
+    if kind == "client" and not 1 <= index <= MAX_CLIENTS:
+        raise DevStackError(f"a client's index is a number from 1 to {MAX_CLIENTS}, not {index}")
+    if gpus and kind != "client":
+        raise DevStackError("fake GPUs go on clients, not on the server machine")
+    address = address or (SERVER_IP if kind == "server" else client_ip(index))
+    name = "server" if kind == "server" else node_name(index)
+    return wiring.Machine(
+        kind,
+        address,
+        (address,) if kind == "server" else tuple(servers or (SERVER_IP,)),
+        (state_dir or default_state_dir()) / name,
+        index=index if kind == "client" else 0,
+        network_interface=network_interface,
+        vault=vault,
+        gpus=gpus,
+        plugin_dir=gpu_plugin.plugin_dir() if gpus else None,
+    )
 
 
 def _client_index(component: str) -> int | None:
@@ -310,7 +343,8 @@ class ClusterStack:
         started = time.monotonic()
         try:
             bins = {name: binaries.find_or_build(name, progress) for name in ("consul", "bao", "nomad")}
-            plugin = gpu_plugin.find_or_build(progress) if gpus else None
+            if gpus:
+                gpu_plugin.find_or_build(progress)  # into gpu_plugin.plugin_dir(), which the clients load
             token = secrets.token_urlsafe(24)
             _write_private(self.token_path, token)
             self._make_network(clients)
@@ -337,7 +371,7 @@ class ClusterStack:
             for i in range(1, clients + 1):
                 self._wait_consul_client(i, timeout)
             for i in range(1, clients + 1):
-                self._start_nomad_client(bins["nomad"], i, gpus, plugin)
+                self._start_nomad_client(bins["nomad"], i, gpus)
             for i in range(1, clients + 1):
                 self._wait_client(i, timeout, gpus)
             progress(
@@ -365,10 +399,11 @@ class ClusterStack:
             _ip("-n", ns, "link", "set", CLIENT_INTERFACE, "up")
             _ip("-n", ns, "link", "set", "lo", "up")
 
-    def _machine_dir(self, name: str) -> Path:
-        path = self.state_dir / name
-        path.mkdir(mode=0o700, exist_ok=True)
-        return path
+    def _machine(self, kind: str, index: int = 0, gpus: int = 0) -> wiring.Machine:
+        """The machine's description (its folder made, private): configs come from it."""
+        desc = machine(kind, index, state_dir=self.state_dir, gpus=gpus)
+        desc.state_dir.mkdir(mode=0o700, exist_ok=True)
+        return desc
 
     def _start(self, name: str, argv: list[str], env: dict[str, str], ns: str | None = None) -> Component:
         # `ip netns exec` execs the agent in place: the PID we record is the agent's.
@@ -378,9 +413,9 @@ class ClusterStack:
         return comp
 
     def _start_consul_server(self, binary: Path) -> None:
-        folder = self._machine_dir("server")
-        config = folder / "consul.json"
-        _write_private(config, wiring.consul_server_config(folder / "consul-data", "server", SERVER_IP, SERVER_IP))
+        server = self._machine("server")
+        config = server.state_dir / "consul.json"
+        _write_private(config, wiring.consul_config(server))
         self._start("consul", [str(binary), "agent", "-config-file", str(config)], _base_env())
 
     def _start_openbao(self, binary: Path, token: str) -> None:
@@ -389,39 +424,23 @@ class ClusterStack:
         self._start("openbao", argv, {**_base_env(), "BAO_DEV_ROOT_TOKEN_ID": token, "VAULT_DEV_ROOT_TOKEN_ID": token})
 
     def _start_nomad_server(self, binary: Path, vault_token: str) -> None:
-        folder = self._machine_dir("server")
-        config = folder / "nomad.hcl"
-        _write_private(config, wiring.nomad_server_config(folder / "nomad-data", SERVER_IP, CONSUL_ADDR, VAULT_ADDR))
+        server = self._machine("server")
+        config = server.state_dir / "nomad.hcl"
+        _write_private(config, wiring.nomad_config(server))
         # Nomad reads its Vault token from VAULT_TOKEN, never from argv.
         self._start("nomad", [str(binary), "agent", "-config", str(config)], {**_base_env(), "VAULT_TOKEN": vault_token})
 
     def _start_consul_client(self, binary: Path, index: int) -> None:
-        folder = self._machine_dir(node_name(index))
-        config = folder / "consul.json"
-        text = wiring.consul_client_config(
-            folder / "consul-data", node_name(index), client_ip(index), LOCAL_CONSUL.split(":")[0], [SERVER_IP]
-        )
-        _write_private(config, text)
+        client = self._machine("client", index)
+        config = client.state_dir / "consul.json"
+        _write_private(config, wiring.consul_config(client))
         argv = [str(binary), "agent", "-config-file", str(config)]
         self._start(f"consul-client-{index}", argv, _base_env(), namespace(index))
 
-    def _start_nomad_client(self, binary: Path, index: int, gpus: int, plugin: Path | None) -> None:
-        folder = self._machine_dir(node_name(index))
-        config = folder / "nomad.hcl"
-        extra = gpu_plugin.client_plugin_hcl(plugin.parent, gpus, seed=node_name(index)) if plugin else ""
-        text = wiring.nomad_client_config(
-            folder / "nomad-data",
-            node_name(index),
-            client_ip(index),
-            [NOMAD_RPC],
-            CLIENT_INTERFACE,
-            LOCAL_CONSUL,
-            VAULT_ADDR,
-            node_class=f"nomadtf-client-{index}",
-            meta={"nomadtf_client": str(index)},
-            extra=extra,
-        )
-        _write_private(config, text)
+    def _start_nomad_client(self, binary: Path, index: int, gpus: int) -> None:
+        client = self._machine("client", index, gpus)
+        config = client.state_dir / "nomad.hcl"
+        _write_private(config, wiring.nomad_config(client))
         # raw_exec tasks inherit this PATH, so `python3 -m nomadtf` in them finds this installation.
         argv = [str(binary), "agent", "-config", str(config)]
         self._start(f"nomad-client-{index}", argv, _base_env(), namespace(index))
@@ -476,8 +495,7 @@ class ClusterStack:
         nomad = self.component(f"nomad-client-{index}")
         self._start_consul_client(Path(consul.binary), index)
         self._wait_consul_client(index, timeout)
-        plugin = gpu_plugin.plugin_path() if self.recorded_gpus() else None
-        self._start_nomad_client(Path(nomad.binary), index, self.recorded_gpus(), plugin)
+        self._start_nomad_client(Path(nomad.binary), index, self.recorded_gpus())
         self._wait_client(index, timeout, self.recorded_gpus())
 
     def pause_client(self, index: int) -> None:

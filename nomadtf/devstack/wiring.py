@@ -1,9 +1,11 @@
 """The agents' configuration files, as pure functions of addresses and directories.
 
 One source for every config the project writes for Nomad and Consul: the single-node dev
-agent (`stack.py`), the several-client cluster on this machine (`cluster.py`), and later
-the same files rendered for real machines (`vagrant/`). Nothing here reads the machine or
-touches a file; the callers write the returned text.
+agent (`stack.py`), the several-client cluster on this machine (`cluster.py`), and the same
+files for real machines (`nomadtf dev config`, which `vagrant/provision.sh` runs). A
+`Machine` says what one machine of such a cluster is; `nomad_config` and `consul_config`
+give its two files. Nothing here reads the machine or touches a file; the callers write
+the returned text.
 
 Usage:
     text = nomad_server_config(data_dir, bind="198.18.0.1",
@@ -15,6 +17,9 @@ Usage:
     text = consul_server_config(data_dir, node_name="server", bind="198.18.0.1", client="198.18.0.1")
     text = consul_client_config(data_dir, node_name="client-1", bind="198.18.0.11", client="127.0.0.1",
                                 join=["198.18.0.1"])
+
+    client = Machine("client", "198.18.0.12", ("198.18.0.1",), Path("/var/lib/nomadtf/client-2"), index=2)
+    nomad_config(client), consul_config(client)     # the two files of client-2
 """
 
 from __future__ import annotations
@@ -26,9 +31,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nomadtf.devstack.gpu_plugin import _hcl_string as hcl_string
+from nomadtf.devstack.gpu_plugin import client_plugin_hcl
 
 # The Vault token role the servers create task tokens from (stack.NOMAD_CLUSTER_ROLE).
 VAULT_ROLE = "nomad-cluster"
+# Where a task (and its Nomad client) finds the Consul agent of its own machine.
+LOCAL_CONSUL = "127.0.0.1:8500"
+CONSUL_HTTP_PORT = 8500
+NOMAD_RPC_PORT = 4647
+VAULT_PORT = 8200
 
 _META_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 
@@ -79,9 +90,11 @@ consul {{
 """
 
 
-def _vault_block(address: str, *, server: bool) -> str:
+def _vault_block(address: str | None, *, server: bool) -> str:
     # Servers create task tokens from the role (their own token comes in VAULT_TOKEN);
     # clients only need the address to hand tokens to tasks and renew them.
+    if address is None:
+        return ""  # a cluster without Vault: jobs with secrets cannot be placed there
     role = f"\n  create_from_role = {hcl_string(VAULT_ROLE)}" if server else ""
     return f"""
 vault {{
@@ -130,13 +143,14 @@ def nomad_server_config(
     data_dir: Path,
     bind: str,
     consul_address: str,
-    vault_address: str,
+    vault_address: str | None,
     *,
     name: str = "server",
     bootstrap_expect: int = 1,
     heartbeats: Heartbeats = FAST_HEARTBEATS,
 ) -> str:
-    """A Nomad server-only agent (no client) bound to `bind` alone."""
+    """A Nomad server-only agent (no client) bound to `bind` alone; no vault block when
+    `vault_address` is None."""
     return (
         f"""
 name      = {hcl_string(name)}
@@ -174,7 +188,7 @@ def nomad_client_config(
     servers: Sequence[str],
     network_interface: str,
     consul_address: str,
-    vault_address: str,
+    vault_address: str | None,
     *,
     node_class: str = "",
     meta: Mapping[str, str] | None = None,
@@ -248,3 +262,77 @@ def consul_client_config(data_dir: Path, node_name: str, bind: str, client: str,
         "leave_on_terminate": True,
     }
     return json.dumps(config, indent=2) + "\n"
+
+
+# ---- one machine of a several-client cluster -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Machine:
+    """One machine of a several-client cluster: the server machine (Consul server, Nomad
+    server, OpenBao) or client `index` (a Consul client agent and a Nomad client named
+    client-<index>, node_class nomadtf-client-<index>, meta nomadtf_client = "<index>").
+
+    `servers` are the server machine's addresses (a client joins them; a server machine
+    lists its own); `state_dir` holds nomad-data/ and consul-data/; Vault, when `vault`,
+    runs on the first server at port 8200. `gpus` fake GPUs need `plugin_dir`.
+    """
+
+    kind: str  # "server" or "client"
+    address: str
+    servers: tuple[str, ...]
+    state_dir: Path
+    index: int = 0
+    network_interface: str = "eth0"
+    vault: bool = True
+    gpus: int = 0
+    plugin_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("server", "client"):
+            raise ValueError(f"a machine is a server or a client, not {self.kind!r}")
+        if self.kind == "client" and self.index < 1:
+            raise ValueError(f"client index must be 1 or more, not {self.index}")
+        if not self.servers:
+            raise ValueError("a machine needs the address of the server machine")
+        if self.gpus and (self.kind != "client" or self.plugin_dir is None):
+            raise ValueError("fake GPUs are for clients, with the plugin's directory")
+
+    @property
+    def name(self) -> str:
+        return "server" if self.kind == "server" else f"client-{self.index}"
+
+    @property
+    def vault_address(self) -> str | None:
+        return f"http://{self.servers[0]}:{VAULT_PORT}" if self.vault else None
+
+
+def nomad_config(machine: Machine) -> str:
+    """The Nomad agent's HCL for `machine`."""
+    data_dir = machine.state_dir / "nomad-data"
+    if machine.kind == "server":
+        consul = f"{machine.address}:{CONSUL_HTTP_PORT}"
+        return nomad_server_config(data_dir, machine.address, consul, machine.vault_address, name=machine.name)
+    extra = client_plugin_hcl(machine.plugin_dir, machine.gpus, seed=machine.name) if machine.gpus else ""
+    return nomad_client_config(
+        data_dir,
+        machine.name,
+        machine.address,
+        [f"{server}:{NOMAD_RPC_PORT}" for server in machine.servers],
+        machine.network_interface,
+        LOCAL_CONSUL,
+        machine.vault_address,
+        node_class=f"nomadtf-client-{machine.index}",
+        meta={"nomadtf_client": str(machine.index)},
+        extra=extra,
+    )
+
+
+def consul_config(machine: Machine) -> str:
+    """The Consul agent's JSON for `machine`: the server answers HTTP on its own address;
+    a client's agent answers on the machine's 127.0.0.1, where its tasks look for it."""
+    data_dir = machine.state_dir / "consul-data"
+    if machine.kind == "server":
+        return consul_server_config(data_dir, machine.name, machine.address, machine.address)
+    local = LOCAL_CONSUL.split(":")[0]
+    return consul_client_config(data_dir, machine.name, machine.address, local, list(machine.servers))

@@ -3,16 +3,24 @@
 Context keys: "sleep" (seconds, -1 = forever), "until_file" (wait until that path exists),
 "raise" (raise an error), "exit" (exit code), "checkpoint_step" (write a TensorFlow-style
 `checkpoint` index naming that step into the model dir), "sleep_by_index" ({"1": 5}: that
-task index sleeps this long instead).
+task index sleeps this long instead), "report_sigterm" (print the time a SIGTERM arrives,
+then exit 0, as code that saves a checkpoint on SIGTERM would).
 """
 
 import hashlib
 import json
 import os
+import signal
 import sys
 import time
 
 context = json.loads(os.environ["NOMADTF_CONTEXT"])
+if context.get("report_sigterm"):
+    def _on_sigterm(_signum, _frame):
+        print(f"probe got SIGTERM at {time.time():.3f}", flush=True)
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
 print("TF_CONFIG=" + os.environ["TF_CONFIG"], flush=True)
 print(f"role={os.environ['NOMADTF_ROLE']} index={os.environ['NOMADTF_INDEX']} job={os.environ['NOMADTF_JOB_ID']}", flush=True)
 print("context=" + json.dumps(context, sort_keys=True), flush=True)
