@@ -249,3 +249,14 @@ def test_a_run_id_reaches_the_meta_and_the_tasks_spec_file_only():
     assert embedded_spec(task(job, "chief"))["run"] == {"id": "r1a2b3", "submitted_at": 1796000000.5}
     assert job["Job"]["Meta"]["nomadtf.spec_sha256"] == spec_sha256(spec)  # the same spec, another run
     assert "nomadtf.run" not in render_job(spec)["Job"]["Meta"]
+
+
+def test_gpu_affinities_become_device_affinities():
+    spec = example_spec("gpu")
+    spec["roles"]["worker"]["gpus"] = {
+        "count": 1, "vendor": "nvidia",
+        "affinities": [{"attribute": "${device.model}", "operator": "=", "value": "NVIDIA A100-SXM4-40GB", "weight": 80}],
+    }
+    (device,) = task(render_job(spec), "worker")["Resources"]["Devices"]
+    assert device["Affinities"] == [{"LTarget": "${device.model}", "RTarget": "NVIDIA A100-SXM4-40GB", "Operand": "=", "Weight": 80}]
+    assert "Affinities" not in task(render_job(example_spec("gpu")), "worker")["Resources"]["Devices"][0]
