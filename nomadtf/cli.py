@@ -62,12 +62,17 @@ def dev_up(
     clients: Annotated[
         int, typer.Option("--clients", min=1, help="Nomad clients; 2 or more: a cluster of network namespaces on 198.18.0.0/24")
     ] = 1,
+    gpu_clients: Annotated[
+        Optional[str], typer.Option("--gpu-clients", help="With --clients N: only these clients get the --gpus (e.g. 3 or 2,3); default every client")
+    ] = None,
 ) -> None:
     """Build or find the binaries and start Consul, OpenBao and Nomad on 127.0.0.1
     (--clients N: a server on 198.18.0.1 and N client namespaces)."""
     if clients >= 2:
-        _dev_cluster_up(clients, gpus or 0, timeout)
+        _dev_cluster_up(clients, gpus, gpu_clients, timeout)
         return
+    if gpu_clients is not None:
+        raise NomadtfError("--gpu-clients is for the several-client stack: add --clients N (2 or more)")
     from nomadtf.devstack.stack import DevStack
 
     stack = DevStack.default()
@@ -79,12 +84,13 @@ def dev_up(
     _err('use it from a shell with: eval "$(nomadtf dev env)"')
 
 
-def _dev_cluster_up(clients: int, gpus: int, timeout: float) -> None:
-    from nomadtf.devstack.cluster import ClusterStack
+def _dev_cluster_up(clients: int, gpus: int | None, gpu_clients: str | None, timeout: float) -> None:
+    from nomadtf.devstack.cluster import ClusterStack, parse_client_list
 
     cluster = ClusterStack.default()
     started = time.monotonic()
-    if not cluster.up(progress=_stamp, clients=clients, gpus=gpus, timeout=timeout):
+    chosen = parse_client_list(gpu_clients) if gpu_clients is not None else None
+    if not cluster.up(progress=_stamp, clients=clients, gpus=gpus, timeout=timeout, gpu_clients=chosen):
         _err(f"the several-client stack is already up ({cluster.state_dir})")
         return
     _err(f"several-client stack up in {time.monotonic() - started:.1f}s; state in {cluster.state_dir}")
@@ -129,8 +135,7 @@ def dev_status(cluster: OnlyCluster = False) -> None:
     if gpus:
         typer.echo(f"nomad client: {gpus} fake NVIDIA GPUs (device plugin nomadtf-fake-gpu)")
     if cluster_rows:
-        gpus = several.recorded_gpus()
-        typer.echo(f"several-client stack: {several.clients()} clients" + (f", {gpus} fake GPUs each" if gpus else ""))
+        typer.echo(f"several-client stack: {several.describe()}")
     for row in cluster_rows:
         node = f" node {row['node']}" if row["node"] else ""
         typer.echo(f"{row['component']:<16} {row['state']:<8} pid {row['pid']:<7} {row['address']:<24}{node:<14} log {row['log']}")

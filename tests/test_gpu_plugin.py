@@ -95,11 +95,56 @@ def test_hcl_models_give_one_block_each():
         {"count": 1, "seed": "a\nb"},
         {"count": 1, "models": [GpuGroup("ok", -2)]},
         {"count": 1, "models": [GpuGroup("ok", 1, 0)]},
+        {"count": 1, "ids": []},
+        {"count": 1, "ids": ["GPU-a", "GPU-a"]},
+        {"count": 1, "ids": ["GPU-a", ""]},
+        {"count": 1, "ids": ["GPU-a"], "models": [GpuGroup("ok", 1)]},
     ],
 )
 def test_hcl_rejects_bad_arguments(kwargs):
     with pytest.raises(ValueError):
         client_plugin_hcl(Path("/p"), **kwargs)
+
+
+def test_hcl_ids_name_the_instances_and_replace_count():
+    ids = ["GPU-0f3c9a2e-1111-4222-8333-444455556666", "GPU-8a21b7c4-aaaa-4bbb-8ccc-ddddeeeeffff"]
+    hcl = client_plugin_hcl(Path("/p"), 7, "NVIDIA A100-SXM4-40GB", 40960, ids=ids)
+    body = _config_body(hcl)
+    assert body["ids"] == f'["{ids[0]}", "{ids[1]}"]'
+    assert body["count"] == "2" and body["model"] == '"NVIDIA A100-SXM4-40GB"' and body["memory_mib"] == "40960"
+    assert "ids" not in _config_body(client_plugin_hcl(Path("/p"), 2))
+
+
+def test_an_inventory_of_real_gpus_writes_their_ids_model_and_memory():
+    inventory = gpu_plugin.GpuInventory(ids=("GPU-1", "GPU-2", "GPU-3"), model="NVIDIA H100 80GB HBM3", memory_mib=81559)
+    body = _config_body(inventory.plugin_hcl(Path("/p")))
+    assert body["ids"] == '["GPU-1", "GPU-2", "GPU-3"]' and body["count"] == "3"
+    assert body["model"] == '"NVIDIA H100 80GB HBM3"' and body["memory_mib"] == "81559"
+
+
+def test_the_plugin_declares_ids_and_sources_without_them_are_rebuilt(tmp_path, monkeypatch):
+    """The `ids` attribute is in the Go config schema, and a plugin built before it (its
+    stamp the hash of the sources without it) is rebuilt, not reused."""
+    plugin_go = (gpu_plugin.SOURCE_DIR / "plugin.go").read_text()
+    assert '"ids": hclspec.NewAttr("ids", "list(string)", false)' in plugin_go
+    assert 'IDs               []string      `codec:"ids"`' in plugin_go
+    old = tmp_path / "old"
+    old.mkdir()
+    for path in gpu_plugin.source_files():
+        text = path.read_text()
+        if path.name == "plugin.go":
+            text = "\n".join(line for line in text.splitlines() if '"ids"' not in line)
+        (old / path.name).write_text(text)
+    monkeypatch.setenv("NOMADTF_CACHE_DIR", str(tmp_path / "cache"))
+    binary = gpu_plugin.plugin_path()
+    binary.parent.mkdir(parents=True)
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    gpu_plugin.stamp_path(binary).write_text(gpu_plugin.source_hash(old) + "\n")
+    calls = []
+    monkeypatch.setattr(gpu_plugin, "build", lambda progress, digest: calls.append(digest) or binary)
+    gpu_plugin.find_or_build(lambda m: None)
+    assert calls == [gpu_plugin.source_hash()] != [gpu_plugin.source_hash(old)]
 
 
 # --- source hash and rebuild decision -----------------------------------------------------

@@ -32,12 +32,16 @@ from nomadtf.devstack import cluster as cluster_mod
 from nomadtf.devstack import processes, wiring
 from nomadtf.devstack.cluster import ClusterStack
 from nomadtf.discovery import ConsulDiscovery
+from nomadtf.errors import DevStackError
 from nomadtf.spec import normalize
 from tests.helpers import nomadtf, probe_job, unique, wait_until, write_job
 from tests.test_runtime_consul import FakeAlloc
 
 CLIENTS = 3
 META = "${meta.nomadtf_client}"
+# The shared cluster's fake GPUs: GPUS on client GPU_CLIENT only, CPU-only clients beside it.
+GPUS = 2
+GPU_CLIENT = 3
 
 
 def _progress(message: str) -> None:
@@ -47,7 +51,7 @@ def _progress(message: str) -> None:
 @pytest.fixture(scope="session")
 def cluster():
     stack = ClusterStack.default()
-    started = stack.up(progress=_progress, clients=CLIENTS, timeout=180)
+    started = stack.up(progress=_progress, clients=CLIENTS, gpus=GPUS, gpu_clients=(GPU_CLIENT,), timeout=180)
     yield stack
     if started and not os.environ.get("NOMADTF_KEEP_STACK"):
         stack.down(progress=_progress)
@@ -266,6 +270,125 @@ def test_more_distinct_hosts_than_clients_is_explained_by_plan(cluster, tmp_path
     assert out.returncode == 1, out.stdout + out.stderr
     expected = f"worker: cannot be placed: distinct_hosts asks for {CLIENTS + 1} different nodes, only {CLIENTS} are eligible"
     assert expected in out.stdout.splitlines(), out.stdout
+
+
+# ---- GPUs on one client, CPU roles elsewhere ---------------------------------------------------
+
+
+def _gpu_workers(name: str, workers: int) -> dict:
+    """A chief kept off the GPU clients (`${meta.nomadtf_gpu} = false`), `workers` workers
+    with one GPU each."""
+    spec = probe_job(name, strategy="multi_worker_mirrored")
+    no_gpu = {"attribute": "${meta.nomadtf_gpu}", "operator": "=", "value": "false"}
+    spec["roles"] = {
+        "chief": {"count": 1, "cpu": 100, "memory": 200, "constraints": [no_gpu]},
+        "worker": {"count": workers, "cpu": 100, "memory": 200, "gpus": 1},
+    }
+    return spec
+
+
+def _probe_env(alloc: dict) -> dict[str, str]:
+    """The `env NAME=value` lines the probe printed. GET /v1/client/fs/logs/:alloc_id"""
+    resp = requests.get(
+        f"{cluster_mod.NOMAD_ADDR}/v1/client/fs/logs/{alloc['ID']}",
+        params={"task": alloc["TaskGroup"], "type": "stdout", "plain": "true"},
+        timeout=10,
+    )
+    resp.raise_for_status()
+    return dict(re.findall(r"^env (\w+)=(.*)$", resp.text, re.M))
+
+
+@pytest.mark.stack
+def test_gpu_workers_land_on_the_gpu_client_and_the_chief_elsewhere_sees_none(cluster, tmp_path):
+    nodes = {n["Name"]: api(f"node/{n['ID']}") for n in api("nodes") if n["Status"] == "ready"}
+    assert {name: node["Meta"]["nomadtf_gpu"] for name, node in nodes.items()} == {
+        f"client-{i}": "true" if i == GPU_CLIENT else "false" for i in range(1, CLIENTS + 1)
+    }
+    env = cluster.env()
+    spec = _gpu_workers(unique("mc-gpu"), 2)
+    try:
+        run = nomadtf("run", str(write_job(tmp_path, spec)), "--timeout", "2m", env=env, timeout=180)
+        assert run.returncode == 0, run.stdout + run.stderr
+        (tf_config,) = tf_configs(spec["name"], env)
+        workers = {addr.rsplit(":", 1)[0] for addr in tf_config["cluster"]["worker"]}
+        assert workers == {f"198.18.0.{10 + GPU_CLIENT}"}, tf_config
+        assert not tf_config["cluster"]["chief"][0].startswith(f"198.18.0.{10 + GPU_CLIENT}:"), tf_config
+        seen = []
+        for alloc in _allocs(spec["name"]):
+            visible = _probe_env(alloc)
+            if alloc["TaskGroup"] == "chief":
+                assert visible["CUDA_VISIBLE_DEVICES"] == "", visible
+                continue
+            (gpu,) = visible["NVIDIA_VISIBLE_DEVICES"].split(",")
+            assert visible["CUDA_VISIBLE_DEVICES"] == gpu, visible
+            full = api(f"allocation/{alloc['ID']}")
+            (devices,) = full["AllocatedResources"]["Tasks"][alloc["TaskGroup"]]["Devices"]
+            assert devices["DeviceIDs"] == [gpu]  # exactly what Nomad reserved
+            seen.append(gpu)
+        assert len(seen) == len(set(seen)) == 2, seen
+    finally:
+        purge(spec["name"])
+
+
+@pytest.mark.stack
+def test_dev_cli_up_with_gpu_clients_finds_the_cluster_and_status_shows_its_gpus(cluster):
+    up = nomadtf("dev", "up", "--clients", str(CLIENTS), "--gpus", str(GPUS), "--gpu-clients", str(GPU_CLIENT), timeout=60)
+    assert up.returncode == 0 and "already up" in up.stderr, up.stderr
+    status = nomadtf("dev", "status", "--cluster", timeout=60)
+    assert f"several-client stack: {CLIENTS} clients with {GPUS} fake GPUs on client {GPU_CLIENT}" in status.stdout, status.stdout
+    other = nomadtf("dev", "up", "--clients", str(CLIENTS), "--gpus", "0", timeout=60)
+    assert other.returncode == 1, other.stderr
+    assert f"`nomadtf dev up --clients {CLIENTS}`" in other.stderr and "on client 3" in other.stderr, other.stderr
+    rows = {r["component"]: r["gpus"] for r in cluster.status() if r["component"].startswith("nomad-client-")}
+    assert rows == {f"nomad-client-{i}": str(GPUS if i == GPU_CLIENT else 0) for i in range(1, CLIENTS + 1)}
+
+
+@pytest.mark.stack
+def test_more_gpu_workers_than_the_gpu_client_has_is_explained_by_plan(cluster, tmp_path):
+    spec = _gpu_workers(unique("mc-gpu"), GPUS + 1)
+    out = nomadtf("plan", str(write_job(tmp_path, spec)), env=cluster.env(), timeout=120)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "worker: cannot be placed" in out.stdout, out.stdout
+    assert "not enough free nvidia/gpu" in out.stdout or "no node offers" in out.stdout, out.stdout
+
+
+def test_gpu_clients_choose_which_clients_get_fake_gpus():
+    assert cluster_mod.gpu_client_set(3, 2, None) == (1, 2, 3)
+    assert cluster_mod.gpu_client_set(3, 2, (3,)) == (3,)
+    assert cluster_mod.gpu_client_set(3, 0, None) == ()
+    assert cluster_mod.parse_client_list("3,1") == (3, 1)
+    with pytest.raises(DevStackError, match="clients 1..3, not 4"):
+        cluster_mod.gpu_client_set(3, 2, (4,))
+    with pytest.raises(DevStackError, match="needs --gpus"):
+        cluster_mod.gpu_client_set(3, 0, (3,))
+    with pytest.raises(DevStackError, match="comma-separated"):
+        cluster_mod.parse_client_list("three")
+    assert cluster_mod.describe_shape(3, 2, (3,)) == "3 clients with 2 fake GPUs on client 3"
+    assert cluster_mod.describe_shape(3, 0, ()) == "3 clients without fake GPUs"
+    assert cluster_mod.up_command(3, 2, (3,)) == "nomadtf dev up --clients 3 --gpus 2 --gpu-clients 3"
+    assert cluster_mod.up_command(3, 2, (1, 2, 3)) == "nomadtf dev up --clients 3 --gpus 2"
+
+
+def test_a_gpu_client_carries_meta_nomadtf_gpu_true_and_the_others_false(tmp_path):
+    gpu = cluster_mod.machine("client", 3, state_dir=tmp_path, gpus=2)
+    cpu = cluster_mod.machine("client", 1, state_dir=tmp_path)
+    assert 'nomadtf_gpu = "true"' in wiring.nomad_config(gpu) and "nomadtf-fake-gpu" in wiring.nomad_config(gpu)
+    assert 'nomadtf_gpu = "false"' in wiring.nomad_config(cpu) and "nomadtf-fake-gpu" not in wiring.nomad_config(cpu)
+
+
+def test_another_shape_is_refused_with_the_command_that_builds_the_wanted_one(tmp_path, monkeypatch):
+    """A developer's cluster without GPUs, asked for the GPU shape: a clear error naming the fix."""
+    stack = ClusterStack(tmp_path)
+    stack._save(clients=3, gpus=0, gpu_clients=[])
+    monkeypatch.setattr(cluster_mod.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(ClusterStack, "is_up", lambda self: True)
+    with pytest.raises(DevStackError) as err:
+        stack.up(lambda _m: None, clients=3, gpus=2, gpu_clients=(3,))
+    assert str(err.value) == (
+        "the several-client stack runs 3 clients without fake GPUs, not 3 clients with 2 fake GPUs on client 3; "
+        "`nomadtf dev down --cluster`, then `nomadtf dev up --clients 3 --gpus 2 --gpu-clients 3`"
+    )
+    assert stack.up(lambda _m: None, clients=3, gpus=None) is False  # `dev up --clients 3`: as it runs
 
 
 # ---- drain: the chief moves, after SIGTERM ------------------------------------------------------

@@ -28,6 +28,7 @@ State, under `~/.local/state/nomadtf/dev-cluster` (`$NOMADTF_DEV_CLUSTER_DIR`):
 Usage:
     cluster = ClusterStack.default()
     cluster.up(progress=print, clients=3)
+    cluster.up(progress=print, clients=3, gpus=2, gpu_clients=(3,))   # 2 fake GPUs on client-3 only
     cluster.env()            # NOMAD_ADDR=http://198.18.0.1:4646, CONSUL_HTTP_ADDR, VAULT_*, PATH
     cluster.kill_client(3)   # the machine dies: every process in ntf-c3 gets SIGKILL
     cluster.restart_client(3)
@@ -141,6 +142,50 @@ def machine(
     )
 
 
+def gpu_client_set(clients: int, gpus: int, gpu_clients: Sequence[int] | None) -> tuple[int, ...]:
+    """The sorted client indexes that get `gpus` fake GPUs: `gpu_clients`, or every client
+    when it is None; none when `gpus` is 0. Pure."""
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
+        raise DevStackError(f"gpus must be a number >= 0, not {gpus!r}")
+    if gpu_clients is None:
+        return tuple(range(1, clients + 1)) if gpus else ()
+    chosen = tuple(sorted(set(gpu_clients)))
+    odd = [i for i in chosen if isinstance(i, bool) or not isinstance(i, int) or not 1 <= i <= clients]
+    if odd:
+        raise DevStackError(f"--gpu-clients names clients 1..{clients}, not {', '.join(map(str, odd))}")
+    if chosen and not gpus:
+        raise DevStackError("--gpu-clients needs --gpus N (how many fake GPUs each of those clients gets)")
+    return chosen if gpus else ()
+
+
+def parse_client_list(text: str) -> tuple[int, ...]:
+    """"3" or "2,3" (`--gpu-clients`) -> (2, 3). Pure."""
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError as exc:
+        raise DevStackError(f"--gpu-clients is a comma-separated list of client numbers (e.g. 3 or 2,3), not {text!r}") from exc
+
+
+def describe_shape(clients: int, gpus: int, gpu_clients: Sequence[int]) -> str:
+    """"3 clients with 2 fake GPUs on client 3" and the like. Pure."""
+    if not gpus or not gpu_clients:
+        return f"{clients} clients without fake GPUs"
+    if tuple(gpu_clients) == tuple(range(1, clients + 1)):
+        return f"{clients} clients with {gpus} fake GPUs each"
+    names = ", ".join(str(i) for i in gpu_clients)
+    return f"{clients} clients with {gpus} fake GPUs on client{'s' if len(gpu_clients) > 1 else ''} {names}"
+
+
+def up_command(clients: int, gpus: int, gpu_clients: Sequence[int]) -> str:
+    """The `nomadtf dev up` command line that builds this shape. Pure."""
+    command = f"nomadtf dev up --clients {clients}"
+    if gpus and gpu_clients:
+        command += f" --gpus {gpus}"
+        if tuple(gpu_clients) != tuple(range(1, clients + 1)):
+            command += f" --gpu-clients {','.join(str(i) for i in gpu_clients)}"
+    return command
+
+
 def _client_index(component: str) -> int | None:
     """`consul-client-2` / `nomad-client-2` -> 2; a server-machine component -> None."""
     head, _, tail = component.rpartition("-client-")
@@ -226,7 +271,10 @@ class ClusterStack:
         return json.loads(self.record_path.read_text())
 
     def _save(self, **changes) -> None:
-        data = {"components": [], "clients": 0, "gpus": 0, "namespaces": [], "links": [], **self._load(), **changes}
+        data = {
+            "components": [], "clients": 0, "gpus": 0, "gpu_clients": [], "namespaces": [], "links": [],
+            **self._load(), **changes,
+        }
         _write_private(self.record_path, json.dumps(data, indent=2))
 
     def _remember(self, key: str, item: str) -> None:
@@ -252,7 +300,25 @@ class ClusterStack:
         return int(self._load().get("clients", 0))
 
     def recorded_gpus(self) -> int:
+        """Fake GPUs on each client that has them (`recorded_gpu_clients`)."""
         return int(self._load().get("gpus", 0))
+
+    def recorded_gpu_clients(self) -> tuple[int, ...]:
+        """The clients with fake GPUs; a record from before `gpu_clients` means all of them."""
+        data = self._load()
+        if not int(data.get("gpus", 0)):
+            return ()
+        if "gpu_clients" not in data:
+            return tuple(range(1, int(data.get("clients", 0)) + 1))
+        return tuple(int(i) for i in data["gpu_clients"])
+
+    def client_gpus(self, index: int) -> int:
+        """Fake GPUs on client `index`, as recorded."""
+        return self.recorded_gpus() if index in self.recorded_gpu_clients() else 0
+
+    def describe(self) -> str:
+        """The recorded shape, e.g. "3 clients with 2 fake GPUs on client 3"."""
+        return describe_shape(self.clients(), self.recorded_gpus(), self.recorded_gpu_clients())
 
     def _process(self, comp: Component) -> psutil.Process | None:
         return processes.find(comp.pid, comp.create_time) if comp.create_time is not None else None
@@ -296,7 +362,8 @@ class ClusterStack:
                 address = {"consul": f"http://{CONSUL_ADDR}", "openbao": VAULT_ADDR, "nomad": NOMAD_ADDR}[comp.name]
             else:
                 address = f"{client_ip(index)} ({namespace(index)})"
-            node = nodes.get(node_name(index), "unknown") if index is not None and comp.name.startswith("nomad") else ""
+            is_nomad_client = index is not None and comp.name.startswith("nomad")
+            node = nodes.get(node_name(index), "unknown") if is_nomad_client else ""
             rows.append(
                 {
                     "component": comp.name,
@@ -304,6 +371,7 @@ class ClusterStack:
                     "state": "running" if self._process(comp) else "stopped",
                     "address": address,
                     "node": node,
+                    "gpus": str(self.client_gpus(index)) if is_nomad_client else "",
                     "log": comp.log,
                 }
             )
@@ -311,19 +379,33 @@ class ClusterStack:
 
     # ---- up --------------------------------------------------------------------------
 
-    def up(self, progress: Progress, clients: int = 3, gpus: int = 0, timeout: float = 180.0) -> bool:
-        """Start the server machine and `clients` client namespaces (`gpus` fake GPUs on
-        each client). Returns False when that cluster already runs (a no-op)."""
+    def up(
+        self,
+        progress: Progress,
+        clients: int = 3,
+        gpus: int | None = 0,
+        timeout: float = 180.0,
+        gpu_clients: Sequence[int] | None = None,
+    ) -> bool:
+        """Start the server machine and `clients` client namespaces, `gpus` fake GPUs on
+        each client of `gpu_clients` (None: every client). `gpus` None means as the running
+        cluster has, or none. Returns False when that cluster already runs (a no-op)."""
         if isinstance(clients, bool) or not isinstance(clients, int) or not 1 <= clients <= MAX_CLIENTS:
             raise DevStackError(f"clients must be a number from 1 to {MAX_CLIENTS}, not {clients!r}")
         if os.geteuid() != 0:
             raise DevStackError("the several-client stack creates network namespaces and a bridge: run it as root")
-        if self.is_up():
-            running = (self.clients(), self.recorded_gpus())
-            if running != (clients, gpus):
+        running_up = self.is_up()
+        if gpus is None:
+            gpus = self.recorded_gpus() if running_up else 0
+            if gpu_clients is None and running_up and gpus:
+                gpu_clients = self.recorded_gpu_clients()
+        with_gpus = gpu_client_set(clients, gpus, gpu_clients)
+        if running_up:
+            running = (self.clients(), self.recorded_gpus(), self.recorded_gpu_clients())
+            if running != (clients, gpus, with_gpus):
                 raise DevStackError(
-                    f"the several-client stack runs {running[0]} clients with {running[1]} fake GPUs each, "
-                    f"not {clients} with {gpus}; `nomadtf dev down --cluster`, then `nomadtf dev up --clients {clients}`"
+                    f"the several-client stack runs {describe_shape(*running)}, not {describe_shape(clients, gpus, with_gpus)}; "
+                    f"`nomadtf dev down --cluster`, then `{up_command(clients, gpus, with_gpus)}`"
                 )
             return False
         if self.record_path.is_file():
@@ -339,7 +421,7 @@ class ClusterStack:
                 "(`ip netns del NAME`, `ip link del NAME`) and retry"
             )
         claim_state_dir(self.state_dir, "NOMADTF_DEV_CLUSTER_DIR")
-        self._save(clients=clients, gpus=gpus)
+        self._save(clients=clients, gpus=gpus, gpu_clients=list(with_gpus))
         started = time.monotonic()
         try:
             bins = {name: binaries.find_or_build(name, progress) for name in ("consul", "bao", "nomad")}
@@ -371,9 +453,9 @@ class ClusterStack:
             for i in range(1, clients + 1):
                 self._wait_consul_client(i, timeout)
             for i in range(1, clients + 1):
-                self._start_nomad_client(bins["nomad"], i, gpus)
+                self._start_nomad_client(bins["nomad"], i, self.client_gpus(i))
             for i in range(1, clients + 1):
-                self._wait_client(i, timeout, gpus)
+                self._wait_client(i, timeout, self.client_gpus(i))
             progress(
                 f"{clients} nomad clients ready ({', '.join(client_ip(i) for i in range(1, clients + 1))}) "
                 f"in {time.monotonic() - started:.1f}s"
@@ -495,8 +577,8 @@ class ClusterStack:
         nomad = self.component(f"nomad-client-{index}")
         self._start_consul_client(Path(consul.binary), index)
         self._wait_consul_client(index, timeout)
-        self._start_nomad_client(Path(nomad.binary), index, self.recorded_gpus())
-        self._wait_client(index, timeout, self.recorded_gpus())
+        self._start_nomad_client(Path(nomad.binary), index, self.client_gpus(index))
+        self._wait_client(index, timeout, self.client_gpus(index))
 
     def pause_client(self, index: int) -> None:
         """SIGSTOP client `index`'s Nomad agent: it stops heartbeating, its tasks run on

@@ -42,6 +42,19 @@ class GpuGroup:
     memory_mib: int = DEFAULT_MEMORY_MIB
 
 
+@dataclass(frozen=True)
+class GpuInventory:
+    """Real GPUs to advertise as they are (`nvidia-smi` of this machine): their instance
+    IDs (`GPU-<uuid>`), model name and memory, instead of made-up ones."""
+
+    ids: tuple[str, ...]
+    model: str
+    memory_mib: int
+
+    def plugin_hcl(self, plugin_dir: Path) -> str:
+        return client_plugin_hcl(plugin_dir, len(self.ids), self.model, self.memory_mib, ids=self.ids)
+
+
 def plugin_dir() -> Path:
     """The directory to give a Nomad client as `plugin_dir`."""
     return cache_dir() / "plugins"
@@ -200,9 +213,12 @@ def client_plugin_hcl(
     *,
     driver_version: str | None = None,
     models: Sequence[GpuGroup] | None = None,
+    ids: Sequence[str] | None = None,
 ) -> str:
     """The lines of a Nomad client config that load the plugin from `plugin_dir` and make
     it advertise `count` GPUs of `model` (or, with `models`, one group per entry instead).
+    `ids` names the instances exactly (a real machine's GPU UUIDs): they replace `count`
+    and the IDs the seed would give.
 
     `seed` fixes the GPU IDs: the same seed gives the same IDs on every start, different
     seeds give different ones, so give each client of one host its own (its node name).
@@ -213,6 +229,13 @@ def client_plugin_hcl(
     _check_memory(memory_mib, "memory_mib")
     if not isinstance(seed, str):
         raise ValueError(f"seed must be a string, not {seed!r}")
+    if ids is not None:
+        ids = list(ids)
+        if not ids or any(not isinstance(i, str) or not i.strip() for i in ids) or len(set(ids)) != len(ids):
+            raise ValueError(f"ids must be distinct non-empty strings, not {ids!r}")
+        if models:
+            raise ValueError("ids and models cannot both be given")
+        count = len(ids)
     lines = [
         f"plugin_dir = {_hcl_string(str(plugin_dir))}",
         "",
@@ -226,6 +249,8 @@ def client_plugin_hcl(
         lines.append(f"    seed       = {_hcl_string(seed)}")
     if driver_version is not None:
         lines.append(f"    driver_version = {_hcl_string(driver_version)}")
+    if ids is not None:
+        lines.append(f"    ids        = [{', '.join(_hcl_string(i) for i in ids)}]")
     for i, group in enumerate(models or ()):
         lines += [
             "",

@@ -102,6 +102,8 @@ class DevStack:
     def __init__(self, state_dir: Path):
         self.state_dir = state_dir
         self.gpus = 0  # fake NVIDIA GPUs the Nomad client advertises (`up --gpus N`)
+        # When set, the plugin advertises exactly these (real) GPUs instead of `gpus` made-up ones.
+        self.gpu_inventory: gpu_plugin.GpuInventory | None = None
         self.record_path = state_dir / "stack.json"
         self.token_path = state_dir / "root-token"
         self.marker_path = state_dir / MARKER
@@ -263,13 +265,19 @@ class DevStack:
         data_dir = self.state_dir / "nomad-data"
         data_dir.mkdir(exist_ok=True)
         config = self.state_dir / "nomad.hcl"
-        extra = gpu_plugin.client_plugin_hcl(plugin.parent, self.gpus, seed="nomadtf-dev") if plugin else ""
+        extra = self.plugin_hcl(plugin.parent) if plugin else ""
         _write_private(config, nomad_config(data_dir) + extra)
         argv = [str(binary), "agent", "-dev", "-bind", HOST, "-config", str(config)]
         # Nomad reads its Vault token from VAULT_TOKEN; its client keeps that variable
         # out of every task's environment (env.denylist default).
         env = {**_base_env(), "VAULT_TOKEN": vault_token}
         return self._spawn("nomad", argv, env)
+
+    def plugin_hcl(self, plugin_dir: Path) -> str:
+        """The device plugin's lines of the Nomad client config."""
+        if self.gpu_inventory is not None:
+            return self.gpu_inventory.plugin_hcl(plugin_dir)
+        return gpu_plugin.client_plugin_hcl(plugin_dir, self.gpus, seed="nomadtf-dev")
 
     def recorded_gpus(self) -> int:
         try:

@@ -271,7 +271,8 @@ def consul_client_config(data_dir: Path, node_name: str, bind: str, client: str,
 class Machine:
     """One machine of a several-client cluster: the server machine (Consul server, Nomad
     server, OpenBao) or client `index` (a Consul client agent and a Nomad client named
-    client-<index>, node_class nomadtf-client-<index>, meta nomadtf_client = "<index>").
+    client-<index>, node_class nomadtf-client-<index>, meta nomadtf_client = "<index>" and
+    nomadtf_gpu = "true" or "false").
 
     `servers` are the server machine's addresses (a client joins them; a server machine
     lists its own); `state_dir` holds nomad-data/ and consul-data/; Vault, when `vault`,
@@ -323,7 +324,8 @@ def nomad_config(machine: Machine) -> str:
         LOCAL_CONSUL,
         machine.vault_address,
         node_class=f"nomadtf-client-{machine.index}",
-        meta={"nomadtf_client": str(machine.index)},
+        # Jobs place by it: `${meta.nomadtf_gpu} = false` keeps a CPU role off the GPU clients.
+        meta={"nomadtf_client": str(machine.index), "nomadtf_gpu": "true" if machine.gpus else "false"},
         extra=extra,
     )
 

@@ -89,6 +89,9 @@ var (
 			hclspec.NewAttr("seed", "string", false),
 			hclspec.NewLiteral(`""`),
 		),
+		// When given, exactly these instance IDs (a real machine's GPU UUIDs), one group of
+		// `model`: they replace `count` and the IDs derived from the seed.
+		"ids": hclspec.NewAttr("ids", "list(string)", false),
 		// When given, one device group per entry replaces count/model/memory_mib.
 		"models": hclspec.NewBlockList("models", hclspec.NewObject(map[string]*hclspec.Spec{
 			"model": hclspec.NewAttr("model", "string", true),
@@ -125,6 +128,7 @@ type Config struct {
 	MemoryMiB         int           `codec:"memory_mib"`
 	DriverVersion     string        `codec:"driver_version"`
 	Seed              string        `codec:"seed"`
+	IDs               []string      `codec:"ids"`
 	Models            []GroupConfig `codec:"models"`
 	FingerprintPeriod string        `codec:"fingerprint_period"`
 }
@@ -196,7 +200,19 @@ func (d *FakeGPU) SetConfig(cfg *base.Config) error {
 // buildGroups turns the configuration into device groups, one per model name.
 func buildGroups(config Config, seed string) ([]*device.DeviceGroup, error) {
 	specs := config.Models
-	if len(specs) == 0 {
+	if len(config.IDs) != 0 {
+		if len(specs) != 0 {
+			return nil, fmt.Errorf("ids and models cannot both be given")
+		}
+		seen := map[string]bool{}
+		for i, id := range config.IDs {
+			if id == "" || seen[id] {
+				return nil, fmt.Errorf("ids[%d]: %q is empty or listed twice", i, id)
+			}
+			seen[id] = true
+		}
+		specs = []GroupConfig{{Model: config.Model, Count: len(config.IDs), MemoryMiB: config.MemoryMiB}}
+	} else if len(specs) == 0 {
 		specs = []GroupConfig{{Model: config.Model, Count: config.Count, MemoryMiB: config.MemoryMiB}}
 	}
 	byModel := map[string]*device.DeviceGroup{}
@@ -230,8 +246,12 @@ func buildGroups(config Config, seed string) ([]*device.DeviceGroup, error) {
 			return nil, fmt.Errorf("model %q is listed twice with different memory_mib", spec.Model)
 		}
 		for n := 0; n < spec.Count; n++ {
+			id := deviceID(seed, spec.Model, len(group.Devices))
+			if len(config.IDs) != 0 {
+				id = config.IDs[n]
+			}
 			group.Devices = append(group.Devices, &device.Device{
-				ID:         deviceID(seed, spec.Model, len(group.Devices)),
+				ID:         id,
 				Healthy:    true,
 				HwLocality: &device.DeviceLocality{PciBusID: fmt.Sprintf("00000000:%02X:00.0", 0x10+index)},
 			})
