@@ -32,6 +32,7 @@ from nomadtf import roles
 from nomadtf.cluster import Member
 
 STRAGGLER_GRACE_S = 30.0  # after success, how long user code that is still running gets
+PEER_FAULT_WINDOW_S = 60.0  # a child restarted for a peer change that fails within this: the peer's fault
 PEER_SETTLE_S = 15.0  # after a child failure, how long to look for a peer change that explains it
 
 

@@ -82,6 +82,8 @@ class Running:
     child: Child
     members: list[Member]
     generation: int
+    started: float = 0.0  # monotonic
+    for_peer_change: bool = False  # (re)started because peers we depend on changed
 
 
 class Supervisor:
@@ -383,6 +385,12 @@ class Supervisor:
         self.loop.cancel("peer-settle")
         self.loop.cancel("rendezvous-deadline")
         code = self.failed_code
+        # A child restarted for a peer's change that fails soon after failed because of
+        # that peer (a parameter server whose new TensorFlow server was not listening yet):
+        # recover again, within the budget, instead of calling the code broken.
+        running = self.running
+        if running and running.for_peer_change and time.monotonic() - running.started < policy.PEER_FAULT_WINDOW_S:
+            changed = True
         act = policy.after_peer_check(code, self.spec.recovery.permanent_exit_codes, changed)
         if act is Act.RECOVER_WITH_CLUSTER:
             return self._recover(f"exit {code} after a peer changed", own_crash=False)
@@ -427,7 +435,7 @@ class Supervisor:
         log.info("generation %d: starting %s with TF_CONFIG %s", generation, " ".join(argv[1:4]), env.get(wire.ENV_TF_CONFIG, "(none)"))
 
         child = Child(argv, env, cwd, lambda pid, code: self.loop.post(Event(CHILD_EXIT, (pid, code))))
-        self.running = Running(child, members, generation)
+        self.running = Running(child, members, generation, time.monotonic())
         self.phase = Phase.RUNNING
         self.hang.restart(time.monotonic())
         self.loop.call_at(time.monotonic() + PROGRESS_TICK_S, "progress")
@@ -436,6 +444,8 @@ class Supervisor:
         log.info("restarting our child: %s", why)
         self._stop_child()
         self._start_child(members, generation)
+        assert self.running is not None
+        self.running.for_peer_change = True
 
     def _stop_child(self) -> int | None:
         if not self.running:
