@@ -139,6 +139,16 @@ ui {{
 """
 
 
+def _agent_header(name: str, data_dir: Path, bind: str) -> str:
+    """The lines every Nomad agent of the several-client stack starts with."""
+    return f"""
+name      = {hcl_string(name)}
+data_dir  = {hcl_string(str(data_dir))}
+bind_addr = {hcl_string(bind)}
+log_level = "INFO"
+"""
+
+
 def nomad_server_config(
     data_dir: Path,
     bind: str,
@@ -152,12 +162,8 @@ def nomad_server_config(
     """A Nomad server-only agent (no client) bound to `bind` alone; no vault block when
     `vault_address` is None."""
     return (
-        f"""
-name      = {hcl_string(name)}
-data_dir  = {hcl_string(str(data_dir))}
-bind_addr = {hcl_string(bind)}
-log_level = "INFO"
-
+        _agent_header(name, data_dir, bind)
+        + f"""
 server {{
   enabled          = true
   bootstrap_expect = {int(bootstrap_expect)}
@@ -208,13 +214,8 @@ def nomad_client_config(
     client_lines += _meta_block(meta or {})
     client_lines.append("}")
     return (
-        f"""
-name      = {hcl_string(name)}
-data_dir  = {hcl_string(str(data_dir))}
-bind_addr = {hcl_string(bind)}
-log_level = "INFO"
-
-"""
+        _agent_header(name, data_dir, bind)
+        + "\n"
         + "\n".join(client_lines)
         + "\n"
         + _raw_exec_block()
