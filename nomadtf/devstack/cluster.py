@@ -70,9 +70,28 @@ from nomadtf.devstack.stack import (
 )
 from nomadtf.errors import DevStackError
 
-BRIDGE = "ntf-br0"
-SUBNET = ipaddress.ip_network("198.18.0.0/24")
-SERVER_IP = "198.18.0.1"
+DEFAULT_SUBNET = "198.18.0.0/24"
+
+
+def _subnet() -> ipaddress.IPv4Network:
+    """The stack's /24 inside 198.18.0.0/15: $NOMADTF_DEV_CLUSTER_SUBNET, so that two
+    several-client stacks (two checkouts, two developers) can run side by side."""
+    text = os.environ.get("NOMADTF_DEV_CLUSTER_SUBNET") or DEFAULT_SUBNET
+    try:
+        net = ipaddress.ip_network(text)
+    except ValueError:
+        net = None
+    if net is None or net.prefixlen != 24 or not net.subnet_of(ipaddress.ip_network("198.18.0.0/15")):
+        raise DevStackError(f"NOMADTF_DEV_CLUSTER_SUBNET is a /24 inside 198.18.0.0/15 (e.g. 198.18.1.0/24), not {text!r}")
+    return net
+
+
+SUBNET = _subnet()
+# Interface and namespace names carry the subnet's third octet; the default keeps its names.
+NET_ID = int(SUBNET.network_address.packed[2]) + (256 if SUBNET.network_address.packed[1] == 19 else 0)
+NAME_PREFIX = "ntf-" if NET_ID == 0 else f"ntf{NET_ID}-"
+BRIDGE = f"{NAME_PREFIX}br0"
+SERVER_IP = str(SUBNET.network_address + 1)
 # Inside each namespace the client's end of its veth pair.
 CLIENT_INTERFACE = "eth0"
 MAX_CLIENTS = 200
@@ -87,7 +106,7 @@ def default_state_dir() -> Path:
     if explicit:
         return Path(explicit)
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "nomadtf" / "dev-cluster"
+    return Path(base) / "nomadtf" / ("dev-cluster" if NET_ID == 0 else f"dev-cluster-{NET_ID}")
 
 
 def client_ip(index: int) -> str:
@@ -95,12 +114,12 @@ def client_ip(index: int) -> str:
 
 
 def namespace(index: int) -> str:
-    return f"ntf-c{index}"
+    return f"{NAME_PREFIX}c{index}"
 
 
 def host_veth(index: int) -> str:
     """The host end of client `index`'s veth pair, a port of the bridge."""
-    return f"ntf-c{index}-br"
+    return f"{namespace(index)}-br"
 
 
 def node_name(index: int) -> str:
@@ -430,7 +449,7 @@ class ClusterStack:
             token = secrets.token_urlsafe(24)
             _write_private(self.token_path, token)
             self._make_network(clients)
-            progress(f"network: {BRIDGE} {SERVER_IP}/{SUBNET.prefixlen}, namespaces ntf-c1..ntf-c{clients}")
+            progress(f"network: {BRIDGE} {SERVER_IP}/{SUBNET.prefixlen}, namespaces {namespace(1)}..{namespace(clients)}")
 
             self._start_consul_server(bins["consul"])
             wait_for(lambda: _consul_leader(CONSUL_ADDR), timeout, "consul server", self.component("consul").log)
