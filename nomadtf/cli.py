@@ -25,6 +25,8 @@ app = typer.Typer(
 )
 dev_app = typer.Typer(no_args_is_help=True, help="The local Nomad + Consul + OpenBao stack for trying nomadtf.")
 app.add_typer(dev_app, name="dev")
+env_app = typer.Typer(no_args_is_help=True, help="The job environments cached on this Nomad client (job.json `environment`).")
+app.add_typer(env_app, name="env")
 
 _state = {"debug": False}
 
@@ -65,11 +67,14 @@ def dev_up(
     gpu_clients: Annotated[
         Optional[str], typer.Option("--gpu-clients", help="With --clients N: only these clients get the --gpus (e.g. 3 or 2,3); default every client")
     ] = None,
+    secure: Annotated[
+        bool, typer.Option("--secure", help="ACLs (default deny) and TLS on Nomad, Consul and OpenBao; runs as the several-client stack")
+    ] = False,
 ) -> None:
     """Build or find the binaries and start Consul, OpenBao and Nomad on 127.0.0.1
-    (--clients N: a server on 198.18.0.1 and N client namespaces)."""
-    if clients >= 2:
-        _dev_cluster_up(clients, gpus, gpu_clients, timeout)
+    (--clients N or --secure: a server on 198.18.0.1 and N client namespaces)."""
+    if clients >= 2 or secure:
+        _dev_cluster_up(clients, gpus, gpu_clients, timeout, secure)
         return
     if gpu_clients is not None:
         raise NomadtfError("--gpu-clients is for the several-client stack: add --clients N (2 or more)")
@@ -84,13 +89,13 @@ def dev_up(
     _err('use it from a shell with: eval "$(nomadtf dev env)"')
 
 
-def _dev_cluster_up(clients: int, gpus: int | None, gpu_clients: str | None, timeout: float) -> None:
+def _dev_cluster_up(clients: int, gpus: int | None, gpu_clients: str | None, timeout: float, secure: bool) -> None:
     from nomadtf.devstack.cluster import ClusterStack, parse_client_list
 
     cluster = ClusterStack.default()
     started = time.monotonic()
     chosen = parse_client_list(gpu_clients) if gpu_clients is not None else None
-    if not cluster.up(progress=_stamp, clients=clients, gpus=gpus, timeout=timeout, gpu_clients=chosen):
+    if not cluster.up(progress=_stamp, clients=clients, gpus=gpus, timeout=timeout, gpu_clients=chosen, secure=secure):
         _err(f"the several-client stack is already up ({cluster.state_dir})")
         return
     _err(f"several-client stack up in {time.monotonic() - started:.1f}s; state in {cluster.state_dir}")
@@ -474,12 +479,15 @@ def render(
 @app.command()
 def validate(job_file: JobFile, var: Vars = None, templates: TemplatesDir = None) -> None:
     """Check job.json (schema, cross-field rules), then Nomad's own validation if reachable."""
+    from nomadtf.environment import docker_image_needs
     from nomadtf.errors import UnreachableError
     from nomadtf.run import Run
     from nomadtf.spec import role_counts
 
     job_run = Run.prepare(job_file, var or [], templates)
     typer.echo(f"{job_file}: valid ({job_run.spec['strategy']}, roles {role_counts(job_run.spec)})")
+    for line in docker_image_needs(job_run.spec):
+        typer.echo(line)
     try:
         warnings = job_run.api.validate(job_run.job)
     except UnreachableError as exc:
@@ -526,6 +534,65 @@ def convert_dcos(
         _err(f"wrote {out}")
     else:
         typer.echo(text, nl=False)
+
+
+# ---- job environments on a client ---------------------------------------------------------
+
+EnvDir = Annotated[
+    Optional[Path], typer.Option("--dir", help="The cache of environments; default NOMADTF_ENV_DIR, else ~/.cache/nomadtf/envs")
+]
+
+
+def _env_cache(directory: Path | None):
+    import os
+
+    from nomadtf.environment import EnvCache, default_root
+
+    return EnvCache(directory or default_root(dict(os.environ)))
+
+
+def _ago(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+@env_app.command("list")
+def env_list(directory: EnvDir = None) -> None:
+    """The environments on this client: key, Python, last use, in use, requirements."""
+    cache = _env_cache(directory)
+    entries = cache.entries()
+    if not entries:
+        typer.echo(f"no environments in {cache.root}")
+        return
+    now = time.time()
+    for entry in entries:
+        marker = entry.marker
+        typer.echo(
+            f"{entry.key}  python {marker.get('python_version', '?')}  last used {_ago(now - entry.last_used)} ago"
+            f"  {'in use' if cache.in_use(entry.key) else 'idle'}  built in {marker.get('build_s', '?')}s"
+            f"  {', '.join(marker.get('requirements', []))}"
+        )
+
+
+@env_app.command("gc")
+def env_gc(
+    older_than: Annotated[str, typer.Option("--older-than", help="Remove environments unused for longer than this (7d, 12h, 30m)")] = "7d",
+    directory: EnvDir = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only say what would be removed")] = False,
+) -> None:
+    """Remove environments unused for longer than --older-than; never one a task uses."""
+    from nomadtf.environment import age_seconds
+
+    cache = _env_cache(directory)
+    removed, busy = cache.gc(age_seconds(older_than), dry_run=dry_run)
+    verb = "would remove" if dry_run else "removed"
+    for entry in removed:
+        typer.echo(f"{verb} {entry.key} ({', '.join(entry.marker.get('requirements', []))})")
+    for entry in busy:
+        typer.echo(f"kept {entry.key}: in use by a task")
+    typer.echo(f"{verb} {len(removed)} environment(s) from {cache.root}; {len(busy)} in use")
 
 
 def main() -> None:

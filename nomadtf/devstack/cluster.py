@@ -46,19 +46,18 @@ import signal
 import subprocess
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
 import requests
 
-from nomadtf.devstack import binaries, gpu_plugin, processes, wiring
+from nomadtf.devstack import binaries, gpu_plugin, processes, security, wiring
 from nomadtf.devstack.stack import (
     MARKER,
     Component,
     Progress,
     _base_env,
-    _consul_leader,
-    _openbao_ready,
     _remove_tree,
     _unmount_under,
     _write_private,
@@ -99,6 +98,17 @@ MAX_CLIENTS = 200
 NOMAD_ADDR = f"http://{SERVER_IP}:4646"
 CONSUL_ADDR = f"{SERVER_IP}:{wiring.CONSUL_HTTP_PORT}"
 VAULT_ADDR = f"http://{SERVER_IP}:{wiring.VAULT_PORT}"
+
+
+def urls(secure: bool) -> dict[str, str]:
+    """Base URLs of the server machine's three APIs (HTTPS on the secure stack)."""
+    if not secure:
+        return {"nomad": NOMAD_ADDR, "consul": f"http://{CONSUL_ADDR}", "vault": VAULT_ADDR}
+    return {
+        "nomad": f"https://{SERVER_IP}:4646",
+        "consul": f"https://{SERVER_IP}:{wiring.CONSUL_HTTPS_PORT}",
+        "vault": f"https://{SERVER_IP}:{wiring.VAULT_PORT}",
+    }
 
 
 def default_state_dir() -> Path:
@@ -195,9 +205,9 @@ def describe_shape(clients: int, gpus: int, gpu_clients: Sequence[int]) -> str:
     return f"{clients} clients with {gpus} fake GPUs on client{'s' if len(gpu_clients) > 1 else ''} {names}"
 
 
-def up_command(clients: int, gpus: int, gpu_clients: Sequence[int]) -> str:
+def up_command(clients: int, gpus: int, gpu_clients: Sequence[int], secure: bool = False) -> str:
     """The `nomadtf dev up` command line that builds this shape. Pure."""
-    command = f"nomadtf dev up --clients {clients}"
+    command = f"nomadtf dev up --clients {clients}" + (" --secure" if secure else "")
     if gpus and gpu_clients:
         command += f" --gpus {gpus}"
         if tuple(gpu_clients) != tuple(range(1, clients + 1)):
@@ -277,6 +287,7 @@ class ClusterStack:
         self.record_path = state_dir / "stack.json"
         self.token_path = state_dir / "root-token"
         self.marker_path = state_dir / MARKER
+        self.secure_state = security.SecureState(state_dir / "secure")
 
     @classmethod
     def default(cls) -> ClusterStack:
@@ -318,6 +329,18 @@ class ClusterStack:
     def clients(self) -> int:
         return int(self._load().get("clients", 0))
 
+    def secure(self) -> bool:
+        """ACLs and TLS on Nomad, Consul and OpenBao (`up(secure=True)`)."""
+        return bool(self._load().get("secure", False))
+
+    def urls(self) -> dict[str, str]:
+        return urls(self.secure())
+
+    def api(self) -> requests.Session:
+        """A session for the server machine's APIs: on the secure stack the CA and the
+        management tokens, else plain."""
+        return self.secure_state.api() if self.secure() else requests.Session()
+
     def recorded_gpus(self) -> int:
         """Fake GPUs on each client that has them (`recorded_gpu_clients`)."""
         return int(self._load().get("gpus", 0))
@@ -350,35 +373,55 @@ class ClusterStack:
         return all(self._process(c) for c in comps) and set(data.get("namespaces", [])) <= namespaces()
 
     def root_token(self) -> str:
+        if self.secure():
+            return self.secure_state.tokens().openbao_root
         try:
             return self.token_path.read_text().strip()
         except OSError as exc:
             raise DevStackError(f"no several-client stack at {self.state_dir}; run `nomadtf dev up --clients N`") from exc
 
     def env(self) -> dict[str, str]:
-        """The variables that point nomad, consul, bao and nomadtf at this cluster."""
+        """The variables that point nomad, consul, bao and nomadtf at this cluster; on the
+        secure stack with the CA and the management tokens (an operator's shell)."""
         bin_dirs = []
         for comp in self.components():
             folder = str(Path(comp.binary).parent)
             if folder not in bin_dirs:
                 bin_dirs.append(folder)
-        return {
-            "NOMAD_ADDR": NOMAD_ADDR,
-            "CONSUL_HTTP_ADDR": CONSUL_ADDR,
-            "VAULT_ADDR": VAULT_ADDR,
+        found = self.urls()
+        env = {
+            "NOMAD_ADDR": found["nomad"],
+            "CONSUL_HTTP_ADDR": found["consul"].removeprefix("http://"),
+            "VAULT_ADDR": found["vault"],
             "VAULT_TOKEN": self.root_token(),
             "PATH": os.pathsep.join([*bin_dirs, os.environ.get("PATH", "")]),
         }
+        if self.secure():
+            tokens = self.secure_state.tokens()
+            ca = str(self.secure_state.ca_file)
+            env.update(
+                {
+                    "NOMAD_TOKEN": tokens.nomad_management,
+                    "NOMAD_CACERT": ca,
+                    "CONSUL_HTTP_TOKEN": tokens.consul_management,
+                    "CONSUL_HTTP_SSL": "true",
+                    "CONSUL_CACERT": ca,
+                    "VAULT_CACERT": ca,
+                    "BAO_CACERT": ca,
+                }
+            )
+        return env
 
     def status(self) -> list[dict[str, str]]:
         """One row per agent (never the token); a Nomad client's row carries its node's
         status as the server sees it (`ready`, `down`, `initializing`, or `unknown`)."""
-        nodes = _node_statuses()
+        nodes = _node_statuses(self.api(), self.urls()["nomad"])
         rows = []
         for comp in self.components():
             index = _client_index(comp.name)
             if index is None:
-                address = {"consul": f"http://{CONSUL_ADDR}", "openbao": VAULT_ADDR, "nomad": NOMAD_ADDR}[comp.name]
+                found = self.urls()
+                address = {"consul": found["consul"], "openbao": found["vault"], "nomad": found["nomad"]}[comp.name]
             else:
                 address = f"{client_ip(index)} ({namespace(index)})"
             is_nomad_client = index is not None and comp.name.startswith("nomad")
@@ -405,10 +448,12 @@ class ClusterStack:
         gpus: int | None = 0,
         timeout: float = 180.0,
         gpu_clients: Sequence[int] | None = None,
+        secure: bool = False,
     ) -> bool:
         """Start the server machine and `clients` client namespaces, `gpus` fake GPUs on
         each client of `gpu_clients` (None: every client). `gpus` None means as the running
-        cluster has, or none. Returns False when that cluster already runs (a no-op)."""
+        cluster has, or none; `secure`: ACLs and TLS everywhere. Returns False when that
+        cluster already runs (a no-op)."""
         if isinstance(clients, bool) or not isinstance(clients, int) or not 1 <= clients <= MAX_CLIENTS:
             raise DevStackError(f"clients must be a number from 1 to {MAX_CLIENTS}, not {clients!r}")
         if os.geteuid() != 0:
@@ -421,10 +466,12 @@ class ClusterStack:
         with_gpus = gpu_client_set(clients, gpus, gpu_clients)
         if running_up:
             running = (self.clients(), self.recorded_gpus(), self.recorded_gpu_clients())
-            if running != (clients, gpus, with_gpus):
+            if running != (clients, gpus, with_gpus) or self.secure() != secure:
+                now = describe_shape(*running) + (" with ACLs and TLS" if self.secure() else "")
+                wanted = describe_shape(clients, gpus, with_gpus) + (" with ACLs and TLS" if secure else "")
                 raise DevStackError(
-                    f"the several-client stack runs {describe_shape(*running)}, not {describe_shape(clients, gpus, with_gpus)}; "
-                    f"`nomadtf dev down --cluster`, then `{up_command(clients, gpus, with_gpus)}`"
+                    f"the several-client stack runs {now}, not {wanted}; "
+                    f"`nomadtf dev down --cluster`, then `{up_command(clients, gpus, with_gpus, secure)}`"
                 )
             return False
         if self.record_path.is_file():
@@ -440,29 +487,41 @@ class ClusterStack:
                 "(`ip netns del NAME`, `ip link del NAME`) and retry"
             )
         claim_state_dir(self.state_dir, "NOMADTF_DEV_CLUSTER_DIR")
-        self._save(clients=clients, gpus=gpus, gpu_clients=list(with_gpus))
+        self._save(clients=clients, gpus=gpus, gpu_clients=list(with_gpus), secure=secure)
         started = time.monotonic()
         try:
             bins = {name: binaries.find_or_build(name, progress) for name in ("consul", "bao", "nomad")}
             if gpus:
                 gpu_plugin.find_or_build(progress)  # into gpu_plugin.plugin_dir(), which the clients load
-            token = secrets.token_urlsafe(24)
-            _write_private(self.token_path, token)
+            if secure:
+                security.SecureState.create(self.secure_state.folder, SERVER_IP, [client_ip(i) for i in range(1, clients + 1)])
+                progress(f"secure: a CA and agent certificates in {self.secure_state.tls_dir}, tokens in {self.secure_state.tokens_path} (0600)")
+            else:
+                _write_private(self.token_path, secrets.token_urlsafe(24))
+            found, api = self.urls(), self.api()
             self._make_network(clients)
             progress(f"network: {BRIDGE} {SERVER_IP}/{SUBNET.prefixlen}, namespaces {namespace(1)}..{namespace(clients)}")
 
             self._start_consul_server(bins["consul"])
-            wait_for(lambda: _consul_leader(CONSUL_ADDR), timeout, "consul server", self.component("consul").log)
-            progress(f"consul server ready at http://{CONSUL_ADDR}")
+            wait_for(lambda: _leader(api, found["consul"]), timeout, "consul server", self.component("consul").log)
+            if secure:
+                security.consul_acl_setup(api, found["consul"], self.secure_state)
+            progress(f"consul server ready at {found['consul']}" + (" (ACLs: default deny; TLS)" if secure else ""))
 
-            self._start_openbao(bins["bao"], token)
-            wait_for(lambda: _openbao_ready(VAULT_ADDR), timeout, "openbao", self.component("openbao").log)
-            nomad_token = configure_openbao(token, VAULT_ADDR)
-            progress(f"openbao ready at {VAULT_ADDR} (KV v2 at secret/, role nomad-cluster)")
+            self._start_openbao(bins["bao"])
+            openbao_log = self.component("openbao").log
+            if secure:
+                wait_for(lambda: security.openbao_initialised(api, found["vault"]), timeout, "openbao", openbao_log)
+                security.openbao_init(api, found["vault"], self.secure_state)
+            wait_for(lambda: api.get(f"{found['vault']}/v1/sys/health", timeout=2).status_code == 200, timeout, "openbao", openbao_log)
+            nomad_token = configure_openbao(self.root_token(), found["vault"], verify=api.verify)
+            progress(f"openbao ready at {found['vault']} (KV v2 at secret/, role nomad-cluster)")
 
             self._start_nomad_server(bins["nomad"], nomad_token)
-            wait_for(_nomad_leader, timeout, "nomad server", self.component("nomad").log)
-            progress(f"nomad server ready at {NOMAD_ADDR} (UI at {NOMAD_ADDR}/ui/)")
+            wait_for(lambda: _leader(api, found["nomad"]), timeout, "nomad server", self.component("nomad").log)
+            if secure:
+                security.nomad_acl_bootstrap(api, found["nomad"], self.secure_state)
+            progress(f"nomad server ready at {found['nomad']} (UI at {found['nomad']}/ui/)")
 
             for i in range(1, clients + 1):
                 self._start_consul_client(bins["consul"], i)
@@ -503,6 +562,8 @@ class ClusterStack:
     def _machine(self, kind: str, index: int = 0, gpus: int = 0) -> wiring.Machine:
         """The machine's description (its folder made, private): configs come from it."""
         desc = machine(kind, index, state_dir=self.state_dir, gpus=gpus)
+        if self.secure():
+            desc = replace(desc, security=self.secure_state.machine(kind, index))
         desc.state_dir.mkdir(mode=0o700, exist_ok=True)
         return desc
 
@@ -519,7 +580,17 @@ class ClusterStack:
         _write_private(config, wiring.consul_config(server))
         self._start("consul", [str(binary), "agent", "-config-file", str(config)], _base_env())
 
-    def _start_openbao(self, binary: Path, token: str) -> None:
+    def _start_openbao(self, binary: Path) -> None:
+        if self.secure():
+            # A real server: file storage, TLS listener; `up` initialises and unseals it.
+            folder = self.state_dir / "openbao"
+            folder.mkdir(mode=0o700, exist_ok=True)
+            config = folder / "openbao.hcl"
+            address = f"{SERVER_IP}:{wiring.VAULT_PORT}"
+            _write_private(config, security.openbao_config(address, self.secure_state.pair("openbao")))
+            self._start("openbao", [str(binary), "server", f"-config={config}"], _base_env())
+            return
+        token = self.root_token()
         argv = [str(binary), "server", "-dev", f"-dev-listen-address={SERVER_IP}:8200"]
         # The token goes through the environment, not argv, so `ps` never shows it.
         self._start("openbao", argv, {**_base_env(), "BAO_DEV_ROOT_TOKEN_ID": token, "VAULT_DEV_ROOT_TOKEN_ID": token})
@@ -548,18 +619,21 @@ class ClusterStack:
 
     def _wait_consul_client(self, index: int, timeout: float) -> None:
         consul = self.component(f"consul-client-{index}")
-        wait_for(lambda: _consul_member_alive(node_name(index)), timeout, f"consul agent {node_name(index)}", consul.log)
+        api, url = self.api(), self.urls()["consul"]
+        wait_for(lambda: _consul_member_alive(api, url, node_name(index)), timeout, f"consul agent {node_name(index)}", consul.log)
 
     def _wait_client(self, index: int, timeout: float, gpus: int) -> None:
         name = node_name(index)
         nomad = self.component(f"nomad-client-{index}")
-        wait_for(lambda: _nomad_node_ready(name, gpus), timeout, f"nomad client {name}", nomad.log)
+        api, url = self.api(), self.urls()["nomad"]
+        wait_for(lambda: _nomad_node_ready(api, url, name, gpus), timeout, f"nomad client {name}", nomad.log)
         # A client sends its first heartbeat up to 10 s after registering (Nomad's fixed
         # initial stagger), later than our short TTL + grace: the server may mark it down
         # once in between. Wait until it has heartbeated, and is ready after that.
-        seen = _HeartbeatWatch(client_ip(index))
+        scheme = "https" if self.secure() else "http"
+        seen = _HeartbeatWatch(api, f"{scheme}://{client_ip(index)}:4646")
         wait_for(seen.heartbeated, timeout, f"nomad client {name}'s first heartbeat", nomad.log)
-        wait_for(lambda: _nomad_node_ready(name, gpus), timeout, f"nomad client {name}", nomad.log)
+        wait_for(lambda: _nomad_node_ready(api, url, name, gpus), timeout, f"nomad client {name}", nomad.log)
 
     # ---- faults, for tests -------------------------------------------------------------
 
@@ -677,12 +751,13 @@ class _HeartbeatWatch:
     stats.client.last_heartbeat is the time since then). Two different instants seen means
     at least one heartbeat; heartbeats are seconds apart, polls are not."""
 
-    def __init__(self, address: str):
-        self.url = f"http://{address}:4646/v1/agent/self"
+    def __init__(self, api: requests.Session, base_url: str):
+        self.api = api
+        self.url = f"{base_url}/v1/agent/self"
         self.instants: list[float] = []
 
     def heartbeated(self) -> bool:
-        stats = requests.get(self.url, timeout=2).json()["stats"]["client"]
+        stats = self.api.get(self.url, timeout=2).json()["stats"]["client"]
         instant = time.time() - go_duration(stats["last_heartbeat"])
         if not self.instants or instant - self.instants[-1] > 0.5:
             self.instants.append(instant)
@@ -701,36 +776,36 @@ def go_duration(text: str) -> float:
     return -seconds if text.startswith("-") else seconds
 
 
-def _nomad_leader() -> bool:
-    # GET /v1/status/leader
-    return bool(requests.get(f"{NOMAD_ADDR}/v1/status/leader", timeout=2).json())
+def _leader(api: requests.Session, url: str) -> bool:
+    # GET /v1/status/leader (Nomad and Consul alike; answered without a token)
+    return bool(api.get(f"{url}/v1/status/leader", timeout=2).json())
 
 
-def _consul_member_alive(name: str) -> bool:
+def _consul_member_alive(api: requests.Session, url: str, name: str) -> bool:
     # GET /v1/agent/members (the server's view of the LAN pool; 1 = alive)
-    members = requests.get(f"http://{CONSUL_ADDR}/v1/agent/members", timeout=2).json()
+    members = api.get(f"{url}/v1/agent/members", timeout=2).json()
     return any(m.get("Name") == name and m.get("Status") == 1 for m in members)
 
 
-def _nomad_node_ready(name: str, gpus: int) -> bool:
+def _nomad_node_ready(api: requests.Session, url: str, name: str, gpus: int) -> bool:
     """Ready, raw_exec healthy, its own Consul agent fingerprinted, every fake GPU there.
 
     GET /v1/nodes?resources=true ; GET /v1/node/:id
     """
-    nodes = requests.get(f"{NOMAD_ADDR}/v1/nodes", params={"resources": "true"}, timeout=2).json()
+    nodes = api.get(f"{url}/v1/nodes", params={"resources": "true"}, timeout=2).json()
     for stub in nodes:
         if stub.get("Name") == name and stub.get("Status") == "ready":
-            node = requests.get(f"{NOMAD_ADDR}/v1/node/{stub['ID']}", timeout=2).json()
+            node = api.get(f"{url}/v1/node/{stub['ID']}", timeout=2).json()
             healthy = (node.get("Drivers") or {}).get("raw_exec", {}).get("Healthy")
             own_consul = (node.get("Attributes") or {}).get("unique.consul.name") == name
             return bool(healthy) and own_consul and node_gpu_count(stub) >= gpus
     return False
 
 
-def _node_statuses() -> dict[str, str]:
+def _node_statuses(api: requests.Session, url: str) -> dict[str, str]:
     """Node name -> status, from GET /v1/nodes; empty when the server does not answer."""
     try:
-        nodes = requests.get(f"{NOMAD_ADDR}/v1/nodes", timeout=2).json()
+        nodes = api.get(f"{url}/v1/nodes", timeout=2).json()
     except (requests.RequestException, ValueError):
         return {}
     latest: dict[str, tuple[int, str]] = {}

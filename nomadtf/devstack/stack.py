@@ -378,7 +378,7 @@ def spawn(state_dir: Path, name: str, argv: list[str], env: dict[str, str], bina
     )
 
 
-def configure_openbao(root_token: str, address: str = VAULT_ADDR) -> str:
+def configure_openbao(root_token: str, address: str = VAULT_ADDR, verify: bool | str = True) -> str:
     """Policy + token role for Nomad, KV v2 at secret/. Returns Nomad's server token.
 
     Uses: PUT /v1/sys/policies/acl/nomad-server, POST /v1/auth/token/roles/nomad-cluster,
@@ -386,7 +386,7 @@ def configure_openbao(root_token: str, address: str = VAULT_ADDR) -> str:
     """
     import hvac
 
-    client = hvac.Client(url=address, token=root_token)
+    client = hvac.Client(url=address, token=root_token, verify=verify)
     client.sys.create_or_update_policy("nomad-server", NOMAD_SERVER_POLICY)
     client.adapter.post("/v1/auth/token/roles/nomad-cluster", json=NOMAD_CLUSTER_ROLE)
     mounts = client.sys.list_mounted_secrets_engines()["data"]
@@ -422,7 +422,16 @@ def wait_for(check: Callable[[], bool], timeout: float, component: str, log: str
         except requests.RequestException:
             pass
         time.sleep(0.3)
-    raise DevStackError(f"{component} did not become healthy within {timeout:.0f}s; see its log: {log}")
+    # A failed `up` removes its state, log included: the error carries the log's end.
+    raise DevStackError(f"{component} did not become healthy within {timeout:.0f}s; the end of its log ({log}):\n{_tail(log)}")
+
+
+def _tail(path: str, lines: int = 15) -> str:
+    try:
+        text = Path(path).read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return "  (no log)"
+    return "\n".join(f"  {line}" for line in text) or "  (empty)"
 
 
 def _consul_leader(address: str = CONSUL_ADDR) -> bool:

@@ -62,6 +62,50 @@ class Heartbeats:
 
 FAST_HEARTBEATS = Heartbeats()
 
+CONSUL_HTTPS_PORT = 8501
+
+
+@dataclass(frozen=True)
+class Security:
+    """What one machine's agents need for ACLs and TLS (the secure stack, `dev up --secure`).
+
+    `ca_file` signs every certificate; `nomad_cert`/`consul_cert` are this machine's agent
+    certificates (pairs of cert and key paths); the tokens are Consul ACL tokens: the
+    agent's own (node registration), the one Nomad uses for services, and on the server
+    machine the management token Consul is bootstrapped with. The gossip keys encrypt Serf.
+    Configs that carry tokens or keys must be written 0600 (the callers do).
+    """
+
+    ca_file: Path
+    nomad_cert: tuple[Path, Path]
+    consul_cert: tuple[Path, Path]
+    consul_agent_token: str
+    nomad_consul_token: str
+    consul_gossip_key: str
+    nomad_gossip_key: str = ""  # servers only
+    consul_management_token: str = ""  # the server machine only
+
+
+def _tls_block(security: Security) -> str:
+    cert, key = security.nomad_cert
+    return f"""
+acl {{
+  enabled = true
+}}
+
+tls {{
+  http = true
+  rpc  = true
+  ca_file   = {hcl_string(str(security.ca_file))}
+  cert_file = {hcl_string(str(cert))}
+  key_file  = {hcl_string(str(key))}
+  # Servers and clients prove their role by certificate name (server.global.nomad, ...).
+  verify_server_hostname = true
+  # API callers authenticate with ACL tokens; they need the CA, not a client certificate.
+  verify_https_client = false
+}}
+"""
+
 
 def _meta_block(meta: Mapping[str, str]) -> list[str]:
     lines = []
@@ -82,24 +126,35 @@ plugin "raw_exec" {
 """
 
 
-def _consul_block(address: str) -> str:
-    return f"""
+def _consul_block(address: str, security: Security | None = None) -> str:
+    if security is None:
+        return f"""
 consul {{
   address = {hcl_string(address)}
 }}
 """
+    return f"""
+consul {{
+  address    = {hcl_string(address)}
+  ssl        = true
+  verify_ssl = true
+  ca_file    = {hcl_string(str(security.ca_file))}
+  token      = {hcl_string(security.nomad_consul_token)}
+}}
+"""
 
 
-def _vault_block(address: str | None, *, server: bool) -> str:
+def _vault_block(address: str | None, *, server: bool, security: Security | None = None) -> str:
     # Servers create task tokens from the role (their own token comes in VAULT_TOKEN);
     # clients only need the address to hand tokens to tasks and renew them.
     if address is None:
         return ""  # a cluster without Vault: jobs with secrets cannot be placed there
     role = f"\n  create_from_role = {hcl_string(VAULT_ROLE)}" if server else ""
+    ca = f"\n  ca_file          = {hcl_string(str(security.ca_file))}" if security else ""
     return f"""
 vault {{
   enabled          = true
-  address          = {hcl_string(address)}{role}
+  address          = {hcl_string(address)}{role}{ca}
 }}
 """
 
@@ -158,15 +213,17 @@ def nomad_server_config(
     name: str = "server",
     bootstrap_expect: int = 1,
     heartbeats: Heartbeats = FAST_HEARTBEATS,
+    security: Security | None = None,
 ) -> str:
     """A Nomad server-only agent (no client) bound to `bind` alone; no vault block when
-    `vault_address` is None."""
+    `vault_address` is None; ACLs, TLS and gossip encryption with `security`."""
+    gossip = f"\n  encrypt          = {hcl_string(security.nomad_gossip_key)}" if security else ""
     return (
         _agent_header(name, data_dir, bind)
         + f"""
 server {{
   enabled          = true
-  bootstrap_expect = {int(bootstrap_expect)}
+  bootstrap_expect = {int(bootstrap_expect)}{gossip}
   # A lost client is down within seconds, not the production default of minutes.
   min_heartbeat_ttl      = {hcl_string(heartbeats.min_ttl)}
   heartbeat_grace        = {hcl_string(heartbeats.grace)}
@@ -177,8 +234,9 @@ client {{
   enabled = false
 }}
 """
-        + _consul_block(consul_address)
-        + _vault_block(vault_address, server=True)
+        + (_tls_block(security) if security else "")
+        + _consul_block(consul_address, security)
+        + _vault_block(vault_address, server=True, security=security)
         + """
 ui {
   enabled = true
@@ -199,6 +257,7 @@ def nomad_client_config(
     node_class: str = "",
     meta: Mapping[str, str] | None = None,
     extra: str = "",
+    security: Security | None = None,
 ) -> str:
     """A Nomad client-only agent: registers with `servers`, advertises the address of
     `network_interface` for its allocations, syncs services to its own Consul agent.
@@ -219,14 +278,15 @@ def nomad_client_config(
         + "\n".join(client_lines)
         + "\n"
         + _raw_exec_block()
-        + _consul_block(consul_address)
-        + _vault_block(vault_address, server=False)
+        + (_tls_block(security) if security else "")
+        + _consul_block(consul_address, security)
+        + _vault_block(vault_address, server=False, security=security)
         + extra
     )
 
 
-def _consul_agent(data_dir: Path, node_name: str, bind: str, client: str) -> dict:
-    return {
+def _consul_agent(data_dir: Path, node_name: str, bind: str, client: str, security: Security | None = None) -> dict:
+    config = {
         "node_name": node_name,
         "data_dir": str(data_dir),
         "bind_addr": bind,
@@ -237,12 +297,39 @@ def _consul_agent(data_dir: Path, node_name: str, bind: str, client: str) -> dic
         # Nothing here speaks gRPC (no Connect); keep the ports closed.
         "ports": {"grpc": -1, "grpc_tls": -1},
     }
+    if security is None:
+        return config
+    cert, key = security.consul_cert
+    tokens = {"agent": security.consul_agent_token}
+    if security.consul_management_token:
+        tokens["initial_management"] = security.consul_management_token
+    config.update(
+        # HTTPS only: the plain HTTP port is closed.
+        ports={"http": -1, "https": CONSUL_HTTPS_PORT, "grpc": -1, "grpc_tls": -1},
+        encrypt=security.consul_gossip_key,
+        acl={"enabled": True, "default_policy": "deny", "enable_token_persistence": True, "tokens": tokens},
+        tls={
+            "defaults": {
+                "ca_file": str(security.ca_file),
+                "cert_file": str(cert),
+                "key_file": str(key),
+                "verify_incoming": True,
+                "verify_outgoing": True,
+            },
+            "internal_rpc": {"verify_server_hostname": True},
+            # API callers authenticate with ACL tokens; they need the CA, not a certificate.
+            "https": {"verify_incoming": False},
+        },
+    )
+    return config
 
 
-def consul_server_config(data_dir: Path, node_name: str, bind: str, client: str, *, bootstrap_expect: int = 1) -> str:
+def consul_server_config(
+    data_dir: Path, node_name: str, bind: str, client: str, *, bootstrap_expect: int = 1, security: Security | None = None
+) -> str:
     """A Consul server agent (JSON). `client` is the address its HTTP and DNS listen on."""
     config = {
-        **_consul_agent(data_dir, node_name, bind, client),
+        **_consul_agent(data_dir, node_name, bind, client, security),
         "server": True,
         "bootstrap_expect": int(bootstrap_expect),
         "ui_config": {"enabled": True},
@@ -252,10 +339,12 @@ def consul_server_config(data_dir: Path, node_name: str, bind: str, client: str,
     return json.dumps(config, indent=2) + "\n"
 
 
-def consul_client_config(data_dir: Path, node_name: str, bind: str, client: str, join: Sequence[str]) -> str:
+def consul_client_config(
+    data_dir: Path, node_name: str, bind: str, client: str, join: Sequence[str], *, security: Security | None = None
+) -> str:
     """A Consul client agent (JSON) that joins the servers at `join` (retrying)."""
     config = {
-        **_consul_agent(data_dir, node_name, bind, client),
+        **_consul_agent(data_dir, node_name, bind, client, security),
         "server": False,
         "retry_join": list(join),
         "retry_interval": "1s",
@@ -289,6 +378,7 @@ class Machine:
     vault: bool = True
     gpus: int = 0
     plugin_dir: Path | None = None
+    security: Security | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ("server", "client"):
@@ -306,15 +396,22 @@ class Machine:
 
     @property
     def vault_address(self) -> str | None:
-        return f"http://{self.servers[0]}:{VAULT_PORT}" if self.vault else None
+        scheme = "https" if self.security else "http"
+        return f"{scheme}://{self.servers[0]}:{VAULT_PORT}" if self.vault else None
+
+    @property
+    def consul_port(self) -> int:
+        return CONSUL_HTTPS_PORT if self.security else CONSUL_HTTP_PORT
 
 
 def nomad_config(machine: Machine) -> str:
     """The Nomad agent's HCL for `machine`."""
     data_dir = machine.state_dir / "nomad-data"
     if machine.kind == "server":
-        consul = f"{machine.address}:{CONSUL_HTTP_PORT}"
-        return nomad_server_config(data_dir, machine.address, consul, machine.vault_address, name=machine.name)
+        consul = f"{machine.address}:{machine.consul_port}"
+        return nomad_server_config(
+            data_dir, machine.address, consul, machine.vault_address, name=machine.name, security=machine.security
+        )
     extra = client_plugin_hcl(machine.plugin_dir, machine.gpus, seed=machine.name) if machine.gpus else ""
     return nomad_client_config(
         data_dir,
@@ -322,12 +419,13 @@ def nomad_config(machine: Machine) -> str:
         machine.address,
         [f"{server}:{NOMAD_RPC_PORT}" for server in machine.servers],
         machine.network_interface,
-        LOCAL_CONSUL,
+        f"{LOCAL_CONSUL.split(':')[0]}:{machine.consul_port}",
         machine.vault_address,
         node_class=f"nomadtf-client-{machine.index}",
         # Jobs place by it: `${meta.nomadtf_gpu} = false` keeps a CPU role off the GPU clients.
         meta={"nomadtf_client": str(machine.index), "nomadtf_gpu": "true" if machine.gpus else "false"},
         extra=extra,
+        security=machine.security,
     )
 
 
@@ -336,6 +434,6 @@ def consul_config(machine: Machine) -> str:
     a client's agent answers on the machine's 127.0.0.1, where its tasks look for it."""
     data_dir = machine.state_dir / "consul-data"
     if machine.kind == "server":
-        return consul_server_config(data_dir, machine.name, machine.address, machine.address)
+        return consul_server_config(data_dir, machine.name, machine.address, machine.address, security=machine.security)
     local = LOCAL_CONSUL.split(":")[0]
-    return consul_client_config(data_dir, machine.name, machine.address, local, list(machine.servers))
+    return consul_client_config(data_dir, machine.name, machine.address, local, list(machine.servers), security=machine.security)
