@@ -27,6 +27,8 @@ dev_app = typer.Typer(no_args_is_help=True, help="The local Nomad + Consul + Ope
 app.add_typer(dev_app, name="dev")
 env_app = typer.Typer(no_args_is_help=True, help="The job environments cached on this Nomad client (job.json `environment`).")
 app.add_typer(env_app, name="env")
+acl_app = typer.Typer(no_args_is_help=True, help="The least-privilege ACL policies a job needs (Nomad, Consul, Vault).")
+app.add_typer(acl_app, name="acl")
 
 _state = {"debug": False}
 
@@ -513,6 +515,30 @@ def plan(job_file: JobFile, var: Vars = None, templates: TemplatesDir = None) ->
     summary = plan_mod.describe_plan(result, job_run.job["Job"])
     typer.echo("\n".join(summary.lines))
     raise typer.Exit(1 if summary.changes or summary.failures else 0)
+
+
+# ---- ACLs ------------------------------------------------------------------------------
+
+
+@acl_app.command("policies")
+def acl_policies(job_file: JobFile, var: Vars = None) -> None:
+    """Print the four policies of a job: Nomad and Consul for whoever submits it, Consul and
+    Vault for its tasks. Offline."""
+    from nomadtf import acl
+    from nomadtf import spec as spec_mod
+
+    spec = spec_mod.load_spec(job_file, var or [])
+    policies = acl.job_policies(spec)
+    namespace = spec.get("namespace", "default")
+    sections = (
+        (f"Nomad policy for the submitter (namespace {namespace})", policies.nomad_submitter),
+        ("Consul policy for the submitter", policies.consul_submitter),
+        (f"Consul policy for the job's tasks ({policies.name})", policies.consul_tasks),
+        (f"Vault policy for the job's tasks ({policies.name}; list it in vault.policies)", policies.vault_tasks),
+    )
+    for title, text in sections:
+        typer.echo(f"# --- {title}")
+        typer.echo(text)
 
 
 @app.command("convert-dcos")

@@ -69,8 +69,9 @@ class _GiveUp:
         self.is_set = check
 
 
-def consul_client() -> consul.Consul:
-    """A py-consul client from the consul CLI's environment variables (TLS included)."""
+def consul_client(token: str | None = None) -> consul.Consul:
+    """A py-consul client from the consul CLI's environment variables (TLS included);
+    `token` (the task's own, from Vault) replaces CONSUL_HTTP_TOKEN."""
     verify: bool | str = True
     if os.environ.get("CONSUL_CACERT"):
         verify = os.environ["CONSUL_CACERT"]
@@ -79,7 +80,10 @@ def consul_client() -> consul.Consul:
     cert = None
     if os.environ.get("CONSUL_CLIENT_CERT") and os.environ.get("CONSUL_CLIENT_KEY"):
         cert = (os.environ["CONSUL_CLIENT_CERT"], os.environ["CONSUL_CLIENT_KEY"])
-    return consul.Consul(verify=verify, cert=cert)
+    client = consul.Consul(verify=verify, cert=cert)
+    if token:
+        client.token = token  # py-consul prefers CONSUL_HTTP_TOKEN over its argument
+    return client
 
 
 class ConsulDiscovery:
@@ -338,6 +342,22 @@ class ConsulDiscovery:
         """GET .../progress"""
         _, item = _call("reading progress", self.consul.kv.get, wire.kv_progress(*self._kv, self.run_id))
         return json.loads(item["Value"]) if item and item.get("Value") else None
+
+    def publish_environment(self, role: str, index: int, status: dict[str, Any]) -> None:
+        """PUT .../environment/<role>/<index> (outside the watched prefix)"""
+        key = wire.kv_environment(self.namespace, self.job_id, role, index, self.run_id)
+        _call("publishing the environment's state", self.consul.kv.put, key, json.dumps(status, sort_keys=True))
+
+    def environments(self) -> dict[tuple[str, int], dict[str, Any]]:
+        """Every task's environment state.  GET .../environment/?recurse"""
+        prefix = wire.kv_environment_prefix(*self._kv, self.run_id)
+        _, items = _call("reading the environments' state", self.consul.kv.get, prefix, recurse=True)
+        out = {}
+        for item in items or []:
+            role, _, index = item["Key"][len(prefix):].partition("/")
+            if index.isdigit() and item.get("Value"):
+                out[(role, int(index))] = json.loads(item["Value"])
+        return out
 
     def sessions(self) -> list[dict[str, Any]]:
         """This job's live sessions (by name).  GET /v1/session/list"""

@@ -22,7 +22,7 @@ from nomadtf import __version__, wire
 from nomadtf.cluster import runs_user_code
 from nomadtf.errors import RenderError
 from nomadtf.roles import ROLES
-from nomadtf.spec import RunInfo, duration_seconds, gpu_request, spec_file_text, spec_sha256
+from nomadtf.spec import RunInfo, duration_ns, gpu_request, spec_file_text, spec_sha256
 
 TEMPLATE_FILES = ("job.json.j2", "group.json.j2", "cluster.ctmpl.j2")
 
@@ -36,7 +36,7 @@ def default_templates_dir() -> Path:
 
 
 def _ns(duration: str) -> int:
-    return int(duration_seconds(duration) * 1_000_000_000)
+    return duration_ns(duration)
 
 
 def _constraints(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -117,6 +117,7 @@ def _environment(templates_dir: str) -> jinja2.Environment:
     )
     # Sorted keys make the output byte-identical for the same input.
     env.globals["runs_user_code"] = runs_user_code
+    env.globals["needs_vault_token"] = needs_vault_token
     env.policies["json.dumps_kwargs"] = {"sort_keys": True, "default": _undefined_json}
     return env
 
@@ -130,9 +131,24 @@ def task_env(spec: dict[str, Any], role: str) -> dict[str, str]:
     cfg = spec["roles"][role]
     env = {**spec["env"], **cfg["env"]}
     env.update({wire.ENV_TASK_ROLE: role, "CONSUL_HTTP_ADDR": spec["discovery"]["consul_address"]})
+    if spec["discovery"].get("consul_ca_file"):
+        env["CONSUL_CACERT"] = spec["discovery"]["consul_ca_file"]
     if spec["vault"].get("address"):
         env["VAULT_ADDR"] = spec["vault"]["address"]
+    if spec["vault"].get("ca_file"):
+        env["VAULT_CACERT"] = spec["vault"]["ca_file"]
     return env
+
+
+def needs_vault_token(spec: dict[str, Any], role: str) -> bool:
+    """Whether Nomad derives a Vault token for `role`'s task: for the secrets of the roles
+    that run user code (parameter servers never see one), and for every task when the
+    tasks' Consul token comes from Vault."""
+    if spec["vault"]["auth"] != "nomad":
+        return False
+    if spec["discovery"].get("consul_token_path"):
+        return True
+    return bool(spec["secrets"]) and runs_user_code(spec["strategy"], role)
 
 
 def spec_template(spec: dict[str, Any], run: RunInfo | None = None) -> str:

@@ -42,19 +42,32 @@ def schema() -> dict[str, Any]:
 
 def read_options(path: Path) -> dict[str, Any]:
     """Parse a job.json (or .yaml/.yml) file into a dict."""
+    is_yaml = path.suffix in (".yaml", ".yml")
+    kind = "YAML" if is_yaml else "JSON"
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as exc:
         raise SpecError(f"{path}: cannot read it ({exc.strerror})") from exc
     try:
-        if path.suffix in (".yaml", ".yml"):
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise SpecError(f"{path}: not valid {'YAML' if path.suffix in ('.yaml', '.yml') else 'JSON'}: {exc}") from exc
+        text = raw.decode("utf-8-sig")  # an editor's byte-order mark is harmless
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: not UTF-8 text (byte {exc.start} is 0x{raw[exc.start]:02x}); save it as UTF-8") from exc
+    try:
+        data = yaml.safe_load(text) if is_yaml else json.loads(text)
+    except yaml.MarkedYAMLError as exc:
+        # Line and column only: the snippet PyYAML quotes may be a line holding a token.
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SpecError(f"{path}: not valid YAML{where}: {exc.problem or exc.context}") from exc
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: JSONDecodeError, an integer of 4300+ digits
+        raise SpecError(f"{path}: not valid {kind}: {exc}") from exc
+    except RecursionError as exc:
+        raise SpecError(f"{path}: nested too deeply to be a job.json") from exc
     if not isinstance(data, dict):
         raise SpecError(f"{path}: the top level must be an object")
+    problems = json_value_problems(data)  # before anything walks it recursively
+    if problems:
+        raise SpecError(problems)
     return data
 
 
@@ -71,7 +84,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             raise SpecError(f"--var {item!r}: expected path=value, e.g. roles.worker.count=4")
         try:
             value = json.loads(raw)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON (or 4300+ digits, or too deep): a string
             value = raw
         node = result
         keys = path.split(".")
@@ -111,6 +124,9 @@ def load_spec(path: Path, overrides: list[str] | None = None) -> dict[str, Any]:
 
 def normalize(data: dict[str, Any]) -> dict[str, Any]:
     """Validate (all problems at once) and return the spec with every default filled in."""
+    problems = json_value_problems(data)
+    if problems:
+        raise SpecError(problems)  # the schema and the templates expect plain JSON
     problems = schema_problems(data)
     if problems:
         raise SpecError(problems)
@@ -121,15 +137,86 @@ def normalize(data: dict[str, Any]) -> dict[str, Any]:
     return spec
 
 
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
 def _json_path(parts: Any) -> str:
     out = ""
     for part in parts:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif _PLAIN_KEY.fullmatch(part):
+            out += f".{part}" if out else part
+        else:  # quoted, so a key with a newline or a dot shows as written
+            out += f"[{part!r}]"
     return out or "(top level)"
 
 
+INT64 = 2**63  # Nomad decodes every integer of the job into a Go int64 (durations too, in ns)
+MAX_DEPTH = 64
+MAX_VALUES = 100_000
+
+
+def json_value_problems(data: Any) -> list[str]:
+    """What is not plain, Nomad-sized JSON: YAML's non-string keys, dates and sets,
+    NaN/Infinity, integers beyond int64, and documents nested or (YAML aliases) expanded
+    beyond reason. Values are not echoed: they may be tokens."""
+    problems: list[str] = []
+    stack: list[tuple[list[Any], Any]] = [([], data)]
+    seen = 0
+    while stack and len(problems) < 20:
+        parts, value = stack.pop()
+        seen += 1
+        where = _json_path(parts)
+        if seen > MAX_VALUES:
+            return problems + [f"(top level): more than {MAX_VALUES} values (YAML aliases that expand?); not a job.json"]
+        if len(parts) > MAX_DEPTH:
+            problems.append(f"{where}: nested more than {MAX_DEPTH} deep")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(key, str):
+                    stack.append(([*parts, key], item))
+                else:
+                    problems.append(f"{where}: key {key!r} must be a string; quote it")
+        elif isinstance(value, list):
+            stack.extend(([*parts, i], item) for i, item in enumerate(value))
+        elif isinstance(value, bool) or value is None or isinstance(value, str):
+            pass
+        elif isinstance(value, int):
+            if not -INT64 <= value < INT64:
+                problems.append(f"{where}: a number too large for Nomad (64-bit integers)")
+        elif isinstance(value, float):
+            if value != value or value in (float("inf"), float("-inf")):
+                problems.append(f"{where}: NaN and Infinity are not JSON numbers")
+        else:
+            hint = "; quote it" if type(value).__module__ == "datetime" else ""
+            problems.append(f"{where}: a {type(value).__name__} is not a JSON value{hint}")
+    return problems
+
+
+def _is_integer(checker: Any, instance: Any) -> bool:
+    # JSON Schema counts 2.0 as an integer; Nomad's Go decoder refuses it for Count, CPU...
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, node: dict[str, Any]) -> Any:
+    # JSON Schema's (ECMA-262's) `$` ends the string; Python's also matches before a final
+    # newline, which would let "abc\n" through as a job name or "5s\n" as a duration.
+    if validator.is_type(instance, "string"):
+        python = pattern[:-1] + r"\Z" if pattern.endswith("$") and not pattern.endswith("\\$") else pattern
+        if not re.search(python, instance):
+            yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+_Validator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    validators={"pattern": _pattern},
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer),
+)
+
+
 def schema_problems(data: dict[str, Any]) -> list[str]:
-    validator = jsonschema.Draft202012Validator(schema())
+    validator = _Validator(schema())
     problems = []
     for error in sorted(validator.iter_errors(data), key=lambda e: (list(map(str, e.absolute_path)), e.message)):
         problems.extend(_explain(error, data))
@@ -143,7 +230,7 @@ def _explain(error: jsonschema.ValidationError, data: dict[str, Any]) -> list[st
         unknown = [k for k in error.instance if k not in allowed] if isinstance(error.instance, dict) else []
         lines = []
         for key in unknown:
-            path = f"{where}.{key}" if where != "(top level)" else key
+            path = _json_path([*error.absolute_path, key])
             if key == "value" and "secrets" in where:
                 lines.append(
                     f"{path}: a secret's value never goes in job.json; store it in Vault and "
@@ -167,8 +254,8 @@ def _explain(error: jsonschema.ValidationError, data: dict[str, Any]) -> list[st
         if not isinstance(error.instance, dict):
             return []  # the item's own type error says it; repeating it would echo the value
         return [f"{where}: give exactly one of 'env' or 'file' for where the secret goes"]
-    if where.startswith("secrets") and error.validator == "type":
-        # Never echo what was written there: it may be a secret's value.
+    if _holds_secrets(where) and error.validator == "type":
+        # Never echo what was written there: it may be a secret's value (or a token in env).
         return [f"{where}: must be of type {error.validator_value}, got {type(error.instance).__name__}"]
     if error.validator == "oneOf" and error.context:
         # Explain the branch written for this kind of value (gpus: 2 or {"count": 2, ...}),
@@ -189,6 +276,11 @@ def _explain(error: jsonschema.ValidationError, data: dict[str, Any]) -> list[st
     ):
         return [f"{where}: {error.instance!r} is not a duration; write e.g. 30s, 5m or 2h"]
     return [f"{where}: {error.message}"]
+
+
+def _holds_secrets(where: str) -> bool:
+    """`secrets`, and the environment (`env`, `roles.<role>.env`), where tokens end up."""
+    return where.startswith(("secrets", "env")) or bool(re.match(r"roles\.\w+\.env(\.|$)", where))
 
 
 def fill_defaults(value: Any, node: dict[str, Any], root: dict[str, Any]) -> Any:
@@ -244,15 +336,55 @@ def cross_field_problems(spec: dict[str, Any]) -> list[str]:
         problems.append("driver.image: the docker driver needs an image with TensorFlow and nomadtf")
     if spec["secrets"] and spec["vault"]["auth"] == "nomad" and not spec["vault"]["policies"]:
         problems.append("vault.policies: secrets are read with the token Nomad gives the task; list the Vault policies that allow reading them")
+    if spec["discovery"].get("consul_token_path") and spec["vault"]["auth"] == "nomad" and not spec["vault"]["policies"]:
+        problems.append(
+            "vault.policies: discovery.consul_token_path is read with the token Nomad gives the task; list the Vault "
+            "policy that allows reading it (`nomadtf acl policies` prints one)"
+        )
+    if spec["vault"]["auth"] == "jwt":
+        # Nomad 1.6 signs workload identities but publishes no JWKS for Vault to verify them
+        # (Nomad 1.7 added that): a JWT login cannot be set up with the Nomad this targets.
+        problems.append(
+            "vault.auth: 'jwt' needs Nomad's workload identities for Vault, which Nomad 1.7+ provides and Nomad 1.6 "
+            "does not; use 'nomad' (the token Nomad derives for the task) or 'approle'"
+        )
     targets = [s.get("env") or s.get("file") for s in spec["secrets"]]
     for dup in sorted({t for t in targets if targets.count(t) > 1}):
         problems.append(f"secrets: {dup!r} is the target of more than one secret")
+    for section in ("recovery", "discovery"):
+        for key, value in spec[section].items():
+            if schema()["properties"][section]["properties"].get(key, {}).get("$ref") == "#/$defs/duration":
+                if duration_ns(value) >= INT64:
+                    problems.append(f"{section}.{key}: {value!r} is longer than Nomad can hold (about 292 years)")
+    problems += environment_problems(spec)
     if duration_seconds(spec["recovery"]["reschedule_delay"]) < 5:
         problems.append("recovery.reschedule_delay: Nomad needs at least 5s; write e.g. 5s")
     for role, cfg in roles.items():
         if cfg.get("memory_max") is not None and cfg["memory_max"] < cfg["memory"]:
             problems.append(f"roles.{role}.memory_max: must be >= memory ({cfg['memory']})")
         problems += spread_problems(f"roles.{role}.spread", cfg["spread"])
+    return problems
+
+
+def environment_problems(spec: dict[str, Any]) -> list[str]:
+    """`environment` with the driver that runs it: a client-wide cache needs raw_exec."""
+    section = spec.get("environment")
+    if not section:
+        return []
+    from nomadtf.environment import requirement_problems  # packaging only when it is used
+
+    problems = requirement_problems(section["requirements"])
+    driver = spec["driver"]["name"]
+    if driver == "docker":
+        problems.append(
+            "environment: with the docker driver the image is the job's environment; install these requirements "
+            "in driver.image (it must also hold python3 with nomadtf, see `nomadtf validate`), or use driver raw_exec"
+        )
+    if driver == "exec":
+        problems.append(
+            "environment: the exec driver gives every task a fresh chroot, where a client-wide cache of "
+            "environments cannot live; use driver raw_exec"
+        )
     return problems
 
 
@@ -287,12 +419,22 @@ def gpu_request(role_cfg: dict[str, Any]) -> dict[str, Any] | None:
     return {"vendor": "nvidia", **gpus}
 
 
-def duration_seconds(text: str) -> float:
-    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+_NS_PER_UNIT = {"ms": 10**6, "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9}
+
+
+def duration_ns(text: str) -> int:
+    """A duration ("1500ms", "5m") in nanoseconds, exactly, as Nomad's Go time.Duration."""
     for suffix in ("ms", "s", "m", "h"):
-        if text.endswith(suffix) and text[: -len(suffix)].isdigit():
-            return int(text[: -len(suffix)]) * units[suffix]
+        digits = text[: -len(suffix)]
+        if text.endswith(suffix) and digits.isascii() and digits.isdigit():
+            if len(digits) > 30:
+                return INT64  # beyond what Nomad holds (and int() refuses 4300+ digits)
+            return int(digits) * _NS_PER_UNIT[suffix]
     raise SpecError(f"{text!r} is not a duration; write e.g. 30s, 5m or 2h")
+
+
+def duration_seconds(text: str) -> float:
+    return duration_ns(text) / 1e9
 
 
 # ---- the typed spec the runtime reads ------------------------------------------------------
@@ -339,6 +481,23 @@ class Discovery:
     reconfigure: str  # "watch" or "template"
     rendezvous_timeout_s: float
     debounce_s: float
+    consul_token_path: str = ""  # a Vault path holding the tasks' Consul token; "" = CONSUL_HTTP_TOKEN or none
+
+
+@dataclass(frozen=True)
+class JobEnvironment:
+    """job.json `environment`: the Python environment the code runs in (nomadtf.environment)."""
+
+    requirements: tuple[str, ...]
+    python: str | None  # None: the minor version of the Python that runs nomadtf on the client
+    timeout_s: float
+    cache_dir: str | None
+
+    @classmethod
+    def from_normalized(cls, section: dict[str, Any] | None) -> JobEnvironment | None:
+        if not section:
+            return None
+        return cls(tuple(section["requirements"]), section.get("python"), duration_seconds(section["timeout"]), section.get("cache_dir"))
 
 
 @dataclass(frozen=True)
@@ -362,6 +521,7 @@ class JobSpec:
     submitted_at: float | None = None
     model_run: str = ""  # the run whose default model_dir is used (RunInfo.model_run)
     source_destination: str | None = None  # where Nomad unpacks `source.url`, relative to the task
+    environment: JobEnvironment | None = None  # None: the code runs with nomadtf's own interpreter
 
     @classmethod
     def from_normalized(cls, spec: dict[str, Any]) -> JobSpec:
@@ -391,6 +551,7 @@ class JobSpec:
                 reconfigure=disc["reconfigure"],
                 rendezvous_timeout_s=duration_seconds(disc["rendezvous_timeout"]),
                 debounce_s=duration_seconds(disc["debounce"]),
+                consul_token_path=disc.get("consul_token_path", ""),
             ),
             gpus={role: gpu_request(cfg) for role, cfg in spec["roles"].items() if cfg["count"] > 0},
             success=spec.get("success", "auto"),
@@ -398,6 +559,7 @@ class JobSpec:
             submitted_at=(spec.get("run") or {}).get("submitted_at"),
             model_run=(spec.get("run") or {}).get("model_run", ""),
             source_destination=(spec.get("source") or {}).get("destination"),
+            environment=JobEnvironment.from_normalized(spec.get("environment")),
         )
 
 

@@ -57,6 +57,8 @@ def child_env(
     """The task's environment minus nomadtf's credentials and plumbing, plus TF_CONFIG, the
     NOMADTF_* names (wire.py) and the secrets under the names the job chose."""
     env = {k: v for k, v in environ.items() if k not in wire.CHILD_ENV_DROPPED}
+    if spec.vault.get("token_for_code") and environ.get("VAULT_TOKEN"):
+        env["VAULT_TOKEN"] = environ["VAULT_TOKEN"]  # the job asked to hand it to its code
     extra_path = [p for p in [spec.entrypoint.workdir, *spec.entrypoint.pythonpath] if p]
     if extra_path:
         env["PYTHONPATH"] = os.pathsep.join([*extra_path, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)

@@ -18,6 +18,7 @@ import enum
 import logging
 import os
 import signal
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -25,10 +26,11 @@ from pathlib import Path
 
 from nomadtf import roles, wire
 from nomadtf.cluster import Member
-from nomadtf.discovery import ConsulDiscovery, retrying
+from nomadtf.discovery import ConsulDiscovery, consul_client, retrying
+from nomadtf.environment import EnvBuildError, EnvBuildStopped
 from nomadtf.errors import RendezvousTimeout, ServerError, TaskError
 from nomadtf.progress import read as read_progress
-from nomadtf.runtime import launch, policy
+from nomadtf.runtime import jobenv, launch, policy
 from nomadtf.runtime.child import Child, become_subreaper, reap_orphans
 from nomadtf.runtime.loop import CATALOG, CHILD_EXIT, CLUSTER_KV, SIGNAL, TIMER, Event, EventLoop
 from nomadtf.runtime.membership import Identity, Membership, describe, start_health_server
@@ -110,6 +112,7 @@ class Supervisor:
         self.failed_code = 0
         self.last_missing: list[str] = []
         self.rendezvous_started = time.monotonic()
+        self.job_env: jobenv.Ready | None = None  # job.json `environment`, held until we exit
 
     @property
     def completes_job(self) -> bool:
@@ -141,9 +144,15 @@ class Supervisor:
         ended = self._ended_before_start(self._job_state(), self.alloc.alloc_index, "before we started")
         if ended is not None:
             return ended
+        if self.spec.environment is not None:
+            ended = self._prepare_environment()
+            if ended is not None:
+                return ended
         self._retry(self.membership.open, "opening a Consul session")
         self.membership.start_watches(self.loop.post)
-        self.loop.call_at(time.monotonic() + self.spec.discovery.rendezvous_timeout_s, "rendezvous-deadline")
+        # The first rendezvous may wait for peers that still build the job's environment.
+        building = self.spec.environment.timeout_s if self.spec.environment is not None else 0.0
+        self.loop.call_at(time.monotonic() + self.spec.discovery.rendezvous_timeout_s + building, "rendezvous-deadline")
         self.loop.call_at(time.monotonic(), "step")
         if self.spec.submitted_at is not None:
             # recovery.deadline counts from the submission, whoever follows the job or not.
@@ -231,6 +240,25 @@ class Supervisor:
             log.info("role counts are now %s (nomadtf scale)", counts)
             self.spec = dataclasses.replace(self.spec, counts=counts)
             self.membership.spec = self.spec
+
+    def _prepare_environment(self) -> int | None:
+        """Reuse or build the job's Python environment before the rendezvous (whose timeout
+        counts from then on). A build that fails is a permanent failure of the job: recorded,
+        so that `run` reports it and stops the job, and no restart builds it again."""
+        try:
+            self.job_env = jobenv.prepare(
+                self.spec, self.role, self.alloc.alloc_index, self.alloc.task_dir, self.discovery, lambda: self.loop.stop_requested
+            )
+        except EnvBuildStopped:
+            log.info("asked to stop while preparing the environment")
+            return 0
+        except EnvBuildError as exc:
+            log.error("%s", exc)
+            state = policy.failed_state(self.role, self.alloc.alloc_index, 1, f"its Python environment: {exc}")
+            self._retry(lambda: self.discovery.set_job_state(state), "marking the job failed")
+            return 1
+        self.rendezvous_started = time.monotonic()
+        return None
 
     # ---- claiming and rendezvous ------------------------------------------------------------
 
@@ -430,7 +458,10 @@ class Supervisor:
         env = launch.child_env(
             self.spec, self.role, self.me.index, members, generation, dict(os.environ), str(self.progress_file), self.secret_env
         )
-        argv = launch.child_argv(self.spec, self.role, self.alloc.tf_port)
+        if self.job_env is not None:
+            env.update(self.job_env.child_environ(env))
+        python = self.job_env.python if self.job_env is not None else sys.executable
+        argv = launch.child_argv(self.spec, self.role, self.alloc.tf_port, python)
         cwd = self.spec.entrypoint.workdir or str(self.alloc.task_dir)
         log.info("generation %d: starting %s with TF_CONFIG %s", generation, " ".join(argv[1:4]), env.get(wire.ENV_TF_CONFIG, "(none)"))
 
@@ -547,5 +578,16 @@ def spec_path(environ: dict[str, str]) -> Path:
 def run_task(role: str) -> int:
     spec = for_task(read_spec_file(spec_path(dict(os.environ))), dict(os.environ))
     alloc = AllocInfo.from_environ(dict(os.environ))
-    discovery = ConsulDiscovery(spec.name, spec.namespace, run_id=spec.run_id)
-    return Supervisor(spec, role, alloc, discovery).run()
+    grant = None
+    if spec.discovery.consul_token_path:
+        from nomadtf import secrets as secrets_mod  # hvac only when Vault hands out the Consul token
+
+        grant = secrets_mod.ConsulToken.read(spec.vault, spec.discovery.consul_token_path, on_error=log.warning)
+        log.info("Consul token read from Vault (%s)%s", grant.path, "; renewed while we run" if grant.lease else "")
+    try:
+        client = consul_client(token=grant.token if grant else None)
+        discovery = ConsulDiscovery(spec.name, spec.namespace, client=client, run_id=spec.run_id)
+        return Supervisor(spec, role, alloc, discovery).run()
+    finally:
+        if grant is not None:
+            grant.close()

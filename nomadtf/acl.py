@@ -1,0 +1,136 @@
+"""The least-privilege ACL policies a nomadtf job needs, as text. Pure.
+
+Four policies, one job (`nomadtf acl policies JOB`):
+
+- **Nomad, the submitter** (one namespace): submit, read, scale and stop the job, read
+  its allocations and logs, restart an allocation. Nothing in other namespaces, no node
+  or agent rights.
+- **Consul, the submitter**: the job's runs' state under `nomadtf/<ns>/` (what `run`,
+  `status`, `scale` and `stop --purge` read and write) and service reads.
+- **Consul, the job's tasks**: the job's own KV prefix, read on its own services, sessions
+  (slot locks) and node reads for health queries. No service registration (Nomad registers
+  the services), no other job's keys.
+- **Vault, the job's tasks**: read the Consul token path and the job's secrets.
+
+Consul scopes sessions by node, not by owner: a task can create (and destroy) sessions on
+the nodes it may write sessions for. README's Security section says what that allows.
+
+Usage:
+    policies = job_policies(normalised_spec)
+    policies.nomad_submitter, policies.consul_tasks, ...
+    policy_name(spec)      # "nomadtf-<namespace>-<job>", the name `acl apply` gives them
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from nomadtf import roles as role_table
+from nomadtf import wire
+
+# What `run`, `status`, `logs`, `scale`, `stop` and `plan` call (nomad.py names each call's
+# capability in its 403 message).
+NOMAD_SUBMITTER_CAPABILITIES = (
+    "list-jobs",
+    "read-job",
+    "submit-job",
+    "scale-job",
+    "read-job-scaling",
+    "read-logs",
+    "read-fs",
+    "alloc-lifecycle",
+)
+CONSUL_TOKEN_ROLE_TTL = "1h"
+CONSUL_TOKEN_ROLE_MAX_TTL = "24h"
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+def policy_name(spec: dict[str, Any]) -> str:
+    """The name of the job's policies in Consul and Vault (and of its Consul engine role)."""
+    name = f"nomadtf-{spec.get('namespace', wire.DEFAULT_NAMESPACE)}-{spec['name']}"
+    return _UNSAFE.sub("-", name)[:128]
+
+
+def consul_token_path(spec: dict[str, Any], mount: str = "consul") -> str:
+    """Where the tasks read their Consul token: the job's role of a Consul secrets engine."""
+    return f"{mount}/creds/{policy_name(spec)}"
+
+
+def _q(text: str) -> str:
+    return json.dumps(text)  # an HCL string is a JSON string
+
+
+@dataclass(frozen=True)
+class JobPolicies:
+    name: str
+    nomad_submitter: str
+    consul_submitter: str
+    consul_tasks: str
+    vault_tasks: str
+
+
+def nomad_submitter_policy(namespace: str) -> str:
+    caps = ", ".join(_q(c) for c in NOMAD_SUBMITTER_CAPABILITIES)
+    return f"namespace {_q(namespace)} {{\n  capabilities = [{caps}]\n}}\n"
+
+
+def consul_submitter_policy(namespace: str) -> str:
+    prefix = wire.kv_job_prefix(namespace, "").rstrip("/") + "/"
+    return (
+        f"# nomadtf run / status / scale / stop --purge: the state of every run in namespace {namespace}\n"
+        f"key_prefix {_q(prefix)} {{ policy = \"write\" }}\n"
+        'service_prefix "" { policy = "read" }\n'
+        'node_prefix "" { policy = "read" }\n'
+    )
+
+
+def consul_tasks_policy(spec: dict[str, Any]) -> str:
+    namespace = spec.get("namespace", wire.DEFAULT_NAMESPACE)
+    lines = [
+        f"# the tasks of job {spec['name']} (namespace {namespace}): their own state only",
+        f"key_prefix {_q(wire.kv_job_prefix(namespace, spec['name']))} {{ policy = \"write\" }}",
+    ]
+    for role in role_table.ROLES:
+        if spec["roles"].get(role, {}).get("count", 0) > 0:
+            lines.append(f"service {_q(wire.service_name(namespace, spec['name'], role))} {{ policy = \"read\" }}")
+    lines += [
+        "# slot locks are sessions on the task's node; health queries return nodes",
+        'session_prefix "" { policy = "write" }',
+        'node_prefix "" { policy = "read" }',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _vault_read_path(path: str) -> str:
+    return f"path {_q(path)} {{\n  capabilities = [\"read\"]\n}}\n"
+
+
+def vault_tasks_policy(spec: dict[str, Any], kv_v2_mounts: tuple[str, ...] = ("secret",)) -> str:
+    """Read on the Consul token path and on every secret the job names (KV v2 paths get
+    their `data/` segment)."""
+    def api_path(path: str) -> str:
+        mount, _, rest = path.partition("/")
+        return f"{mount}/data/{rest}" if mount in kv_v2_mounts else path
+
+    blocks = []
+    token_path = spec.get("discovery", {}).get("consul_token_path") or consul_token_path(spec)
+    for path in [token_path, *(ref["path"] for ref in spec.get("secrets", []))]:
+        block = _vault_read_path(api_path(path))
+        if block not in blocks:
+            blocks.append(block)
+    return "\n".join(blocks)
+
+
+def job_policies(spec: dict[str, Any]) -> JobPolicies:
+    namespace = spec.get("namespace", wire.DEFAULT_NAMESPACE)
+    return JobPolicies(
+        name=policy_name(spec),
+        nomad_submitter=nomad_submitter_policy(namespace),
+        consul_submitter=consul_submitter_policy(namespace),
+        consul_tasks=consul_tasks_policy(spec),
+        vault_tasks=vault_tasks_policy(spec),
+    )

@@ -1,0 +1,251 @@
+"""Build OpenBao's missing Consul secrets engine as a plugin, register it and mount it.
+
+OpenBao 2.x no longer ships the Consul secrets engine (`consul/creds/<role>`: a Consul ACL
+token per read, leased, renewable, deleted from Consul when the lease ends), and OpenBao's
+own plugin fork is not served by the Go module proxy. HashiCorp Vault v1.14.8 (the last
+v1.14 release under MPL-2.0; v1.14.9+ and v1.15+ are BUSL) has the engine in its tree, and
+OpenBao still speaks Vault's plugin protocol, so the few lines in `consul_engine/` serve
+`github.com/hashicorp/vault/builtin/logical/consul` as an external plugin. Like the fake-GPU
+plugin (`gpu_plugin.py`) it is built with the machine's Go from the module proxy, once, and
+cached: `$NOMADTF_CACHE_DIR/openbao-plugins/nomadtf-consul-engine`, with the sha256 of the
+sources it was built from beside it. It has a directory of its own because Nomad refuses to
+start when an executable in its `plugin_dir` is not a Nomad plugin.
+
+Before building, every module the binary links is checked: the Vault modules must be
+MPL-2.0, every linked Vault source file must carry an MPL-2.0 SPDX header (v1.14.8 has a
+few BUSL-1.1 files; none is linked), and no module may be BUSL.
+
+Usage (OpenBao needs `plugin_directory` in its config before it starts):
+    directory, sha256 = consul_engine.plugin(progress)
+    config += consul_engine.openbao_config(directory)
+    ... start, init and unseal OpenBao ...
+    consul_engine.register_and_mount(api, vault_url, directory / consul_engine.PLUGIN_NAME)
+    security.openbao_consul_engine(api, vault_url, consul_address, state)   # config/access
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import requests
+
+from nomadtf.devstack.binaries import Progress, cache_dir, check_license, read_go_mod, required_versions
+from nomadtf.devstack.gpu_plugin import is_current, source_files, stamp_path
+from nomadtf.errors import BinaryError, DevStackError
+
+PLUGIN_NAME = "nomadtf-consul-engine"
+SOURCE_DIR = Path(__file__).with_name("consul_engine")
+# The name in OpenBao's plugin catalog and so the mount type: the one Vault's engine had,
+# which OpenBao's catalog no longer uses for anything built in.
+CATALOG_NAME = "consul"
+MOUNT_PATH = "consul"
+VAULT_MODULE = "github.com/hashicorp/vault"
+# Modules whose every linked file must be MPL-2.0 (their trees mix in BUSL files).
+VAULT_MODULES = (VAULT_MODULE, f"{VAULT_MODULE}/sdk", f"{VAULT_MODULE}/api")
+_SPDX = re.compile(r"SPDX-License-Identifier:\s*(\S+)")
+_LICENCE_FILES = ("LICENSE", "LICENSE.md", "LICENSE.txt", "LICENCE", "COPYING", "License")
+
+
+def plugin_dir() -> Path:
+    """The directory to give OpenBao as `plugin_directory`."""
+    return cache_dir() / "openbao-plugins"
+
+
+def plugin_path() -> Path:
+    return plugin_dir() / PLUGIN_NAME
+
+
+def source_hash(source: Path = SOURCE_DIR) -> str:
+    """sha256 over the names and contents of go.mod, go.sum and the .go files."""
+    files = source_files(source)
+    if not any(p.name == "go.mod" for p in files):
+        raise BinaryError(f"{PLUGIN_NAME}: no go.mod in {source}")
+    digest = hashlib.sha256()
+    for path in files:
+        data = path.read_bytes()
+        digest.update(f"{path.name}\0{len(data)}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def binary_sha256(binary: Path) -> str:
+    """The sha256 OpenBao's plugin catalog wants for `binary`."""
+    digest = hashlib.sha256()
+    with open(binary, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def find_or_build(progress: Progress) -> Path:
+    """The path of the plugin binary, built first when missing or its sources changed."""
+    digest = source_hash(SOURCE_DIR)
+    out = plugin_path()
+    if is_current(out, digest):
+        return out
+    return build(progress, digest)
+
+
+def plugin(progress: Progress) -> tuple[Path, str]:
+    """(plugin directory for OpenBao's config, sha256 of the binary for its catalog)."""
+    binary = find_or_build(progress)
+    return binary.parent, binary_sha256(binary)
+
+
+def openbao_config(directory: Path | None = None) -> str:
+    """The line of an OpenBao server config that lets it run the plugin."""
+    return f"plugin_directory = {json.dumps(str(directory or plugin_dir()))}\n"
+
+
+def _go_env() -> dict[str, str]:
+    # GOTOOLCHAIN=local: never download another Go. -mod=readonly: go.mod and go.sum in
+    # the (possibly installed) package are never rewritten.
+    return {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-buildvcs=false -mod=readonly"}
+
+
+def _licence_text(module_dir: Path) -> str | None:
+    for name in _LICENCE_FILES:
+        path = module_dir / name
+        if path.is_file():
+            return path.read_text(errors="replace")
+    return None
+
+
+def check_licences(progress: Progress, source: Path = SOURCE_DIR) -> dict[str, str]:
+    """Download what the plugin links and refuse to build it unless the Vault modules are
+    MPL-2.0 (with every linked file of theirs MPL-2.0 too) and no module is BUSL.
+    Returns {"module@version": licence} for the Vault modules."""
+    version = required_versions(read_go_mod(source / "go.mod")).get(VAULT_MODULE)
+    if not version:
+        raise BinaryError(f"{PLUGIN_NAME}: {source / 'go.mod'} does not require {VAULT_MODULE}")
+    template = "{{with .Module}}{{.Path}}\t{{.Version}}\t{{.Dir}}\t{{end}}{{.Dir}}\t{{join .GoFiles \",\"}}"
+    result = subprocess.run(
+        ["go", "list", "-deps", "-f", template, "."], cwd=source, capture_output=True, text=True, env=_go_env()
+    )
+    if result.returncode != 0:
+        tail = "\n".join(result.stderr.strip().splitlines()[-10:])
+        raise BinaryError(f"{PLUGIN_NAME}: cannot list the modules it links (go list exit {result.returncode}):\n{tail}")
+    modules: dict[str, Path] = {}
+    vault_packages: list[tuple[str, Path, list[str]]] = []
+    for line in result.stdout.splitlines():
+        fields = line.split("\t")
+        if len(fields) != 5:
+            continue  # the standard library: no module
+        path, ver, module_dir, package_dir, files = fields
+        if not ver:
+            continue  # this module itself
+        key = f"{path}@{ver}"
+        modules[key] = Path(module_dir)
+        if path in VAULT_MODULES:
+            vault_packages.append((key, Path(package_dir), [f for f in files.split(",") if f]))
+    if f"{VAULT_MODULE}@{version}" not in modules:
+        raise BinaryError(f"{PLUGIN_NAME}: the build does not link {VAULT_MODULE}@{version}")
+    licences: dict[str, str] = {}
+    for key, module_dir in sorted(modules.items()):
+        if key.rsplit("@", 1)[0] in VAULT_MODULES:
+            licences[key] = check_license(module_dir, key)  # raises unless MPL-2.0
+            continue
+        text = _licence_text(module_dir)
+        if text is None:
+            raise BinaryError(f"{PLUGIN_NAME}: {key} has no LICENSE file; refusing to build it")
+        if "Business Source" in text or "BUSL" in text:
+            raise BinaryError(f"{PLUGIN_NAME}: {key} is BUSL; refusing to build it")
+    for key, package_dir, files in vault_packages:
+        for name in files:
+            head = (package_dir / name).read_text(errors="replace")[:2048]
+            match = _SPDX.search(head)
+            if match and match[1] != "MPL-2.0":
+                raise BinaryError(f"{PLUGIN_NAME}: {key}: {package_dir.name}/{name} is {match[1]}; refusing to build it")
+    for key, licence in licences.items():
+        progress(f"{PLUGIN_NAME}: {key} is {licence}")
+    progress(f"{PLUGIN_NAME}: {len(modules)} linked modules checked, none BUSL")
+    return licences
+
+
+def build(progress: Progress, digest: str | None = None) -> Path:
+    """`go build -trimpath` the plugin into plugin_dir(), whatever is there already."""
+    if shutil.which("go") is None:
+        raise BinaryError(f"go is not on PATH; install Go to build the {PLUGIN_NAME} OpenBao plugin")
+    started = time.monotonic()
+    digest = digest or source_hash(SOURCE_DIR)
+    check_licences(progress)
+    out = plugin_path()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Built elsewhere and moved in, so the directory never holds a half-written binary.
+    staging = cache_dir() / "build" / f"{PLUGIN_NAME}.{os.getpid()}.tmp"
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    log_path = cache_dir() / "build" / f"{PLUGIN_NAME}.build.log"
+    progress(f"{PLUGIN_NAME}: building OpenBao's Consul secrets engine from {SOURCE_DIR} (a minute or more)")
+    cmd = ["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(staging), "."]
+    result = subprocess.run(cmd, cwd=SOURCE_DIR, capture_output=True, text=True, env=_go_env())
+    log_path.write_text(result.stdout + result.stderr)
+    if result.returncode != 0:
+        staging.unlink(missing_ok=True)
+        tail = "\n".join(result.stderr.strip().splitlines()[-15:])
+        raise BinaryError(f"{PLUGIN_NAME}: go build failed (exit {result.returncode}); see {log_path}\n{tail}")
+    # A stale stamp must never vouch for a new binary, nor a new stamp for an old one.
+    stamp = stamp_path(out)
+    stamp.unlink(missing_ok=True)
+    shutil.move(str(staging), str(out))
+    stamp.write_text(digest + "\n")
+    progress(f"{PLUGIN_NAME}: built in {time.monotonic() - started:.0f}s -> {out}")
+    return out
+
+
+def _check(resp: requests.Response, what: str) -> requests.Response:
+    if resp.status_code >= 400:
+        try:
+            errors = "; ".join(resp.json().get("errors") or [])
+        except ValueError:
+            errors = ""
+        raise DevStackError(f"{what} failed: HTTP {resp.status_code}" + (f": {errors}" if errors else ""))
+    return resp
+
+
+def register_and_mount(
+    api: requests.Session, vault_url: str, binary: Path | None = None, *, path: str = MOUNT_PATH
+) -> str:
+    """Register `binary` (which must lie in OpenBao's `plugin_directory`) in OpenBao's
+    plugin catalog as secret/consul and mount it at `path`/. Idempotent; on a mount that
+    exists already the plugin is reloaded, so a rebuilt binary takes over. `api` carries
+    the token (X-Vault-Token). Returns the sha256 registered.
+
+    PUT /v1/sys/plugins/catalog/secret/consul ; POST /v1/sys/mounts/<path>
+    PUT /v1/sys/plugins/reload/backend (when already mounted)
+    """
+    binary = binary or plugin_path()
+    sha256 = binary_sha256(binary)
+    _check(
+        api.put(
+            f"{vault_url}/v1/sys/plugins/catalog/secret/{CATALOG_NAME}",
+            json={"sha256": sha256, "command": binary.name},
+            timeout=30,
+        ),
+        f"register the {PLUGIN_NAME} plugin",
+    )
+    mounts = _check(api.get(f"{vault_url}/v1/sys/mounts", timeout=10), "openbao mounts").json()
+    mounted = (mounts.get("data") or mounts).get(f"{path}/")
+    if mounted is None:
+        _check(
+            api.post(
+                f"{vault_url}/v1/sys/mounts/{path}",
+                json={"type": CATALOG_NAME, "description": "Consul ACL tokens (nomadtf-consul-engine)"},
+                timeout=60,
+            ),
+            f"mount the consul engine at {path}/",
+        )
+    elif mounted.get("type") != CATALOG_NAME:
+        raise DevStackError(f"{path}/ is mounted already, as {mounted.get('type')!r}, not {CATALOG_NAME!r}")
+    else:
+        _check(
+            api.put(f"{vault_url}/v1/sys/plugins/reload/backend", json={"plugin": CATALOG_NAME}, timeout=60),
+            "reload the consul engine",
+        )
+    return sha256
