@@ -78,31 +78,40 @@ def nomad_submitter_policy(namespace: str) -> str:
     return f"namespace {_q(namespace)} {{\n  capabilities = [{caps}]\n}}\n"
 
 
-def consul_submitter_policy(namespace: str) -> str:
-    prefix = wire.kv_job_prefix(namespace, "").rstrip("/") + "/"
-    return (
-        f"# nomadtf run / status / scale / stop --purge: the state of every run in namespace {namespace}\n"
-        f"key_prefix {_q(prefix)} {{ policy = \"write\" }}\n"
-        'service_prefix "" { policy = "read" }\n'
-        'node_prefix "" { policy = "read" }\n'
-    )
-
-
-def consul_tasks_policy(spec: dict[str, Any]) -> str:
-    namespace = spec.get("namespace", wire.DEFAULT_NAMESPACE)
-    lines = [
-        f"# the tasks of job {spec['name']} (namespace {namespace}): their own state only",
-        f"key_prefix {_q(wire.kv_job_prefix(namespace, spec['name']))} {{ policy = \"write\" }}",
-    ]
-    for role in role_table.ROLES:
-        if spec["roles"].get(role, {}).get("count", 0) > 0:
-            lines.append(f"service {_q(wire.service_name(namespace, spec['name'], role))} {{ policy = \"read\" }}")
-    lines += [
-        "# slot locks are sessions on the task's node; health queries return nodes",
-        'session_prefix "" { policy = "write" }',
-        'node_prefix "" { policy = "read" }',
-    ]
+def consul_hcl(rules: dict[str, Any]) -> str:
+    """Consul rules in their JSON form (what the API and py-consul take) as HCL text."""
+    lines = []
+    for kind, entries in rules.items():
+        for name, rule in entries.items():
+            lines.append(f"{kind} {_q(name)} {{ policy = {_q(rule['policy'])} }}")
     return "\n".join(lines) + "\n"
+
+
+def consul_submitter_rules(namespace: str) -> dict[str, Any]:
+    """`run`, `status`, `scale` and `stop --purge`: the state of every run in the namespace."""
+    prefix = wire.kv_job_prefix(namespace, "").rstrip("/") + "/"
+    return {
+        "key_prefix": {prefix: {"policy": "write"}},
+        "service_prefix": {"": {"policy": "read"}},
+        "node_prefix": {"": {"policy": "read"}},
+    }
+
+
+def consul_tasks_rules(spec: dict[str, Any]) -> dict[str, Any]:
+    """The job's own KV prefix, read on its own services, sessions for the slot locks and
+    node reads (health queries return nodes). No service writes: Nomad registers them."""
+    namespace = spec.get("namespace", wire.DEFAULT_NAMESPACE)
+    services = {
+        wire.service_name(namespace, spec["name"], role): {"policy": "read"}
+        for role in role_table.ROLES
+        if spec["roles"].get(role, {}).get("count", 0) > 0
+    }
+    return {
+        "key_prefix": {wire.kv_job_prefix(namespace, spec["name"]): {"policy": "write"}},
+        "service": services,
+        "session_prefix": {"": {"policy": "write"}},
+        "node_prefix": {"": {"policy": "read"}},
+    }
 
 
 def _vault_read_path(path: str) -> str:
@@ -130,7 +139,7 @@ def job_policies(spec: dict[str, Any]) -> JobPolicies:
     return JobPolicies(
         name=policy_name(spec),
         nomad_submitter=nomad_submitter_policy(namespace),
-        consul_submitter=consul_submitter_policy(namespace),
-        consul_tasks=consul_tasks_policy(spec),
+        consul_submitter=consul_hcl(consul_submitter_rules(namespace)),
+        consul_tasks=consul_hcl(consul_tasks_rules(spec)),
         vault_tasks=vault_tasks_policy(spec),
     )

@@ -541,6 +541,31 @@ def acl_policies(job_file: JobFile, var: Vars = None) -> None:
         typer.echo(text)
 
 
+@acl_app.command("apply")
+def acl_apply(job_file: JobFile, var: Vars = None) -> None:
+    """Operator: create the job's task policies and its tasks' Consul token source (needs
+    CONSUL_HTTP_TOKEN with acl write and a VAULT_TOKEN that may write policies)."""
+    from nomadtf import acl_setup
+    from nomadtf import spec as spec_mod
+
+    spec = spec_mod.load_spec(job_file, var or [])
+    applied = acl_setup.apply(spec)
+    how = "a Consul secrets engine role: one leased token per task" if applied.mode == "engine" else "one token kept in Vault's KV"
+    _err(f"Consul policy and Vault policy {applied.name} written; the tasks' Consul token: {applied.token_path} ({how})")
+    typer.echo("add to job.json:")
+    typer.echo(json.dumps({"discovery": {"consul_token_path": applied.token_path}, "vault": {"policies": [applied.name]}}, indent=2))
+
+
+@acl_app.command("revoke")
+def acl_revoke(job_file: JobFile, var: Vars = None) -> None:
+    """Operator: delete what `acl apply` created for the job."""
+    from nomadtf import acl_setup
+    from nomadtf import spec as spec_mod
+
+    acl_setup.revoke(spec_mod.load_spec(job_file, var or []))
+    _err("removed the job's policies and Consul token source")
+
+
 @app.command("convert-dcos")
 def convert_dcos(
     options_file: Annotated[Path, typer.Argument(help="options.json of the DC/OS beta-tensorflow package", show_default=False)],

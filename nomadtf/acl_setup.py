@@ -1,0 +1,144 @@
+"""`nomadtf acl apply / revoke`: an operator puts a job's task policies in place.
+
+Run with an operator's tokens (CONSUL_HTTP_TOKEN with acl:write, VAULT_TOKEN allowed to
+write policies and the token source); the job's submitters and tasks never hold them.
+
+What `apply` creates, all named `acl.policy_name(spec)` ("nomadtf-<namespace>-<job>"):
+- the Consul policy of the job's tasks (`acl.consul_tasks_rules`);
+- where the tasks read their Consul token:
+  - with a Consul secrets engine mounted at `consul/` in Vault: the role
+    `consul/roles/<name>` (each task gets its own token, leased, revoked when it ends);
+  - otherwise: one Consul token with that policy, kept in Vault's KV at
+    `secret/nomadtf/consul-tokens/<namespace>/<job>` (`apply` again rotates it);
+- the Vault policy of the job's tasks: read on that path and on the job's secrets.
+
+Usage:
+    applied = apply(spec)       # -> Applied(token_path=..., vault_policy=..., mode=...)
+    revoke(spec)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import consul
+import hvac
+import hvac.exceptions
+import requests
+
+from nomadtf import acl, wire
+from nomadtf.discovery import consul_client
+from nomadtf.errors import ConsulError, VaultError
+from nomadtf.secrets import vault_address, vault_tls
+
+ENGINE_MOUNT = "consul"
+KV_MOUNT = "secret"
+
+
+@dataclass(frozen=True)
+class Applied:
+    name: str
+    token_path: str
+    mode: str  # "engine" (a Consul secrets engine role) or "kv" (one token kept in KV)
+
+
+def kv_token_path(spec: dict[str, Any]) -> str:
+    return f"{KV_MOUNT}/nomadtf/consul-tokens/{spec.get('namespace', wire.DEFAULT_NAMESPACE)}/{spec['name']}"
+
+
+def _vault(spec: dict[str, Any]) -> hvac.Client:
+    client = hvac.Client(url=vault_address(spec.get("vault", {})), **vault_tls())
+    client.token = os.environ.get("VAULT_TOKEN", "")
+    if not client.token:
+        raise VaultError("`nomadtf acl` writes Vault policies: set VAULT_TOKEN to an operator's token")
+    return client
+
+
+def _engine_mounted(client: hvac.Client) -> bool:
+    try:
+        mounts = client.sys.list_mounted_secrets_engines()
+    except hvac.exceptions.Forbidden:
+        raise VaultError("VAULT_TOKEN may not list the secrets engines (sys/mounts read); use an operator's token") from None
+    data = mounts.get("data", mounts)
+    return data.get(f"{ENGINE_MOUNT}/", {}).get("type") == "consul"
+
+
+def _upsert_consul_policy(client: consul.Consul, name: str, rules: dict[str, Any], description: str) -> None:
+    """PUT /v1/acl/policy (create) or /v1/acl/policy/:id (update)"""
+    existing = next((p for p in client.acl.policy.list() if p.get("Name") == name), None)
+    if existing:
+        client.acl.policy.update(existing["ID"], name, description=description, rules=rules)
+    else:
+        client.acl.policy.create(name, description=description, rules=rules)
+
+
+def _consul_call(what: str, fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except consul.ACLPermissionDenied:
+        raise ConsulError(f"Consul denied {what} to CONSUL_HTTP_TOKEN: `nomadtf acl apply` needs a token with acl = \"write\"") from None
+    except (requests.ConnectionError, consul.ConsulException) as exc:
+        raise ConsulError(f"Consul refused {what}: {exc.__class__.__name__}") from None
+
+
+def apply(spec: dict[str, Any], token_ttl: str = acl.CONSUL_TOKEN_ROLE_TTL) -> Applied:
+    name = acl.policy_name(spec)
+    where = f"{spec.get('namespace', wire.DEFAULT_NAMESPACE)}/{spec['name']}"
+    cons = consul_client()
+    vault = _vault(spec)
+    _consul_call("writing the tasks' policy", _upsert_consul_policy, cons, name, acl.consul_tasks_rules(spec), f"nomadtf {where} tasks")
+    try:
+        if _engine_mounted(vault):
+            # POST /v1/consul/roles/:name
+            vault.write(f"{ENGINE_MOUNT}/roles/{name}", consul_policies=[name], ttl=token_ttl, max_ttl=acl.CONSUL_TOKEN_ROLE_MAX_TTL)
+            applied = Applied(name, f"{ENGINE_MOUNT}/creds/{name}", "engine")
+        else:
+            applied = Applied(name, kv_token_path(spec), "kv")
+            _rotate_kv_token(cons, vault, applied.token_path, name, where)
+        with_path = {**spec, "discovery": {**spec.get("discovery", {}), "consul_token_path": applied.token_path}}
+        vault.sys.create_or_update_policy(name, acl.vault_tasks_policy(with_path))
+    except hvac.exceptions.Forbidden:
+        raise VaultError("Vault denied writing the job's policy or token source to VAULT_TOKEN; use an operator's token") from None
+    return applied
+
+
+def _rotate_kv_token(cons: consul.Consul, vault: hvac.Client, path: str, name: str, where: str) -> None:
+    """A new Consul token for the job's tasks in KV; the one it replaces is deleted."""
+    mount, _, rest = path.partition("/")
+    old = None
+    try:
+        old = vault.secrets.kv.v2.read_secret_version(path=rest, mount_point=mount, raise_on_deleted_version=True)["data"]["data"]
+    except hvac.exceptions.InvalidPath:
+        pass
+    token = _consul_call("creating the tasks' token", cons.acl.token.create, policies_name=[name], description=f"nomadtf {where} tasks")
+    vault.secrets.kv.v2.create_or_update_secret(
+        path=rest, mount_point=mount, secret={"token": token["SecretID"], "accessor": token["AccessorID"]}
+    )
+    if old and old.get("accessor"):
+        try:
+            cons.acl.token.delete(old["accessor"])
+        except consul.ConsulException:
+            pass  # already gone
+
+
+def revoke(spec: dict[str, Any]) -> None:
+    """Delete what `apply` created (a running job's tasks lose Consul at their next call)."""
+    name = acl.policy_name(spec)
+    cons = consul_client()
+    vault = _vault(spec)
+    path = kv_token_path(spec)
+    mount, _, rest = path.partition("/")
+    try:
+        stored = vault.secrets.kv.v2.read_secret_version(path=rest, mount_point=mount, raise_on_deleted_version=True)["data"]["data"]
+        _consul_call("deleting the tasks' token", cons.acl.token.delete, stored["accessor"])
+        vault.secrets.kv.v2.delete_metadata_and_all_versions(path=rest, mount_point=mount)
+    except (hvac.exceptions.InvalidPath, KeyError):
+        pass
+    if _engine_mounted(vault):
+        vault.delete(f"{ENGINE_MOUNT}/roles/{name}")
+    vault.sys.delete_policy(name)
+    existing = next((p for p in _consul_call("listing policies", cons.acl.policy.list) if p.get("Name") == name), None)
+    if existing:
+        _consul_call("deleting the tasks' policy", cons.acl.policy.delete, existing["ID"])
