@@ -171,7 +171,7 @@ def dev_env(cluster: OnlyCluster = False) -> None:
 
 @dev_app.command("binaries")
 def dev_binaries(
-    names: Annotated[Optional[list[str]], typer.Argument(help="consul, nomad, bao, gpu-plugin (default: the first three)", show_default=False)] = None,
+    names: Annotated[Optional[list[str]], typer.Argument(help="consul, nomad, bao, gpu-plugin, consul-engine (default: the first three)", show_default=False)] = None,
     go: Annotated[Optional[str], typer.Option("--go", help="First install this Go (e.g. go1.26.8) from the Go module proxy's toolchain module")] = None,
     go_root: Annotated[Path, typer.Option("--go-root", help="Where --go puts it")] = Path("/usr/local/go"),
 ) -> None:

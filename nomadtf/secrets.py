@@ -112,6 +112,10 @@ def read_one(client: hvac.Client, path: str) -> tuple[dict[str, Any], dict[str, 
         pass
     except (hvac.exceptions.InvalidRequest, hvac.exceptions.UnsupportedOperation):
         pass  # not a KV v2 mount
+    except hvac.exceptions.Forbidden:
+        # A least-privilege token may read <mount>/<rest> (a secrets engine's path) but not
+        # the <mount>/data/<rest> a KV v2 read asks for: the plain read below decides.
+        pass
     response = client.read(path)
     if not response:
         raise hvac.exceptions.InvalidPath()

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from nomadtf.devstack.cluster import ClusterStack
 from nomadtf.devstack.stack import DevStack
 
 
@@ -36,3 +37,23 @@ def stack():
             os.environ[key] = value
     if started and not os.environ.get("NOMADTF_KEEP_STACK"):
         dev.down(progress=_progress)
+
+
+# The several-client test bed, shaped like a production cluster: three clients, fake GPUs on
+# client 3 only, ACLs (default deny) and TLS on Nomad, Consul and OpenBao.
+CLUSTER_CLIENTS = 3
+CLUSTER_GPUS = 2
+CLUSTER_GPU_CLIENT = 3
+
+
+@pytest.fixture(scope="session")
+def secure_cluster():
+    """The secure several-client stack: reused when it is up, started (and stopped at the
+    end unless NOMADTF_KEEP_STACK=1) otherwise. It never skips."""
+    cluster = ClusterStack.default()
+    started = cluster.up(
+        progress=_progress, clients=CLUSTER_CLIENTS, gpus=CLUSTER_GPUS, gpu_clients=(CLUSTER_GPU_CLIENT,), timeout=180, secure=True
+    )
+    yield cluster
+    if started and not os.environ.get("NOMADTF_KEEP_STACK"):
+        cluster.down(progress=_progress)

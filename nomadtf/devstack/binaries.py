@@ -417,7 +417,7 @@ def _reports(go: Path, go_version: str) -> bool:
     return f" {go_version} " in out
 
 
-BUILDABLE = ("consul", "nomad", "bao", "gpu-plugin")
+BUILDABLE = ("consul", "nomad", "bao", "gpu-plugin", "consul-engine")
 
 
 def ensure(names: list[str], progress: Progress, go_version: str | None = None, go_root: Path | None = None) -> dict[str, Path]:
@@ -435,6 +435,10 @@ def ensure(names: list[str], progress: Progress, go_version: str | None = None, 
             from nomadtf.devstack import gpu_plugin  # it builds with this module's helpers
 
             found[name] = gpu_plugin.find_or_build(progress)
+        elif name == "consul-engine":
+            from nomadtf.devstack import consul_engine  # OpenBao's Consul secrets engine (the secure stack)
+
+            found[name] = consul_engine.find_or_build(progress)
         else:
             found[name] = find_or_build(name, progress)
     return found

@@ -52,7 +52,7 @@ from pathlib import Path
 import psutil
 import requests
 
-from nomadtf.devstack import binaries, gpu_plugin, processes, security, wiring
+from nomadtf.devstack import binaries, consul_engine, gpu_plugin, processes, security, wiring
 from nomadtf.devstack.stack import (
     MARKER,
     Component,
@@ -494,6 +494,8 @@ class ClusterStack:
             if gpus:
                 gpu_plugin.find_or_build(progress)  # into gpu_plugin.plugin_dir(), which the clients load
             if secure:
+                consul_engine.find_or_build(progress)  # OpenBao 2 ships no Consul secrets engine
+            if secure:
                 security.SecureState.create(self.secure_state.folder, SERVER_IP, [client_ip(i) for i in range(1, clients + 1)])
                 progress(f"secure: a CA and agent certificates in {self.secure_state.tls_dir}, tokens in {self.secure_state.tokens_path} (0600)")
             else:
@@ -515,6 +517,9 @@ class ClusterStack:
                 security.openbao_init(api, found["vault"], self.secure_state)
             wait_for(lambda: api.get(f"{found['vault']}/v1/sys/health", timeout=2).status_code == 200, timeout, "openbao", openbao_log)
             nomad_token = configure_openbao(self.root_token(), found["vault"], verify=api.verify)
+            if secure:
+                consul_engine.register_and_mount(api, found["vault"])
+                security.openbao_consul_engine(api, found["vault"], f"{SERVER_IP}:{wiring.CONSUL_HTTPS_PORT}", self.secure_state)
             progress(f"openbao ready at {found['vault']} (KV v2 at secret/, role nomad-cluster)")
 
             self._start_nomad_server(bins["nomad"], nomad_token)
@@ -587,7 +592,8 @@ class ClusterStack:
             folder.mkdir(mode=0o700, exist_ok=True)
             config = folder / "openbao.hcl"
             address = f"{SERVER_IP}:{wiring.VAULT_PORT}"
-            _write_private(config, security.openbao_config(address, self.secure_state.pair("openbao")))
+            text = security.openbao_config(address, self.secure_state.pair("openbao")) + consul_engine.openbao_config()
+            _write_private(config, text)
             self._start("openbao", [str(binary), "server", f"-config={config}"], _base_env())
             return
         token = self.root_token()

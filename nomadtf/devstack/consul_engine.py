@@ -125,13 +125,19 @@ def check_licences(progress: Progress, source: Path = SOURCE_DIR) -> dict[str, s
     version = required_versions(read_go_mod(source / "go.mod")).get(VAULT_MODULE)
     if not version:
         raise BinaryError(f"{PLUGIN_NAME}: {source / 'go.mod'} does not require {VAULT_MODULE}")
-    template = "{{with .Module}}{{.Path}}\t{{.Version}}\t{{.Dir}}\t{{end}}{{.Dir}}\t{{join .GoFiles \",\"}}"
+    template = '{{with .Module}}{{.Path}}\t{{.Version}}\t{{.Dir}}\t{{end}}{{.Dir}}\t{{join .GoFiles ","}}'
     result = subprocess.run(
-        ["go", "list", "-deps", "-f", template, "."], cwd=source, capture_output=True, text=True, env=_go_env()
+        ["go", "list", "-deps", "-f", template, "."],
+        cwd=source,
+        capture_output=True,
+        text=True,
+        env=_go_env(),
     )
     if result.returncode != 0:
         tail = "\n".join(result.stderr.strip().splitlines()[-10:])
-        raise BinaryError(f"{PLUGIN_NAME}: cannot list the modules it links (go list exit {result.returncode}):\n{tail}")
+        raise BinaryError(
+            f"{PLUGIN_NAME}: cannot list the modules it links (go list exit {result.returncode}):\n{tail}"
+        )
     modules: dict[str, Path] = {}
     vault_packages: list[tuple[str, Path, list[str]]] = []
     for line in result.stdout.splitlines():
@@ -162,7 +168,9 @@ def check_licences(progress: Progress, source: Path = SOURCE_DIR) -> dict[str, s
             head = (package_dir / name).read_text(errors="replace")[:2048]
             match = _SPDX.search(head)
             if match and match[1] != "MPL-2.0":
-                raise BinaryError(f"{PLUGIN_NAME}: {key}: {package_dir.name}/{name} is {match[1]}; refusing to build it")
+                raise BinaryError(
+                    f"{PLUGIN_NAME}: {key}: {package_dir.name}/{name} is {match[1]}; refusing to build it"
+                )
     for key, licence in licences.items():
         progress(f"{PLUGIN_NAME}: {key} is {licence}")
     progress(f"{PLUGIN_NAME}: {len(modules)} linked modules checked, none BUSL")
@@ -189,7 +197,9 @@ def build(progress: Progress, digest: str | None = None) -> Path:
     if result.returncode != 0:
         staging.unlink(missing_ok=True)
         tail = "\n".join(result.stderr.strip().splitlines()[-15:])
-        raise BinaryError(f"{PLUGIN_NAME}: go build failed (exit {result.returncode}); see {log_path}\n{tail}")
+        raise BinaryError(
+            f"{PLUGIN_NAME}: go build failed (exit {result.returncode}); see {log_path}\n{tail}"
+        )
     # A stale stamp must never vouch for a new binary, nor a new stamp for an old one.
     stamp = stamp_path(out)
     stamp.unlink(missing_ok=True)

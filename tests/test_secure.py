@@ -1,0 +1,304 @@
+"""The secure stack (`nomadtf dev up --secure`): ACLs (default deny) and TLS on Nomad,
+Consul and OpenBao, as a production cluster runs them.
+
+The `secure_cluster` fixture (conftest.py) is the several-client stack with ACLs and TLS.
+Every call here names its token: the management tokens of `cluster.env()` are the
+operator's; submitters and tasks get the least-privilege policies `nomadtf acl` prints.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import secrets
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+
+from nomadtf import acl
+from nomadtf.spec import normalize
+from tests.helpers import EXAMPLES, nomadtf, probe_job, unique, wait_until, write_job
+
+pytestmark = [pytest.mark.stack]
+
+NAMESPACE_A = "team-a"
+NAMESPACE_B = "team-b"
+
+
+# ---- helpers ---------------------------------------------------------------------------
+
+
+def secured(spec: dict, cluster, tmp_path: Path) -> dict:
+    """`spec` made ready for the secure cluster, the way its README says: the agents' CA
+    for Consul and Vault, Vault's address, and what `nomadtf acl apply` (run here as the
+    operator) prints: the tasks' Consul token path and their Vault policy."""
+    ca = str(cluster.secure_state.ca_file)
+    spec = json.loads(json.dumps(spec))
+    spec.setdefault("discovery", {}).update(consul_address="https://127.0.0.1:8501", consul_ca_file=ca)
+    spec.setdefault("vault", {}).update(address=cluster.urls()["vault"], ca_file=ca)
+    path = write_job(tmp_path, spec)
+    applied = nomadtf("acl", "apply", str(path), env=cluster.env(), timeout=60)
+    assert applied.returncode == 0, applied.stderr
+    printed = json.loads(applied.stdout.split("add to job.json:", 1)[1])
+    spec["discovery"]["consul_token_path"] = printed["discovery"]["consul_token_path"]
+    spec["vault"]["policies"] = sorted(set(spec["vault"].get("policies", [])) | set(printed["vault"]["policies"]))
+    return spec
+
+
+def ensure_namespace(api: requests.Session, base: str, name: str) -> None:
+    # PUT /v1/namespace/:name
+    api.put(f"{base}/v1/namespace/{name}", json={"Name": name}, timeout=10).raise_for_status()
+
+
+def submitter_env(cluster, namespace: str) -> dict[str, str]:
+    """A Nomad and a Consul token with exactly `nomadtf acl policies`' submitter policies for
+    `namespace` (the operator creates them; POST /v1/acl/policy, /v1/acl/token ; PUT /v1/acl/policy)."""
+    api, found = cluster.api(), cluster.urls()
+    name = f"nomadtf-submit-{namespace}"
+    api.post(
+        f"{found['nomad']}/v1/acl/policy/{name}", json={"Name": name, "Rules": acl.nomad_submitter_policy(namespace)}, timeout=10
+    ).raise_for_status()
+    nomad_token = api.post(f"{found['nomad']}/v1/acl/token", json={"Type": "client", "Policies": [name]}, timeout=10)
+    nomad_token.raise_for_status()
+    rules = acl.consul_hcl(acl.consul_submitter_rules(namespace))
+    existing = {p["Name"]: p["ID"] for p in api.get(f"{found['consul']}/v1/acl/policies", timeout=10).json()}
+    if name in existing:
+        api.put(f"{found['consul']}/v1/acl/policy/{existing[name]}", json={"Name": name, "Rules": rules}, timeout=10).raise_for_status()
+    else:
+        api.put(f"{found['consul']}/v1/acl/policy", json={"Name": name, "Rules": rules}, timeout=10).raise_for_status()
+    consul_token = api.put(f"{found['consul']}/v1/acl/token", json={"Policies": [{"Name": name}]}, timeout=10)
+    consul_token.raise_for_status()
+    return {**cluster.env(), "NOMAD_TOKEN": nomad_token.json()["SecretID"], "CONSUL_HTTP_TOKEN": consul_token.json()["SecretID"]}
+
+
+def anonymous() -> requests.Session:
+    session = requests.Session()
+    session.trust_env = False
+    return session
+
+
+# ---- the stack itself ------------------------------------------------------------------
+
+
+def test_anonymous_requests_are_denied_and_plain_http_is_refused(secure_cluster):
+    found = secure_cluster.urls()
+    ca = str(secure_cluster.secure_state.ca_file)
+    anon = anonymous()
+    assert anon.get(f"{found['nomad']}/v1/jobs", verify=ca, timeout=10).status_code == 403
+    assert anon.get(f"{found['nomad']}/v1/nodes", verify=ca, timeout=10).status_code == 403
+    secure_cluster.api().put(f"{found['consul']}/v1/kv/nomadtf/hidden", data=b"x", timeout=10).raise_for_status()
+    assert anon.get(f"{found['consul']}/v1/kv/nomadtf/hidden", verify=ca, timeout=10).status_code == 403
+    # A listing is filtered, not refused: the anonymous token sees nothing.
+    assert anon.get(f"{found['consul']}/v1/kv/nomadtf/", params={"recurse": "true"}, verify=ca, timeout=10).status_code == 404
+    assert anon.get(f"{found['vault']}/v1/secret/data/anything", verify=ca, timeout=10).status_code == 403
+    # HTTPS only: Nomad answers plain HTTP with an error, Consul's HTTP port is closed.
+    assert anon.get(found["nomad"].replace("https://", "http://") + "/v1/jobs", timeout=10).status_code == 400
+    with pytest.raises(requests.ConnectionError):
+        anon.get(f"{found['consul'].replace('https://', 'http://').rsplit(':', 1)[0]}:8500/v1/kv/x", timeout=5)
+    # Without the stack's CA, nobody trusts the servers.
+    with pytest.raises(requests.exceptions.SSLError):
+        anon.get(f"{found['nomad']}/v1/status/leader", verify=True, timeout=10)
+
+
+def test_secrets_of_the_stack_are_private_files(secure_cluster):
+    state = secure_cluster.secure_state
+    assert oct(state.tokens_path.stat().st_mode & 0o777) == "0o600"
+    assert oct(state.folder.stat().st_mode & 0o777) == "0o700"
+    for key in state.tls_dir.glob("*-key.pem"):
+        assert oct(key.stat().st_mode & 0o777) == "0o600", key
+    # Agent configs carry tokens and gossip keys.
+    for config in secure_cluster.state_dir.glob("*/nomad.hcl"):
+        assert oct(config.stat().st_mode & 0o777) == "0o600", config
+
+
+# ---- least privilege -------------------------------------------------------------------
+
+
+def test_a_submitter_of_namespace_a_cannot_touch_namespace_b(secure_cluster, tmp_path):
+    api, found = secure_cluster.api(), secure_cluster.urls()
+    for name in (NAMESPACE_A, NAMESPACE_B):
+        ensure_namespace(api, found["nomad"], name)
+    job_b = unique("ns-b")
+    spec_b = secured(probe_job(job_b, namespace=NAMESPACE_B, context={"sleep": 120}), secure_cluster, tmp_path)
+    submitted = nomadtf("run", str(write_job(tmp_path, spec_b)), "--detach", env=secure_cluster.env(), timeout=120)
+    assert submitted.returncode == 0, submitted.stderr
+    team_a = submitter_env(secure_cluster, NAMESPACE_A)
+    try:
+        for args in (("status", job_b), ("logs", job_b, "--role", "chief"), ("stop", job_b)):
+            denied = nomadtf(*args, "--namespace", NAMESPACE_B, env=team_a, timeout=60)
+            assert denied.returncode == 1, (args, denied.stdout, denied.stderr)
+            assert "NOMAD_TOKEN" in denied.stderr and "capability" in denied.stderr, denied.stderr
+            assert "Traceback" not in denied.stderr
+            assert team_a["NOMAD_TOKEN"] not in denied.stderr + denied.stdout
+        # Still running: the refused `stop` did nothing.
+        job = api.get(f"{found['nomad']}/v1/job/{job_b}", params={"namespace": NAMESPACE_B}, timeout=10).json()
+        assert job["Status"] in ("running", "pending") and not job["Stop"]
+    finally:
+        nomadtf("stop", job_b, "--namespace", NAMESPACE_B, "--purge", env=secure_cluster.env(), timeout=60)
+
+
+def test_the_printed_submitter_policy_is_enough_to_run_a_job(secure_cluster, tmp_path):
+    api, found = secure_cluster.api(), secure_cluster.urls()
+    ensure_namespace(api, found["nomad"], NAMESPACE_A)
+    job = unique("ns-a")
+    spec = secured(probe_job(job, namespace=NAMESPACE_A), secure_cluster, tmp_path)
+    team_a = submitter_env(secure_cluster, NAMESPACE_A)
+    result = nomadtf("run", str(write_job(tmp_path, spec)), "--timeout", "4m", env=team_a, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "probe finished" in result.stdout + result.stderr
+    status = nomadtf("status", job, "--namespace", NAMESPACE_A, env=team_a, timeout=60)
+    assert status.returncode == 0 and "succeeded" in status.stdout, status.stdout + status.stderr
+    nomadtf("stop", job, "--namespace", NAMESPACE_A, "--purge", env=team_a, timeout=60)
+
+
+def test_a_token_without_rights_is_explained_and_nothing_is_submitted(secure_cluster, tmp_path):
+    api, found = secure_cluster.api(), secure_cluster.urls()
+    empty = api.post(f"{found['nomad']}/v1/acl/token", json={"Type": "client", "Policies": []}, timeout=10)
+    # A client token needs a policy: one that grants nothing in any namespace.
+    if empty.status_code >= 400:
+        api.post(f"{found['nomad']}/v1/acl/policy/nothing", json={"Name": "nothing", "Rules": 'namespace "nowhere" { policy = "deny" }'}, timeout=10).raise_for_status()
+        empty = api.post(f"{found['nomad']}/v1/acl/token", json={"Type": "client", "Policies": ["nothing"]}, timeout=10)
+    empty.raise_for_status()
+    job = unique("no-rights")
+    spec = secured(probe_job(job), secure_cluster, tmp_path)
+    env = {**secure_cluster.env(), "NOMAD_TOKEN": empty.json()["SecretID"]}
+    result = nomadtf("run", str(write_job(tmp_path, spec)), env=env, timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "NOMAD_TOKEN" in result.stderr and "capability" in result.stderr and "Traceback" not in result.stderr
+    assert api.get(f"{found['nomad']}/v1/job/{job}", timeout=10).status_code == 404
+    kv = api.get(f"{found['consul']}/v1/kv/nomadtf/default/{job}/", params={"recurse": "true"}, timeout=10)
+    assert kv.status_code == 404
+
+
+def test_a_jobs_task_token_reaches_only_its_own_keys(secure_cluster, tmp_path):
+    api, found = secure_cluster.api(), secure_cluster.urls()
+    x, y = unique("job-x"), unique("job-y")
+    spec_x = normalize(secured(probe_job(x), secure_cluster, tmp_path))
+    secured(probe_job(y), secure_cluster, tmp_path)
+    # The task's view: a Vault token with only job X's policy, as Nomad derives it.
+    task_vault = api.post(
+        f"{found['vault']}/v1/auth/token/create", json={"policies": [acl.policy_name(spec_x)], "ttl": "10m"}, timeout=10
+    ).json()["auth"]["client_token"]
+    vault_as_task = anonymous()
+    vault_as_task.verify = str(secure_cluster.secure_state.ca_file)
+    vault_as_task.headers["X-Vault-Token"] = task_vault
+    token_path = spec_x["discovery"]["consul_token_path"]
+    assert token_path.startswith("consul/creds/")  # the stack's Consul secrets engine: a token per task
+    read = vault_as_task.get(f"{found['vault']}/v1/{token_path}", timeout=10)
+    assert read.status_code == 200 and read.json()["lease_duration"] > 0 and read.json()["renewable"]
+    other = vault_as_task.get(f"{found['vault']}/v1/{token_path.replace(x, y)}", timeout=10)
+    assert other.status_code == 403  # job X's tasks cannot get job Y's Consul tokens
+    consul_as_task = anonymous()
+    consul_as_task.verify = vault_as_task.verify
+    consul_as_task.headers["X-Consul-Token"] = read.json()["data"]["token"]
+    base = found["consul"]
+    assert consul_as_task.put(f"{base}/v1/kv/nomadtf/default/{x}/probe", data=b"1", timeout=10).status_code == 200
+    assert consul_as_task.get(f"{base}/v1/kv/nomadtf/default/{x}/probe", timeout=10).status_code == 200
+    api.put(f"{base}/v1/kv/nomadtf/default/{y}/state", data=b"y's", timeout=10).raise_for_status()
+    assert consul_as_task.put(f"{base}/v1/kv/nomadtf/default/{y}/probe", data=b"1", timeout=10).status_code == 403
+    assert consul_as_task.get(f"{base}/v1/kv/nomadtf/default/{y}/state", timeout=10).status_code == 403
+    # Listings are filtered: job Y's keys are invisible to job X's tasks.
+    listed = consul_as_task.get(f"{base}/v1/kv/nomadtf/", params={"recurse": "true", "keys": "true"}, timeout=10)
+    assert listed.status_code == 200 and not [k for k in listed.json() if f"/{y}/" in k], listed.text
+    node = api.get(f"{base}/v1/catalog/nodes", timeout=10).json()[0]
+    register = {"Node": node["Node"], "Address": node["Address"], "Service": {"Service": f"{y}-chief", "Port": 1}}
+    assert consul_as_task.put(f"{base}/v1/catalog/register", json=register, timeout=10).status_code == 403
+    register["Service"]["Service"] = f"{x}-chief"
+    assert consul_as_task.put(f"{base}/v1/catalog/register", json=register, timeout=10).status_code == 403
+    # Revoking the lease (what a task does when it ends) deletes the token in Consul.
+    api.put(f"{found['vault']}/v1/sys/leases/revoke", json={"lease_id": read.json()["lease_id"]}, timeout=10).raise_for_status()
+    assert consul_as_task.get(f"{base}/v1/kv/nomadtf/default/{x}/probe", timeout=10).status_code == 403
+
+
+# ---- training, and where a secret may be ---------------------------------------------------
+
+
+class ProcessScan(threading.Thread):
+    """While the job runs: every process whose argv or environment holds `needle`."""
+
+    def __init__(self, needle: str):
+        super().__init__(daemon=True)
+        self.needle = needle.encode()
+        self.found: dict[int, tuple[str, str]] = {}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.5):
+            for proc in psutil.process_iter(["pid"]):
+                pid = proc.info["pid"]
+                for what in ("cmdline", "environ"):
+                    try:
+                        data = Path(f"/proc/{pid}/{what}").read_bytes()
+                    except OSError:
+                        continue
+                    if self.needle in data:
+                        env = Path(f"/proc/{pid}/environ").read_bytes() if what == "environ" else b""
+                        role = re.search(rb"NOMADTF_ROLE=([a-z]+)", env)
+                        self.found[pid] = (what, role.group(1).decode() if role else "?")
+
+
+def files_containing(root: Path, needle: bytes) -> list[Path]:
+    hits = []
+    for path in root.rglob("*"):
+        try:
+            if path.is_file() and not path.is_symlink() and needle in path.read_bytes():
+                hits.append(path)
+        except OSError:
+            continue
+    return hits
+
+
+def test_the_ps_example_trains_with_acls_and_tls_and_secrets_stay_where_they_belong(secure_cluster, tmp_path):
+    api, found = secure_cluster.api(), secure_cluster.urls()
+    job = unique("secure-digits")
+    canary_env, canary_file = f"canary-env-{secrets.token_hex(12)}", f"canary-file-{secrets.token_hex(12)}"
+    api.post(
+        f"{found['vault']}/v1/secret/data/nomadtf-canary/{job}", json={"data": {"api_token": canary_env, "tls_key": canary_file}}, timeout=10
+    ).raise_for_status()
+    spec = json.loads((EXAMPLES / "secrets" / "job.json").read_text())
+    spec.update(name=job)
+    spec["entrypoint"]["workdir"] = str(EXAMPLES / "digits")
+    spec["context"].update(steps=300)
+    for ref in spec["secrets"]:
+        ref["path"] = f"secret/nomadtf-canary/{job}"
+    spec["vault"]["policies"] = []
+    spec = secured(spec, secure_cluster, tmp_path)  # `acl apply` also grants read on the secrets
+    scan = ProcessScan(canary_env)
+    scan.start()
+    try:
+        result = nomadtf("run", str(write_job(tmp_path, spec)), "--timeout", "6m", env=secure_cluster.env(), timeout=420)
+    finally:
+        scan.stop.set()
+        scan.join()
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    accuracy = float(re.findall(r"final_accuracy=([0-9.]+)", out)[-1])
+    assert accuracy > 0.8, out
+    # Only the chief's training process had the secret in its environment; no argv had it.
+    assert scan.found, "the scan never saw the chief's training process"
+    assert {v for v in scan.found.values()} == {("environ", "chief")}, scan.found
+    # Not in the job (API JSON, every version), not in logs, not in Consul.
+    for canary in (canary_env, canary_file):
+        versions = api.get(f"{found['nomad']}/v1/job/{job}/versions", timeout=10).text
+        assert canary not in versions
+        assert canary not in out
+        kv = api.get(f"{found['consul']}/v1/kv/", params={"recurse": "true"}, timeout=10).json() or []
+        assert all(canary not in base64.b64decode(e.get("Value") or b"").decode(errors="replace") for e in kv)
+    logs = "".join(
+        nomadtf("logs", job, "--role", role, env=secure_cluster.env(), timeout=60).stdout for role in ("chief", "worker", "ps")
+    )
+    assert canary_env not in logs and canary_file not in logs
+    # On disk: the file secret in exactly one 0600 file; the env secret nowhere; no Vault token file.
+    state = secure_cluster.state_dir
+    assert files_containing(state, canary_env.encode()) == []
+    holders = files_containing(state, canary_file.encode())
+    assert len(holders) == 1 and holders[0].name == "client.key", holders
+    assert oct(holders[0].stat().st_mode & 0o777) == "0o600"
+    assert not list(state.rglob("vault_token")), "the task's Vault token was written to a file user code can read"
+    nomadtf("stop", job, "--purge", env=secure_cluster.env(), timeout=60)
