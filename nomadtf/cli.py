@@ -520,14 +520,24 @@ def plan(job_file: JobFile, var: Vars = None, templates: TemplatesDir = None) ->
 # ---- ACLs ------------------------------------------------------------------------------
 
 
+def _acl_spec(job_file: Path, var: list[str] | None) -> dict:
+    """The job's spec for `nomadtf acl`: before `acl apply`, job.json may not list the
+    Vault policy it creates yet."""
+    from nomadtf import acl
+    from nomadtf import spec as spec_mod
+
+    raw = spec_mod.apply_overrides(spec_mod.read_options(job_file), var or [])
+    name = acl.policy_name({"name": raw.get("name", ""), "namespace": raw.get("namespace", "default")}) if isinstance(raw, dict) else ""
+    return spec_mod.load_spec(job_file, var or [], vault_policies=[name] if name else None)
+
+
 @acl_app.command("policies")
 def acl_policies(job_file: JobFile, var: Vars = None) -> None:
     """Print the four policies of a job: Nomad and Consul for whoever submits it, Consul and
     Vault for its tasks. Offline."""
     from nomadtf import acl
-    from nomadtf import spec as spec_mod
 
-    spec = spec_mod.load_spec(job_file, var or [])
+    spec = _acl_spec(job_file, var)
     policies = acl.job_policies(spec)
     namespace = spec.get("namespace", "default")
     sections = (
@@ -546,9 +556,8 @@ def acl_apply(job_file: JobFile, var: Vars = None) -> None:
     """Operator: create the job's task policies and its tasks' Consul token source (needs
     CONSUL_HTTP_TOKEN with acl write and a VAULT_TOKEN that may write policies)."""
     from nomadtf import acl_setup
-    from nomadtf import spec as spec_mod
 
-    spec = spec_mod.load_spec(job_file, var or [])
+    spec = _acl_spec(job_file, var)
     applied = acl_setup.apply(spec)
     how = "a Consul secrets engine role: one leased token per task" if applied.mode == "engine" else "one token kept in Vault's KV"
     _err(f"Consul policy and Vault policy {applied.name} written; the tasks' Consul token: {applied.token_path} ({how})")
@@ -560,9 +569,8 @@ def acl_apply(job_file: JobFile, var: Vars = None) -> None:
 def acl_revoke(job_file: JobFile, var: Vars = None) -> None:
     """Operator: delete what `acl apply` created for the job."""
     from nomadtf import acl_setup
-    from nomadtf import spec as spec_mod
 
-    acl_setup.revoke(spec_mod.load_spec(job_file, var or []))
+    acl_setup.revoke(_acl_spec(job_file, var))
     _err("removed the job's policies and Consul token source")
 
 

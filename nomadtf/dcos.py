@@ -181,7 +181,9 @@ def _driver(service: _Section, notes: list[str]) -> dict[str, Any] | None:
         driver["gpu_image"] = gpu_image
     notes.append(
         "the DC/OS wrapper inside the TensorFlow images; nomadtf runs `python3 -m nomadtf task` "
-        "in driver.image, so the image needs nomadtf installed"
+        "in driver.image, so the image needs nomadtf installed (`nomadtf validate` lists what the image "
+        "must contain); or drop driver for raw_exec and give the image's Python packages as "
+        "`environment.requirements`, which nomadtf builds on each client"
     )
     return driver
 

@@ -159,6 +159,23 @@ def task_events(alloc: dict[str, Any]) -> list[tuple[int, str, str]]:
     return sorted(out)
 
 
+def describe_environment(role: str, index: int, status: dict[str, Any]) -> str:
+    """One line about a task's Python environment (job.json `environment`). Pure."""
+    who, key = f"{role}[{index}]", status.get("key", "")
+    elapsed = status.get("elapsed_s", 0)
+    state = status.get("state")
+    if state == "building":
+        return f"{who} building environment {key} ({status.get('requirements', '')}; Python {status.get('python', '?')}) ({elapsed:.0f} s)"
+    if state == "waiting":
+        return f"{who} waiting for environment {key}: another task on its client is building it"
+    if state == "ready":
+        how = "reused" if status.get("reused") else "built"
+        return f"{who} environment {key} ready ({how} in {elapsed:.1f} s)"
+    if state == "failed":
+        return f"{who} environment failed: {status.get('error', '?')}"
+    return f"{who} environment: {state}"
+
+
 class Follower:
     """Follows one submitted job until it succeeds, fails or runs out of time.
 
@@ -177,6 +194,7 @@ class Follower:
         progress: Callable[[], dict[str, Any] | None] = lambda: None,
         recorded_state: Callable[[], str | None] = lambda: None,
         first_version: int = 0,
+        environments: Callable[[], dict[tuple[str, int], dict[str, Any]]] = lambda: {},
     ):
         self.api = api
         self.first_version = first_version
@@ -187,6 +205,8 @@ class Follower:
         self.on_event = on_event
         self.progress = progress
         self.recorded_state = recorded_state
+        self.environments = environments
+        self.environment_lines: dict[tuple[str, int], str] = {}
         self.started = time.monotonic()
         self.seen_events: set[tuple[str, int, str]] = set()
         self.last_line_at = 0.0
@@ -211,6 +231,7 @@ class Follower:
             if job is None:
                 raise JobFailed(f"job {self.job_id} disappeared (stopped from outside?)")
             self._report_events(allocs)
+            self._report_environments()
             self._announce_tensorboard(allocs)
             view = summarize(job, allocs)
             self._fill_progress(view, allocs)
@@ -268,6 +289,18 @@ class Follower:
                 if any(word in text for word in ("Received", "Task Setup", "Building Task Directory", "Downloading")):
                     continue  # routine steps; keep the output about what matters
                 self.on_event(f"{role}[{index}] ({alloc['ID'][:8]}) {text}")
+
+    def _report_environments(self) -> None:
+        """A line whenever a task's environment changes state (a build: every 10 s or so)."""
+        try:
+            statuses = self.environments()
+        except ServerError:
+            return
+        for slot, status in sorted(statuses.items()):
+            line = describe_environment(*slot, status)
+            if self.environment_lines.get(slot) != line:
+                self.environment_lines[slot] = line
+                self.on_event(line)
 
     def _announce_tensorboard(self, allocs: list[dict[str, Any]]) -> None:
         """Once: where TensorBoard serves, as soon as its task runs.  GET /v1/allocation/:id"""

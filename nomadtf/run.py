@@ -195,6 +195,7 @@ class Run:
             progress=discovery.progress,
             recorded_state=discovery.job_state,
             first_version=submitted.first_version,
+            environments=discovery.environments if self.spec.get("environment") else lambda: {},
         )
         try:
             view = follower.follow(submitted.eval_id)

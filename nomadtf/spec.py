@@ -112,14 +112,18 @@ def looks_like_dcos_options(data: Any) -> bool:
     )
 
 
-def load_spec(path: Path, overrides: list[str] | None = None) -> dict[str, Any]:
+def load_spec(path: Path, overrides: list[str] | None = None, vault_policies: list[str] | None = None) -> dict[str, Any]:
+    """`vault_policies`, when the file lists none: what `nomadtf acl` is about to create."""
     data = read_options(path)
     if looks_like_dcos_options(data):
         raise SpecError(
             f"{path} is a DC/OS beta-tensorflow options file, not a nomadtf job.json; convert it first: "
             f"nomadtf convert-dcos {path} --out job.json (it lists what cannot be carried over)"
         )
-    return normalize(apply_overrides(data, overrides or []))
+    data = apply_overrides(data, overrides or [])
+    if vault_policies and isinstance(data, dict) and not (data.get("vault") or {}).get("policies"):
+        data = {**data, "vault": {**(data.get("vault") or {}), "policies": list(vault_policies)}}
+    return normalize(data)
 
 
 def normalize(data: dict[str, Any]) -> dict[str, Any]:
@@ -351,11 +355,10 @@ def cross_field_problems(spec: dict[str, Any]) -> list[str]:
     targets = [s.get("env") or s.get("file") for s in spec["secrets"]]
     for dup in sorted({t for t in targets if targets.count(t) > 1}):
         problems.append(f"secrets: {dup!r} is the target of more than one secret")
-    for section in ("recovery", "discovery"):
-        for key, value in spec[section].items():
-            if schema()["properties"][section]["properties"].get(key, {}).get("$ref") == "#/$defs/duration":
-                if duration_ns(value) >= INT64:
-                    problems.append(f"{section}.{key}: {value!r} is longer than Nomad can hold (about 292 years)")
+    for section, node in schema()["properties"].items():  # every duration of a section
+        for key, value in (spec.get(section) or {}).items() if "properties" in node else ():
+            if node["properties"].get(key, {}).get("$ref") == "#/$defs/duration" and duration_ns(value) >= INT64:
+                problems.append(f"{section}.{key}: {value!r} is longer than Nomad can hold (about 292 years)")
     problems += environment_problems(spec)
     if duration_seconds(spec["recovery"]["reschedule_delay"]) < 5:
         problems.append("recovery.reschedule_delay: Nomad needs at least 5s; write e.g. 5s")
@@ -427,7 +430,7 @@ def duration_ns(text: str) -> int:
     for suffix in ("ms", "s", "m", "h"):
         digits = text[: -len(suffix)]
         if text.endswith(suffix) and digits.isascii() and digits.isdigit():
-            if len(digits) > 30:
+            if len(digits.lstrip("0")) > 30:
                 return INT64  # beyond what Nomad holds (and int() refuses 4300+ digits)
             return int(digits) * _NS_PER_UNIT[suffix]
     raise SpecError(f"{text!r} is not a duration; write e.g. 30s, 5m or 2h")

@@ -28,7 +28,10 @@ def _server():
 
 def serve() -> int:
     server = _server()
-    print(f"nomadtf: TensorFlow server {os.environ.get('NOMADTF_ROLE')}[{os.environ.get('NOMADTF_INDEX')}] at {server.target}", flush=True)
+    import tensorflow as tf
+
+    # The version says which Python environment runs the server (job.json `environment`).
+    print(f"nomadtf: TensorFlow server {os.environ.get('NOMADTF_ROLE')}[{os.environ.get('NOMADTF_INDEX')}] at {server.target} (TensorFlow {tf.__version__})", flush=True)
     server.join()  # never returns; nomadtf task stops this process when the job is done
     return 0
 

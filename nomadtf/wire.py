@@ -14,8 +14,10 @@ without a run, e.g. by `nomadtf render`):
     nomadtf/<namespace>/<job>/<run>/cluster/counts             {"worker": n} after `nomadtf scale`
     nomadtf/<namespace>/<job>/<run>/cluster/done/<role>/<i>    success = all_workers: who finished
     nomadtf/<namespace>/<job>/<run>/progress                   {"step": n, "metrics": {...}}
-Tasks watch only .../cluster/ (what decides); progress lives beside it, so a progress
-write wakes nobody. A task of an older run that is still stopping can never touch the
+    nomadtf/<namespace>/<job>/<run>/environment/<role>/<i>     job.json `environment`: {"state":
+                                                               "waiting"|"building"|"ready"|"failed", ...}
+Tasks watch only .../cluster/ (what decides); progress and environment live beside it, so
+their writes wake nobody. A task of an older run that is still stopping can never touch the
 current run's keys.
 
 Nomad job Meta: nomadtf.version, nomadtf.spec_sha256, nomadtf.strategy, nomadtf.run,
@@ -149,6 +151,15 @@ def kv_done_prefix(namespace: str, job_id: str, run_id: str = "") -> str:
 
 def kv_progress(namespace: str, job_id: str, run_id: str = "") -> str:
     return kv_prefix(namespace, job_id, run_id) + "progress"
+
+
+def kv_environment_prefix(namespace: str, job_id: str, run_id: str = "") -> str:
+    """How each task's Python environment is coming along (what `nomadtf run` shows)."""
+    return kv_prefix(namespace, job_id, run_id) + "environment/"
+
+
+def kv_environment(namespace: str, job_id: str, role: str, index: int, run_id: str = "") -> str:
+    return f"{kv_environment_prefix(namespace, job_id, run_id)}{role}/{index}"
 
 
 def session_name(job_id: str, role: str, alloc_id: str) -> str:

@@ -35,5 +35,8 @@ def test_who_runs_what():
     assert launch.child_argv(SPEC, "chief", 9, python="py") == ["py", "-u", "-m", "trainer.main", "--x"]
     assert launch.child_argv(SPEC, "worker", 9, python="py") == ["py", "-m", "nomadtf.tfserver", "server"]
     assert launch.child_argv(SPEC, "tensorboard", 9, python="py")[:3] == ["py", "-m", "tensorboard.main"]
+    # TensorBoard listens on the task's own address, not on every interface of the node.
+    assert launch.child_argv(SPEC, "tensorboard", 9, python="py", host="10.1.2.3")[-2:] == ["--host", "10.1.2.3"]
+    assert launch.child_argv(SPEC, "tensorboard", 9, python="py")[-1] == "--bind_all"
     env = launch.child_env(SPEC, "tensorboard", 0, [], 1, {}, "/p", {})
     assert "TF_CONFIG" not in env

@@ -222,10 +222,15 @@ def test_a_jobs_task_token_reaches_only_its_own_keys(secure_cluster, tmp_path):
 class ProcessScan(threading.Thread):
     """While the job runs: every process whose argv or environment holds `needle`."""
 
-    def __init__(self, needle: str):
+    def __init__(self, needle: str, file_needle: str):
         super().__init__(daemon=True)
         self.needle = needle.encode()
+        self.file_needle = file_needle.encode()
         self.found: dict[int, tuple[str, str]] = {}
+        # The consumer's secrets dir as it sees it (Nomad's tmpfs lives in the client's own
+        # mount namespace): file name -> (mode, holds the file secret).
+        self.secrets_dir: dict[str, tuple[str, bool]] = {}
+        self.alloc_files_with_secret: set[str] = set()
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -241,6 +246,21 @@ class ProcessScan(threading.Thread):
                         env = Path(f"/proc/{pid}/environ").read_bytes() if what == "environ" else b""
                         role = re.search(rb"NOMADTF_ROLE=([a-z]+)", env)
                         self.found[pid] = (what, role.group(1).decode() if role else "?")
+                        if what == "environ":
+                            self._look_inside(pid, env)
+
+    def _look_inside(self, pid: int, env: bytes) -> None:
+        found = dict(re.findall(rb"(NOMAD_SECRETS_DIR|NOMAD_ALLOC_DIR)=([^\0]+)", env))
+        root = Path(f"/proc/{pid}/root")
+        try:
+            secrets_dir = root / found[b"NOMAD_SECRETS_DIR"].decode().lstrip("/")
+            for entry in secrets_dir.iterdir():
+                self.secrets_dir[entry.name] = (oct(entry.stat().st_mode & 0o777), self.file_needle in entry.read_bytes())
+            alloc = (root / found[b"NOMAD_ALLOC_DIR"].decode().lstrip("/")).parent
+            for path in files_containing(alloc, self.file_needle):
+                self.alloc_files_with_secret.add(str(path.relative_to(alloc)))
+        except (KeyError, OSError):
+            pass
 
 
 def files_containing(root: Path, needle: bytes) -> list[Path]:
@@ -269,7 +289,7 @@ def test_the_ps_example_trains_with_acls_and_tls_and_secrets_stay_where_they_bel
         ref["path"] = f"secret/nomadtf-canary/{job}"
     spec["vault"]["policies"] = []
     spec = secured(spec, secure_cluster, tmp_path)  # `acl apply` also grants read on the secrets
-    scan = ProcessScan(canary_env)
+    scan = ProcessScan(canary_env, canary_file)
     scan.start()
     try:
         result = nomadtf("run", str(write_job(tmp_path, spec)), "--timeout", "6m", env=secure_cluster.env(), timeout=420)
@@ -294,11 +314,14 @@ def test_the_ps_example_trains_with_acls_and_tls_and_secrets_stay_where_they_bel
         nomadtf("logs", job, "--role", role, env=secure_cluster.env(), timeout=60).stdout for role in ("chief", "worker", "ps")
     )
     assert canary_env not in logs and canary_file not in logs
-    # On disk: the file secret in exactly one 0600 file; the env secret nowhere; no Vault token file.
+    # Inside the chief's allocation, as its code saw it: the file secret in exactly one 0600
+    # file of the secrets dir, and no Vault token file there.
+    assert scan.secrets_dir.get("client.key") == ("0o600", True), scan.secrets_dir
+    assert "vault_token" not in scan.secrets_dir, scan.secrets_dir
+    assert [name for name, (_mode, has) in scan.secrets_dir.items() if has] == ["client.key"]
+    assert {Path(p).name for p in scan.alloc_files_with_secret} <= {"client.key"}, scan.alloc_files_with_secret
+    # On the host's disk (configs, data dirs, logs): neither secret anywhere.
     state = secure_cluster.state_dir
     assert files_containing(state, canary_env.encode()) == []
-    holders = files_containing(state, canary_file.encode())
-    assert len(holders) == 1 and holders[0].name == "client.key", holders
-    assert oct(holders[0].stat().st_mode & 0o777) == "0o600"
-    assert not list(state.rglob("vault_token")), "the task's Vault token was written to a file user code can read"
+    assert files_containing(state, canary_file.encode()) == []
     nomadtf("stop", job, "--purge", env=secure_cluster.env(), timeout=60)

@@ -11,10 +11,14 @@ from nomadtf.cluster import Member
 from nomadtf.spec import JobSpec
 
 
-def child_argv(spec: JobSpec, role: str, tf_port: int, python: str = sys.executable) -> list[str]:
+def child_argv(spec: JobSpec, role: str, tf_port: int, python: str = sys.executable, host: str = "") -> list[str]:
+    """`host`: the task's own address (NOMAD_IP_tf), where TensorBoard listens; all
+    interfaces only when Nomad gave none. (TensorFlow's gRPC server always binds every
+    interface: it takes only a port.)"""
     entry = spec.entrypoint
     if role == "tensorboard":
-        return [python, "-m", "tensorboard.main", "--logdir", spec.model_dir, "--port", str(tf_port), "--bind_all"]
+        bind = ["--host", host] if host else ["--bind_all"]
+        return [python, "-m", "tensorboard.main", "--logdir", spec.model_dir, "--port", str(tf_port), *bind]
     if spec.strategy == "legacy_server":
         return [python, "-m", "nomadtf.tfserver", "legacy", entry.target]
     if not roles.runs_user_code(spec.strategy, role):

@@ -461,7 +461,7 @@ class Supervisor:
         if self.job_env is not None:
             env.update(self.job_env.child_environ(env))
         python = self.job_env.python if self.job_env is not None else sys.executable
-        argv = launch.child_argv(self.spec, self.role, self.alloc.tf_port, python)
+        argv = launch.child_argv(self.spec, self.role, self.alloc.tf_port, python, host=os.environ.get("NOMAD_IP_tf", ""))
         cwd = self.spec.entrypoint.workdir or str(self.alloc.task_dir)
         log.info("generation %d: starting %s with TF_CONFIG %s", generation, " ".join(argv[1:4]), env.get(wire.ENV_TF_CONFIG, "(none)"))
 
