@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import secrets
 import threading
-import time
 from pathlib import Path
 
 import psutil
@@ -23,7 +21,7 @@ import requests
 
 from nomadtf import acl
 from nomadtf.spec import normalize
-from tests.helpers import EXAMPLES, nomadtf, probe_job, unique, wait_until, write_job
+from tests.helpers import EXAMPLES, nomadtf, probe_job, unique, write_job
 
 pytestmark = [pytest.mark.stack]
 
