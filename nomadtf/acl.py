@@ -131,6 +131,9 @@ def vault_tasks_policy(spec: dict[str, Any], kv_v2_mounts: tuple[str, ...] = ("s
         block = _vault_read_path(api_path(path))
         if block not in blocks:
             blocks.append(block)
+    if token_path.split("/", 1)[0] not in kv_v2_mounts:
+        # A task revokes its own Consul token's lease when it ends (and no other lease).
+        blocks.append(f"path {_q('sys/leases/revoke/' + token_path + '/*')} {{\n  capabilities = [\"update\"]\n}}\n")
     return "\n".join(blocks)
 
 

@@ -13,6 +13,7 @@ import json
 import re
 import secrets
 import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -323,3 +324,46 @@ def test_the_ps_example_trains_with_acls_and_tls_and_secrets_stay_where_they_bel
     assert files_containing(state, canary_env.encode()) == []
     assert files_containing(state, canary_file.encode()) == []
     nomadtf("stop", job, "--purge", env=secure_cluster.env(), timeout=60)
+
+
+# ---- renewal and revocation -------------------------------------------------------------
+
+
+def test_a_tasks_consul_token_is_renewed_while_it_runs_and_revoked_when_it_ends(secure_cluster, tmp_path, monkeypatch):
+    """`ConsulToken` as `nomadtf task` uses it, against the real engine: a role whose tokens
+    live 10 s, logged in with AppRole (whose own 10 s login token must be renewed too)."""
+    from nomadtf import secrets as secrets_mod
+
+    api, found = secure_cluster.api(), secure_cluster.urls()
+    job = unique("renew")
+    spec = normalize(secured(probe_job(job), secure_cluster, tmp_path))
+    name = acl.policy_name(spec)
+    vault = found["vault"]
+    api.post(f"{vault}/v1/consul/roles/{name}", json={"consul_policies": [name], "ttl": "10s", "max_ttl": "1h"}, timeout=10).raise_for_status()
+    if "approle/" not in api.get(f"{vault}/v1/sys/auth", timeout=10).json()["data"]:
+        api.post(f"{vault}/v1/sys/auth/approle", json={"type": "approle"}, timeout=10).raise_for_status()
+    api.post(
+        f"{vault}/v1/auth/approle/role/{name}", json={"token_policies": [name], "token_ttl": "10s", "token_max_ttl": "1h"}, timeout=10
+    ).raise_for_status()
+    role_id = api.get(f"{vault}/v1/auth/approle/role/{name}/role-id", timeout=10).json()["data"]["role_id"]
+    secret_id = api.post(f"{vault}/v1/auth/approle/role/{name}/secret-id", timeout=10).json()["data"]["secret_id"]
+    monkeypatch.setenv("NOMADTF_VAULT_ROLE_ID", role_id)
+    monkeypatch.setenv("NOMADTF_VAULT_SECRET_ID", secret_id)
+    monkeypatch.setenv("VAULT_CACERT", str(secure_cluster.secure_state.ca_file))
+    errors: list[str] = []
+    grant = secrets_mod.ConsulToken.read(
+        {"auth": "approle", "address": vault}, spec["discovery"]["consul_token_path"], on_error=errors.append
+    )
+    as_task = anonymous()
+    as_task.verify = str(secure_cluster.secure_state.ca_file)
+    as_task.headers["X-Consul-Token"] = grant.token
+    key = f"{found['consul']}/v1/kv/nomadtf/default/{job}/alive"
+    try:
+        assert grant.lease and grant.lease["lease_duration"] <= 10
+        time.sleep(25)  # two and a half lifetimes of both the Consul token and the login token
+        assert as_task.put(key, data=b"1", timeout=10).status_code == 200, "the Consul token was not renewed"
+        assert grant.client.auth.token.lookup_self()["data"]["ttl"] > 0, "the AppRole login token was not renewed"
+        assert errors == []
+    finally:
+        grant.close()
+    assert as_task.put(key, data=b"2", timeout=10).status_code == 403  # revoked: deleted in Consul
