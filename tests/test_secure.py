@@ -22,6 +22,7 @@ import requests
 
 from nomadtf import acl
 from nomadtf.spec import normalize
+from tests.cluster_access import secured
 from tests.helpers import EXAMPLES, nomadtf, probe_job, unique, write_job
 
 pytestmark = [pytest.mark.stack]
@@ -31,23 +32,6 @@ NAMESPACE_B = "team-b"
 
 
 # ---- helpers ---------------------------------------------------------------------------
-
-
-def secured(spec: dict, cluster, tmp_path: Path) -> dict:
-    """`spec` made ready for the secure cluster, the way its README says: the agents' CA
-    for Consul and Vault, Vault's address, and what `nomadtf acl apply` (run here as the
-    operator) prints: the tasks' Consul token path and their Vault policy."""
-    ca = str(cluster.secure_state.ca_file)
-    spec = json.loads(json.dumps(spec))
-    spec.setdefault("discovery", {}).update(consul_address="https://127.0.0.1:8501", consul_ca_file=ca)
-    spec.setdefault("vault", {}).update(address=cluster.urls()["vault"], ca_file=ca)
-    path = write_job(tmp_path, spec)
-    applied = nomadtf("acl", "apply", str(path), env=cluster.env(), timeout=60)
-    assert applied.returncode == 0, applied.stderr
-    printed = json.loads(applied.stdout.split("add to job.json:", 1)[1])
-    spec["discovery"]["consul_token_path"] = printed["discovery"]["consul_token_path"]
-    spec["vault"]["policies"] = sorted(set(spec["vault"].get("policies", [])) | set(printed["vault"]["policies"]))
-    return spec
 
 
 def ensure_namespace(api: requests.Session, base: str, name: str) -> None:
