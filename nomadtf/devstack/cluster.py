@@ -743,8 +743,12 @@ class ClusterStack:
         for ns in recorded_ns:
             _ip("netns", "del", ns)
         for link in reversed(data.get("links", [])):
+            # A veth's host end goes with its namespace, and the kernel may remove it just
+            # after we looked: "Cannot find device" then means done.
             if link_exists(link):
-                _ip("link", "del", link)
+                result = subprocess.run(["ip", "link", "del", link], capture_output=True, text=True)
+                if result.returncode != 0 and "Cannot find device" not in result.stderr:
+                    raise DevStackError(f"`ip link del {link}` failed: {result.stderr.strip() or result.returncode}")
         if recorded_ns or data.get("links"):
             progress(f"removed {len(recorded_ns)} namespaces and {BRIDGE}")
         _unmount_under(self.state_dir)
