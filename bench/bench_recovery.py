@@ -50,8 +50,11 @@ class LineClock:
         self.seen: list[tuple[float, str]] = []
         self.text = ""
 
+    def read(self) -> str:
+        return faults.chief_stdout(self.job_id)
+
     def poll(self) -> str:
-        text = faults.chief_stdout(self.job_id)
+        text = self.read()
         if len(text) > len(self.text):
             now = time.monotonic()
             self.seen += [(now, line) for line in text[len(self.text):].splitlines() if line.strip()]

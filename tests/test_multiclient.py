@@ -25,7 +25,6 @@ from pathlib import Path
 import consul
 import psutil
 import pytest
-import requests
 
 from nomadtf import wire
 from nomadtf.devstack import cluster as cluster_mod
@@ -34,7 +33,9 @@ from nomadtf.devstack.cluster import ClusterStack
 from nomadtf.discovery import ConsulDiscovery
 from nomadtf.errors import DevStackError
 from nomadtf.spec import normalize
+from tests import chaos, cluster_access, node_loss
 from tests.helpers import nomadtf, probe_job, unique, wait_until, write_job
+from tests.test_recovery import ACCURACY_FLOOR
 from tests.test_runtime_consul import FakeAlloc
 
 CLIENTS = 3
@@ -49,23 +50,24 @@ def _progress(message: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def cluster():
-    stack = ClusterStack.default()
-    started = stack.up(progress=_progress, clients=CLIENTS, gpus=GPUS, gpu_clients=(GPU_CLIENT,), timeout=180)
-    yield stack
-    if started and not os.environ.get("NOMADTF_KEEP_STACK"):
-        stack.down(progress=_progress)
+def cluster(secure_cluster):
+    """The shared several-client test bed (conftest.py): ACLs and TLS on, as in production."""
+    assert (secure_cluster.clients(), secure_cluster.recorded_gpus()) == (CLIENTS, GPUS)
+    return secure_cluster
 
 
 def api(path: str, **params):
-    """GET {cluster NOMAD_ADDR}/v1/<path>"""
-    resp = requests.get(f"{cluster_mod.NOMAD_ADDR}/v1/{path}", params=params, timeout=10)
-    resp.raise_for_status()
-    return resp.json()
+    """GET <cluster Nomad>/v1/<path>, as its operator"""
+    return cluster_access.nomad_get(ClusterStack.default(), path, **params)
 
 
 def purge(job_id: str) -> None:
-    requests.delete(f"{cluster_mod.NOMAD_ADDR}/v1/job/{job_id}", params={"purge": "true"}, timeout=10)
+    cluster_access.nomad_purge(ClusterStack.default(), job_id)
+
+
+def ready(spec: dict, tmp_path: Path) -> Path:
+    """job.json for `spec` on the cluster (its CA, Vault address, `nomadtf acl apply`'s lines)."""
+    return write_job(tmp_path, cluster_access.secured(spec, ClusterStack.default(), tmp_path))
 
 
 def on_client(index: int, operator: str = "=") -> dict:
@@ -80,14 +82,6 @@ def tf_configs(job_id: str, env: dict) -> list[dict]:
 
 def hosts(tf_config: dict) -> set[str]:
     return {addr.rsplit(":", 1)[0] for addrs in tf_config["cluster"].values() for addr in addrs}
-
-
-def consul_in(namespace: str, path: str) -> dict:
-    """GET http://127.0.0.1:8500<path> from inside a client's namespace: its own agent."""
-    code = f"import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:8500{path}', timeout=5).read().decode())"
-    out = subprocess.run(["ip", "netns", "exec", namespace, sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
 
 
 # ---- the cluster itself -----------------------------------------------------------------
@@ -105,8 +99,8 @@ def test_three_ready_clients_each_with_its_own_address_class_meta_and_consul_age
         assert node["Drivers"]["raw_exec"]["Healthy"]
         # Nomad fingerprints the Consul agent it talks to: the one of its own namespace.
         assert node["Attributes"]["unique.consul.name"] == f"client-{i}"
-        assert consul_in(f"ntf-c{i}", "/v1/agent/self")["Config"]["NodeName"] == f"client-{i}"
-    catalog = {n["Node"]: n["Address"] for n in requests.get(f"http://{cluster_mod.CONSUL_ADDR}/v1/catalog/nodes", timeout=10).json()}
+        assert cluster_access.consul_in(cluster, i, "/v1/agent/self")["Config"]["NodeName"] == f"client-{i}"
+    catalog = {n["Node"]: n["Address"] for n in cluster_access.consul_get(cluster, "catalog/nodes").json()}
     assert catalog == {"server": "198.18.0.1", **{f"client-{i}": f"198.18.0.{10 + i}" for i in range(1, CLIENTS + 1)}}
     # The server machine listens on 198.18.0.1 only: the single-node stack can run beside it.
     for name in ("consul", "openbao", "nomad"):
@@ -118,15 +112,16 @@ def test_three_ready_clients_each_with_its_own_address_class_meta_and_consul_age
 
 @pytest.mark.stack
 def test_dev_cli_sees_the_cluster(cluster):
-    up = nomadtf("dev", "up", "--clients", str(CLIENTS), timeout=60)
+    up = nomadtf("dev", "up", "--clients", str(CLIENTS), "--secure", timeout=60)
     assert up.returncode == 0 and "already up" in up.stderr, up.stderr
     status = nomadtf("dev", "status", "--cluster", timeout=60)
     assert status.returncode == 0, status.stdout + status.stderr
     assert re.search(r"nomad-client-3\s+running .*198\.18\.0\.13.* node ready", status.stdout), status.stdout
     assert cluster.root_token() not in status.stdout + status.stderr
     env = nomadtf("dev", "env", "--cluster", timeout=60).stdout
-    assert "export NOMAD_ADDR=http://198.18.0.1:4646" in env
-    assert "export CONSUL_HTTP_ADDR=198.18.0.1:8500" in env
+    assert "export NOMAD_ADDR=https://198.18.0.1:4646" in env
+    assert "export CONSUL_HTTP_ADDR=https://198.18.0.1:8501" in env
+    assert f"export NOMAD_CACERT={cluster.secure_state.ca_file}" in env and "export CONSUL_HTTP_TOKEN=" in env
     assert re.search(r"export PATH=\S*nomadtf/bin", env), env
 
 
@@ -140,7 +135,7 @@ def test_a_job_spreads_over_the_clients_and_its_tf_config_names_their_addresses(
     for index, role in enumerate(("chief", "worker", "ps"), start=1):
         spec["roles"][role].update(cpu=200, memory=300, constraints=[on_client(index)])
     try:
-        run = nomadtf("run", str(write_job(tmp_path, spec)), "--timeout", "2m", env=env, timeout=180)
+        run = nomadtf("run", str(ready(spec, tmp_path)), "--timeout", "2m", env=env, timeout=180)
         assert run.returncode == 0, run.stdout + run.stderr
         (tf_config,) = tf_configs(spec["name"], env)
         assert tf_config["cluster"]["chief"][0].startswith("198.18.0.11:")
@@ -172,7 +167,7 @@ def test_a_lost_client_is_noticed_and_its_worker_moves(cluster, tmp_path):
     job_id = spec["name"]
     victim = None
     with ThreadPoolExecutor(1) as pool:
-        running = pool.submit(nomadtf, "run", str(write_job(tmp_path, spec)), "--timeout", "4m", env=env, timeout=300)
+        running = pool.submit(nomadtf, "run", str(ready(spec, tmp_path)), "--timeout", "4m", env=env, timeout=300)
         try:
             first = wait_until(lambda: tf_configs(job_id, env), 90, "the chief's first TF_CONFIG", interval=1.0)[0]
             worker_address = first["cluster"]["worker"][0]
@@ -254,7 +249,7 @@ def test_distinct_hosts_puts_every_worker_on_its_own_client(cluster, tmp_path):
     env = cluster.env()
     spec = _distinct_workers(unique("mc-distinct"), CLIENTS)
     try:
-        run = nomadtf("run", str(write_job(tmp_path, spec)), "--timeout", "2m", env=env, timeout=180)
+        run = nomadtf("run", str(ready(spec, tmp_path)), "--timeout", "2m", env=env, timeout=180)
         assert run.returncode == 0, run.stdout + run.stderr
         (tf_config,) = tf_configs(spec["name"], env)
         workers = {addr.rsplit(":", 1)[0] for addr in tf_config["cluster"]["worker"]}
@@ -289,8 +284,9 @@ def _gpu_workers(name: str, workers: int) -> dict:
 
 def _probe_env(alloc: dict) -> dict[str, str]:
     """The `env NAME=value` lines the probe printed. GET /v1/client/fs/logs/:alloc_id"""
-    resp = requests.get(
-        f"{cluster_mod.NOMAD_ADDR}/v1/client/fs/logs/{alloc['ID']}",
+    stack = ClusterStack.default()
+    resp = stack.api().get(
+        f"{stack.urls()['nomad']}/v1/client/fs/logs/{alloc['ID']}",
         params={"task": alloc["TaskGroup"], "type": "stdout", "plain": "true"},
         timeout=10,
     )
@@ -307,7 +303,7 @@ def test_gpu_workers_land_on_the_gpu_client_and_the_chief_elsewhere_sees_none(cl
     env = cluster.env()
     spec = _gpu_workers(unique("mc-gpu"), 2)
     try:
-        run = nomadtf("run", str(write_job(tmp_path, spec)), "--timeout", "2m", env=env, timeout=180)
+        run = nomadtf("run", str(ready(spec, tmp_path)), "--timeout", "2m", env=env, timeout=180)
         assert run.returncode == 0, run.stdout + run.stderr
         (tf_config,) = tf_configs(spec["name"], env)
         workers = {addr.rsplit(":", 1)[0] for addr in tf_config["cluster"]["worker"]}
@@ -332,13 +328,13 @@ def test_gpu_workers_land_on_the_gpu_client_and_the_chief_elsewhere_sees_none(cl
 
 @pytest.mark.stack
 def test_dev_cli_up_with_gpu_clients_finds_the_cluster_and_status_shows_its_gpus(cluster):
-    up = nomadtf("dev", "up", "--clients", str(CLIENTS), "--gpus", str(GPUS), "--gpu-clients", str(GPU_CLIENT), timeout=60)
+    up = nomadtf("dev", "up", "--clients", str(CLIENTS), "--gpus", str(GPUS), "--gpu-clients", str(GPU_CLIENT), "--secure", timeout=60)
     assert up.returncode == 0 and "already up" in up.stderr, up.stderr
     status = nomadtf("dev", "status", "--cluster", timeout=60)
     assert f"several-client stack: {CLIENTS} clients with {GPUS} fake GPUs on client {GPU_CLIENT}" in status.stdout, status.stdout
-    other = nomadtf("dev", "up", "--clients", str(CLIENTS), "--gpus", "0", timeout=60)
+    other = nomadtf("dev", "up", "--clients", str(CLIENTS), "--gpus", "0", "--secure", timeout=60)
     assert other.returncode == 1, other.stderr
-    assert f"`nomadtf dev up --clients {CLIENTS}`" in other.stderr and "on client 3" in other.stderr, other.stderr
+    assert f"`nomadtf dev up --clients {CLIENTS} --secure`" in other.stderr and "on client 3" in other.stderr, other.stderr
     rows = {r["component"]: r["gpus"] for r in cluster.status() if r["component"].startswith("nomad-client-")}
     assert rows == {f"nomad-client-{i}": str(GPUS if i == GPU_CLIENT else 0) for i in range(1, CLIENTS + 1)}
 
@@ -399,7 +395,8 @@ def _drain(node_id: str, deadline_s: float | None) -> None:
     the node is eligible again). PUT /v1/node/:node_id/drain"""
     spec = {"Deadline": int(deadline_s * 1e9), "IgnoreSystemJobs": False} if deadline_s is not None else None
     body = {"DrainSpec": spec, "MarkEligible": deadline_s is None}
-    requests.put(f"{cluster_mod.NOMAD_ADDR}/v1/node/{node_id}/drain", json=body, timeout=10).raise_for_status()
+    stack = ClusterStack.default()
+    stack.api().put(f"{stack.urls()['nomad']}/v1/node/{node_id}/drain", json=body, timeout=10).raise_for_status()
 
 
 @pytest.mark.stack
@@ -419,7 +416,7 @@ def test_a_drained_client_moves_the_chief_after_sigterm(cluster, tmp_path):
     job_id = spec["name"]
     node = _node_id("client-1")
     with ThreadPoolExecutor(1) as pool:
-        running = pool.submit(nomadtf, "run", str(write_job(tmp_path, spec)), "--timeout", "4m", env=env, timeout=300)
+        running = pool.submit(nomadtf, "run", str(ready(spec, tmp_path)), "--timeout", "4m", env=env, timeout=300)
         try:
             first = wait_until(lambda: tf_configs(job_id, env), 90, "the chief's first TF_CONFIG", interval=1.0)[0]
             assert first["cluster"]["chief"][0].startswith("198.18.0.11:"), first
@@ -454,6 +451,71 @@ def test_a_drained_client_moves_the_chief_after_sigterm(cluster, tmp_path):
             purge(job_id)
 
 
+# ---- node loss under real TensorFlow training --------------------------------------------------
+
+# Small enough for CI on 2 cores: a few seconds of training, one kill well inside it.
+TF_STEPS = 600
+TF_CHECKPOINT_EVERY = 50
+TF_LOG_EVERY = 10  # finer than a checkpoint, so the steps lost are measured, not always 0
+TF_KILL_AT_STEP = 150
+
+
+@pytest.mark.stack
+@pytest.mark.tf
+@pytest.mark.parametrize("role", node_loss.ROLES)
+def test_node_loss_under_tf_training_resumes_within_one_checkpoint(cluster, tmp_path, role):
+    """The digits example trains (chief, worker, ps); the client holding `role` dies at
+    once mid-training (`kill_client`: its agents and tasks SIGKILLed). Nomad marks it down
+    and places the role on the other client left to it; the chief restarts with the new
+    TF_CONFIG and resumes from its last checkpoint; the job succeeds with accuracy above the
+    example's floor, having lost at most one checkpoint interval. The client comes back
+    afterwards, for the tests that follow."""
+    env = cluster.env()
+    spec = node_loss.spec(unique(f"mc-tf-{role}"), role, TF_STEPS, TF_CHECKPOINT_EVERY, TF_LOG_EVERY)
+    job_id = spec["name"]
+    dead = None
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(nomadtf, "run", str(ready(spec, tmp_path)), "--timeout", "5m", env=env, timeout=360)
+        try:
+            wait_until(
+                lambda: running.done() or chaos.current_step(node_loss.chief_stdout(cluster, job_id)) >= TF_KILL_AT_STEP,
+                240, f"training step {TF_KILL_AT_STEP}", interval=0.2,
+            )
+            assert not running.done(), running.result().stderr
+            victim = node_loss.running_client(job_id, role)
+            assert victim in (2, 3), victim  # never client 1, which holds the other roles
+            before = chaos.current_step(node_loss.chief_stdout(cluster, job_id))
+            killed = time.monotonic()
+            dead = victim
+            cluster.kill_client(victim)
+            wait_until(lambda: _node_status(f"client-{victim}") == "down", 30, f"client-{victim} to be down")
+            down_after = time.monotonic() - killed
+
+            result = running.result(timeout=300)
+            assert result.returncode == 0, result.stdout + result.stderr
+            assert "succeeded" in result.stderr
+            stdout = node_loss.chief_stdout(cluster, job_id)
+            history = chaos.events(stdout)
+            resumed = chaos.resumes_with_loss(history)
+            sys.stderr.write(
+                f"[cluster] client-{victim} with the {role} killed after step {before}: node down after "
+                f"{down_after:.1f}s, job done after {time.monotonic() - killed:.1f}s; (resumed from, steps lost) {resumed}\n"
+            )
+            moved = [node_loss.client_of(a) for a in node_loss.allocations(job_id) if a["TaskGroup"] == role]
+            assert moved == [victim, 5 - victim], moved  # lost with its client, then on the other one
+            accuracy = node_loss.accuracy(stdout)
+            assert accuracy is not None and accuracy >= ACCURACY_FLOOR, stdout[-2000:]
+            assert history and history[0][0] == "step", history[:3]  # the first chief trained from step 0
+            assert resumed, f"the chief never resumed from a checkpoint:\n{stdout[-2000:]}"
+            assert max(lost for _step, lost in resumed) <= TF_CHECKPOINT_EVERY, resumed
+            assert chaos.step_regressions(history) == [], "step lines went back without a restart"
+        finally:
+            if dead is not None:
+                cluster.restart_client(dead)
+            purge(job_id)
+    assert [r["node"] for r in cluster.status() if r["node"]] == ["ready"] * CLIENTS
+
+
 # ---- partition: a ps whose client goes silent ---------------------------------------------------
 
 
@@ -478,7 +540,7 @@ def _ps_servers() -> list[str]:
 
 def _slot_holder(key: str) -> str | None:
     """The allocation holding a Consul KV slot. GET /v1/kv/<key>"""
-    resp = requests.get(f"http://{cluster_mod.CONSUL_ADDR}/v1/kv/{key}", timeout=5)
+    resp = cluster_access.consul_get(ClusterStack.default(), f"kv/{key}")
     if resp.status_code == 404:
         return None
     item = resp.json()[0]
@@ -511,7 +573,7 @@ def test_a_partitioned_ps_is_replaced_and_two_never_serve_at_once(cluster, tmp_p
             time.sleep(0.2)
 
     with ThreadPoolExecutor(2) as pool:
-        running = pool.submit(nomadtf, "run", str(write_job(tmp_path, spec)), "--timeout", "5m", env=env, timeout=360)
+        running = pool.submit(nomadtf, "run", str(ready(spec, tmp_path)), "--timeout", "5m", env=env, timeout=360)
         paused = False
         try:
             first = wait_until(lambda: tf_configs(job_id, env), 120, "the chief's first TF_CONFIG", interval=1.0)[0]
@@ -584,12 +646,13 @@ class ClusterAlloc(FakeAlloc):
         self.consul = cluster_consul()
 
     def env(self) -> dict[str, str]:
-        return {**super().env(), "CONSUL_HTTP_ADDR": cluster_mod.CONSUL_ADDR}
+        # The operator's Consul token and CA: this tests the runtime, test_secure.py the policies.
+        found = {k: v for k, v in ClusterStack.default().env().items() if k.startswith("CONSUL_")}
+        return {**super().env(), **found}
 
 
 def cluster_consul() -> consul.Consul:
-    host, port = cluster_mod.CONSUL_ADDR.split(":")
-    return consul.Consul(host=host, port=int(port))
+    return cluster_access.consul_client(ClusterStack.default())
 
 
 @pytest.mark.stack
