@@ -260,3 +260,23 @@ def test_gpu_affinities_become_device_affinities():
     (device,) = task(render_job(spec), "worker")["Resources"]["Devices"]
     assert device["Affinities"] == [{"LTarget": "${device.model}", "RTarget": "NVIDIA A100-SXM4-40GB", "Operand": "=", "Weight": 80}]
     assert "Affinities" not in task(render_job(example_spec("gpu")), "worker")["Resources"]["Devices"][0]
+
+
+def test_with_a_consul_token_from_vault_every_task_gets_a_vault_token_without_a_file():
+    spec = normalize({
+        "name": "tok", "entrypoint": {"script": "t.py"},
+        "roles": {"chief": {"count": 1}, "worker": {"count": 1}, "ps": {"count": 1}},
+        "discovery": {"consul_address": "https://127.0.0.1:8501", "consul_ca_file": "/etc/ca.pem",
+                      "consul_token_path": "consul/creds/nomadtf-default-tok"},
+        "vault": {"policies": ["nomadtf-default-tok"], "ca_file": "/etc/ca.pem"},
+    })
+    job = render_job(spec)["Job"]
+    for group in job["TaskGroups"]:
+        task = group["Tasks"][0]
+        assert task["Vault"] == {"Policies": ["nomadtf-default-tok"], "Env": True, "DisableFile": True, "ChangeMode": "noop"}
+        assert task["Env"]["CONSUL_CACERT"] == "/etc/ca.pem" and task["Env"]["VAULT_CACERT"] == "/etc/ca.pem"
+        assert "consul/creds" not in json.dumps(task["Env"])  # the path travels in the spec file, not as a token
+    # Without it (and without secrets) no task gets a Vault token at all.
+    plain = render_job(normalize({"name": "p", "entrypoint": {"script": "t.py"}, "roles": {
+        "chief": {"count": 1}, "worker": {"count": 1}, "ps": {"count": 1}}}))["Job"]
+    assert all("Vault" not in g["Tasks"][0] for g in plain["TaskGroups"])

@@ -40,3 +40,14 @@ def test_who_runs_what():
     assert launch.child_argv(SPEC, "tensorboard", 9, python="py")[-1] == "--bind_all"
     env = launch.child_env(SPEC, "tensorboard", 0, [], 1, {}, "/p", {})
     assert "TF_CONFIG" not in env
+
+
+def test_the_vault_token_reaches_the_code_only_when_the_job_asks_for_it():
+    asked = JobSpec.from_normalized({
+        **normalize({"name": "j", "entrypoint": {"script": "t.py"}, "roles": {"worker": {"count": 1}},
+                     "strategy": "multi_worker_mirrored", "vault": {"token_for_code": True}}),
+    })
+    members = [Member("worker", 0, "h:2", "b/1")]
+    env = launch.child_env(asked, "worker", 0, members, 1, TASK_ENV, "/t/p.json", {})
+    assert env["VAULT_TOKEN"] == "hvs.secret"
+    assert "CONSUL_HTTP_TOKEN" not in env and "NOMADTF_VAULT_SECRET_ID" not in env  # never these
