@@ -98,10 +98,10 @@ def test_the_child_path_keeps_the_codes_entries_and_drops_nomadtfs_installation(
 
 
 def test_the_child_modules_import_without_nomadtfs_dependencies(tmp_path):
-    """progress, tfserver and gpulimit work from a Python that has none of nomadtf's
+    """progress, tfserver, gpulimit and warmstart work from a Python that has none of nomadtf's
     dependencies: `-S -I` leaves out every site-packages, so only the copied modules exist."""
     lib = jobenv.install_child_modules(tmp_path)
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import nomadtf.progress, nomadtf.tfserver, nomadtf.gpulimit; "
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import nomadtf.progress, nomadtf.tfserver, nomadtf.gpulimit, nomadtf.warmstart; "
             "import nomadtf; print(nomadtf.__file__)")
     out = subprocess.run([sys.executable, "-S", "-I", "-c", code, str(lib)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

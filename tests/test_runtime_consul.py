@@ -190,7 +190,8 @@ def test_a_hang_is_a_crash_new_incarnation_and_peers_told(job, tmp_path):
     job("ps", **changes).register().start()
     wait_until(lambda: "generation 1: starting" in chief.output(), 60, "the chief's child")
     first = job.discovery.slots()[("chief", 0)].incarnation
-    wait_until(lambda: "(hang)" in chief.output(), 30, "the hang to be detected")
+    # The child imports TensorFlow before it runs the code (started ahead of the cluster).
+    wait_until(lambda: "(hang)" in chief.output(), 90, "the hang to be detected")
     wait_until(lambda: job.discovery.slots()[("chief", 0)].incarnation != first, 10, "a new incarnation in Consul")
     wait_until(lambda: chief.output().count("starting -u") >= 2, 30, "the chief's child to start again")
 

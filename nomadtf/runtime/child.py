@@ -62,11 +62,11 @@ class Child:
     """One run of the child. `on_exit(pid, code)` is called from a waiter thread when it
     ends by itself (the event loop turns that into an event); not after `stop`."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], cwd: str, on_exit: Callable[[int, int], None]):
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: str, on_exit: Callable[[int, int], None], pass_fds: tuple[int, ...] = ()):
         self.argv = argv
         self.mark = secrets.token_hex(8)
         env = {**env, wire.ENV_CHILD_MARK: self.mark}
-        self.proc = subprocess.Popen(with_parent_death(argv), env=env, cwd=cwd, process_group=0, close_fds=True)
+        self.proc = subprocess.Popen(with_parent_death(argv), env=env, cwd=cwd, process_group=0, close_fds=True, pass_fds=pass_fds)
         self.pid = self.proc.pid
         self._stopping = False
         self._waiter = threading.Thread(target=self._wait, args=(on_exit,), name=f"child-{self.pid}", daemon=True)

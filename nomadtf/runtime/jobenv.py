@@ -49,7 +49,7 @@ def cache_root(spec: JobSpec, environ: dict[str, str]) -> Path:
 
 
 def install_child_modules(task_dir: Path) -> Path:
-    """nomadtf's stdlib-only modules (progress, tfserver, gpulimit, wire) in a directory of
+    """nomadtf's stdlib-only modules (progress, tfserver, gpulimit, warmstart, wire) in a directory of
     their own for the child's PYTHONPATH: `import nomadtf.progress` works from the job's
     environment without nomadtf's dependencies."""
     source = Path(environment.__file__).resolve().parent

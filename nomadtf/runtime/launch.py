@@ -48,6 +48,34 @@ def gpu_env(request: dict | None, environ: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def waiting_env(spec: JobSpec, role: str, index: int, environ: dict[str, str], progress_file: str) -> dict[str, str]:
+    """The child's environment as far as it is known before the cluster is complete (what a
+    child started ahead of it gets, warm.py): the task's environment minus nomadtf's
+    credentials and plumbing, the NOMADTF_* names that do not depend on the cluster and the
+    GPUs. No TF_CONFIG, no generation, no secret."""
+    env = {k: v for k, v in environ.items() if k not in wire.CHILD_ENV_DROPPED}
+    if spec.vault.get("token_for_code") and environ.get("VAULT_TOKEN"):
+        env["VAULT_TOKEN"] = environ["VAULT_TOKEN"]  # the job asked to hand it to its code
+    extra_path = [p for p in [spec.entrypoint.workdir, *spec.entrypoint.pythonpath] if p]
+    if extra_path:
+        env["PYTHONPATH"] = os.pathsep.join([*extra_path, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.update(
+        {
+            wire.ENV_ROLE: role,
+            wire.ENV_INDEX: str(index),
+            wire.ENV_JOB_ID: spec.name,
+            wire.ENV_NAMESPACE: spec.namespace,
+            wire.ENV_RUN_ID: spec.run_id,
+            wire.ENV_MODEL_DIR: spec.model_dir,
+            wire.ENV_CONTEXT: json.dumps(spec.context, sort_keys=True),
+            wire.ENV_PROGRESS_FILE: progress_file,
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.update(gpu_env(spec.gpus.get(role), environ))
+    return env
+
+
 def child_env(
     spec: JobSpec,
     role: str,
@@ -60,29 +88,10 @@ def child_env(
 ) -> dict[str, str]:
     """The task's environment minus nomadtf's credentials and plumbing, plus TF_CONFIG, the
     NOMADTF_* names (wire.py) and the secrets under the names the job chose."""
-    env = {k: v for k, v in environ.items() if k not in wire.CHILD_ENV_DROPPED}
-    if spec.vault.get("token_for_code") and environ.get("VAULT_TOKEN"):
-        env["VAULT_TOKEN"] = environ["VAULT_TOKEN"]  # the job asked to hand it to its code
-    extra_path = [p for p in [spec.entrypoint.workdir, *spec.entrypoint.pythonpath] if p]
-    if extra_path:
-        env["PYTHONPATH"] = os.pathsep.join([*extra_path, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env = waiting_env(spec, role, index, environ, progress_file)
     if role != "tensorboard":
         tf_config = cluster.build_tf_config(cluster.build_cluster_spec(spec.strategy, spec.counts, members), role, index)
         env[wire.ENV_TF_CONFIG] = cluster.tf_config_json(tf_config)
-    env.update(
-        {
-            wire.ENV_ROLE: role,
-            wire.ENV_INDEX: str(index),
-            wire.ENV_JOB_ID: spec.name,
-            wire.ENV_NAMESPACE: spec.namespace,
-            wire.ENV_RUN_ID: spec.run_id,
-            wire.ENV_MODEL_DIR: spec.model_dir,
-            wire.ENV_CONTEXT: json.dumps(spec.context, sort_keys=True),
-            wire.ENV_GENERATION: str(generation),
-            wire.ENV_PROGRESS_FILE: progress_file,
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
-    env.update(gpu_env(spec.gpus.get(role), environ))
+    env[wire.ENV_GENERATION] = str(generation)
     env.update(secret_env)
     return env

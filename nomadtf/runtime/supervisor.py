@@ -30,7 +30,7 @@ from nomadtf.discovery import ConsulDiscovery, consul_client, retrying
 from nomadtf.environment import EnvBuildError, EnvBuildStopped
 from nomadtf.errors import RendezvousTimeout, ServerError, TaskError
 from nomadtf.progress import read as read_progress
-from nomadtf.runtime import jobenv, launch, policy
+from nomadtf.runtime import jobenv, launch, policy, warm
 from nomadtf.runtime.child import Child, become_subreaper, reap_orphans
 from nomadtf.runtime.loop import CATALOG, CHILD_EXIT, CLUSTER_KV, SIGNAL, TIMER, Event, EventLoop
 from nomadtf.runtime.membership import Identity, Membership, describe, start_health_server
@@ -113,6 +113,7 @@ class Supervisor:
         self.last_missing: list[str] = []
         self.rendezvous_started = time.monotonic()
         self.job_env: jobenv.Ready | None = None  # job.json `environment`, held until we exit
+        self.warm = warm.WarmStart()  # the child started while we wait for the cluster
 
     @property
     def completes_job(self) -> bool:
@@ -128,6 +129,7 @@ class Supervisor:
             return self._main()
         finally:
             self._stop_child()
+            self.warm.close()
             if self.renewer:
                 self.renewer.stop_event.set()
             self.membership.close()
@@ -175,6 +177,8 @@ class Supervisor:
             return 0 if code in (None, 0, -signal.SIGTERM, -signal.SIGKILL) else code
         if event.kind == CHILD_EXIT:
             pid, code = event.data
+            if self.warm.died(pid, code):
+                return None  # the child started ahead of the cluster: replaced, not a failure
             if not self.running or pid != self.running.child.pid:
                 return None  # a child we already replaced
             return self._guard(lambda: self._on_child_exit(code))
@@ -266,6 +270,7 @@ class Supervisor:
         if self.membership.try_claim():
             self.last_missing = []
             self.phase = Phase.RENDEZVOUS
+            self._warm_up()
             return self._rendezvous()
         if not self.last_missing:
             self.last_missing = [f"a free {self.role} index"]
@@ -398,6 +403,7 @@ class Supervisor:
         self.failed_code = code
         self.loop.call_at(time.monotonic() + policy.PEER_SETTLE_S, "peer-settle")
         self.loop.call_at(time.monotonic() + self.spec.discovery.rendezvous_timeout_s, "rendezvous-deadline")
+        self._warm_up()  # most checks end in a restart
         return self._check_peers()
 
     def _check_peers(self) -> int | None:
@@ -446,6 +452,7 @@ class Supervisor:
             incarnation = _incarnation()
             self._retry(lambda: self.membership.announce_incarnation(incarnation), "telling peers we restarted")
         self._stop_child()
+        self._warm_up()
         self.phase = Phase.RENDEZVOUS
         self.rendezvous_started = time.monotonic()
         self.loop.call_at(self.rendezvous_started + self.spec.discovery.rendezvous_timeout_s, "rendezvous-deadline")
@@ -458,18 +465,31 @@ class Supervisor:
         env = launch.child_env(
             self.spec, self.role, self.me.index, members, generation, dict(os.environ), str(self.progress_file), self.secret_env
         )
-        if self.job_env is not None:
-            env.update(self.job_env.child_environ(env))
-        python = self.job_env.python if self.job_env is not None else sys.executable
-        argv = launch.child_argv(self.spec, self.role, self.alloc.tf_port, python, host=os.environ.get("NOMAD_IP_tf", ""))
-        cwd = self.spec.entrypoint.workdir or str(self.alloc.task_dir)
+        argv, env, cwd = self._child_command(env)
         log.info("generation %d: starting %s with TF_CONFIG %s", generation, " ".join(argv[1:4]), env.get(wire.ENV_TF_CONFIG, "(none)"))
 
-        child = Child(argv, env, cwd, lambda pid, code: self.loop.post(Event(CHILD_EXIT, (pid, code))))
+        child = self.warm.take(argv, env, cwd) or Child(argv, env, cwd, self._post_child_exit)
         self.running = Running(child, members, generation, time.monotonic())
         self.phase = Phase.RUNNING
         self.hang.restart(time.monotonic())
         self.loop.call_at(time.monotonic() + PROGRESS_TICK_S, "progress")
+
+    def _warm_up(self) -> None:
+        """Start the child now, while we wait for the cluster: its interpreter and TensorFlow
+        load meanwhile; TF_CONFIG and the secrets follow in the handoff (warm.py)."""
+        env = launch.waiting_env(self.spec, self.role, self.me.index, dict(os.environ), str(self.progress_file))
+        self.warm.prepare(self.role, *self._child_command(env), self._post_child_exit)
+
+    def _child_command(self, env: dict[str, str]) -> tuple[list[str], dict[str, str], str]:
+        """argv, environment and working directory of our child, from its environment."""
+        if self.job_env is not None:
+            env.update(self.job_env.child_environ(env))
+        python = self.job_env.python if self.job_env is not None else sys.executable
+        argv = launch.child_argv(self.spec, self.role, self.alloc.tf_port, python, host=os.environ.get("NOMAD_IP_tf", ""))
+        return argv, env, self.spec.entrypoint.workdir or str(self.alloc.task_dir)
+
+    def _post_child_exit(self, pid: int, code: int) -> None:
+        self.loop.post(Event(CHILD_EXIT, (pid, code)))
 
     def _restart_child(self, members: list[Member], generation: int, why: str) -> None:
         log.info("restarting our child: %s", why)
