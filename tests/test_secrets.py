@@ -80,5 +80,5 @@ def test_permission_denied_points_at_the_policies(root, stored, tmp_path, monkey
 def test_unreachable_vault_fails_in_bounded_time(tmp_path, monkeypatch):
     monkeypatch.setenv("VAULT_TOKEN", "whatever")
     client = secrets_mod.login({"auth": "nomad", "address": "http://127.0.0.1:1"})
-    with pytest.raises(VaultError, match="Vault unreachable"):
+    with pytest.raises(VaultError, match=r"Vault at http://127\.0\.0\.1:1 unreachable"):
         secrets_mod.fetch_secrets(client, [{"path": "secret/a/b", "key": "k", "env": "X"}], tmp_path, budget_s=2)
