@@ -7,11 +7,9 @@ their lease is revoked. No test prints a token."""
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +18,8 @@ import pytest
 import requests
 
 from nomadtf.devstack import binaries, consul_engine
-from nomadtf.errors import BinaryError
+from nomadtf.devstack.stack import wait_for
+from tests.helpers import wait_until
 
 
 def _progress(message: str) -> None:
@@ -49,18 +48,6 @@ def _free_ports(count: int, consecutive: bool = False) -> list[int]:
     raise RuntimeError("no free loopback ports")
 
 
-def _wait(what: str, ready, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if ready():
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.3)
-    raise TimeoutError(f"{what} did not come up in {timeout:.0f}s")
-
-
 def _stop(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:
@@ -70,26 +57,15 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
-def _consul_binary() -> Path | None:
-    cached = binaries.cache_dir() / "bin" / "consul"
-    if cached.is_file():
-        return cached
-    found = shutil.which("consul")
-    return Path(found) if found else None
-
-
 @pytest.fixture(scope="module")
 def engine() -> Path:
-    if shutil.which("go") is None:
-        pytest.skip("go is not installed")
+    # Built like every other binary of the stack; no Go is a failure, never a skip.
     return consul_engine.find_or_build(_progress)
 
 
 @pytest.fixture(scope="module")
 def consul(tmp_path_factory) -> Iterator[dict]:
-    binary = _consul_binary()
-    if binary is None:
-        pytest.skip("no consul binary (nomadtf dev binaries builds one)")
+    binary = binaries.find_or_build("consul", _progress)
     tmp = tmp_path_factory.mktemp("consul")
     management = str(uuid.uuid4())
     config = tmp / "acl.json"
@@ -112,7 +88,7 @@ def consul(tmp_path_factory) -> Iterator[dict]:
     api.trust_env = False
     api.headers["X-Consul-Token"] = management
     try:
-        _wait("consul", lambda: proc.poll() is None and api.get(f"{url}/v1/status/leader", timeout=2).json())
+        wait_for(lambda: proc.poll() is None and api.get(f"{url}/v1/status/leader", timeout=2).json(), 60, "consul", str(tmp / "consul.log"))
         yield {"url": url, "address": f"127.0.0.1:{http}", "api": api, "management": management}
     finally:
         _stop(proc)
@@ -121,10 +97,7 @@ def consul(tmp_path_factory) -> Iterator[dict]:
 
 @pytest.fixture(scope="module")
 def openbao(engine, tmp_path_factory) -> Iterator[dict]:
-    try:
-        bao = binaries.find_bao()
-    except BinaryError as exc:
-        pytest.skip(str(exc))
+    bao = binaries.find_bao()
     tmp = tmp_path_factory.mktemp("openbao")
     config = tmp / "openbao.hcl"
     config.write_text(consul_engine.openbao_config(engine.parent))
@@ -141,7 +114,7 @@ def openbao(engine, tmp_path_factory) -> Iterator[dict]:
     api.trust_env = False
     api.headers["X-Vault-Token"] = root
     try:
-        _wait("openbao", lambda: proc.poll() is None and api.get(f"{url}/v1/sys/health", timeout=2).ok)
+        wait_for(lambda: proc.poll() is None and api.get(f"{url}/v1/sys/health", timeout=2).ok, 60, "openbao", str(tmp / "openbao.log"))
         yield {"url": url, "api": api}
     finally:
         _stop(proc)
@@ -243,5 +216,5 @@ def test_a_lease_renews_and_its_revocation_deletes_the_token(mounted):
     assert renewed.json()["lease_duration"] == 120
     revoked = bao.put(f"{url}/v1/sys/leases/revoke", json={"lease_id": creds["lease_id"]}, timeout=30)
     assert revoked.ok, revoked.status_code
-    _wait("the token's deletion", lambda: not _token_exists(mounted, creds["data"]["accessor"]), timeout=30)
+    wait_until(lambda: not _token_exists(mounted, creds["data"]["accessor"]), 30, "the token's deletion")
     assert _kv_put(mounted, creds["data"]["token"], "app/after-revoke") == 403
