@@ -27,17 +27,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import requests
 
 from nomadtf.devstack.binaries import Progress, cache_dir, check_license, read_go_mod, required_versions
-from nomadtf.devstack.gpu_plugin import is_current, source_files, stamp_path
+from nomadtf.devstack.gpu_plugin import _go_env, go_build_plugin, is_current, source_files
 from nomadtf.errors import BinaryError, DevStackError
 
 PLUGIN_NAME = "nomadtf-consul-engine"
@@ -102,12 +100,6 @@ def plugin(progress: Progress) -> tuple[Path, str]:
 def openbao_config(directory: Path | None = None) -> str:
     """The line of an OpenBao server config that lets it run the plugin."""
     return f"plugin_directory = {json.dumps(str(directory or plugin_dir()))}\n"
-
-
-def _go_env() -> dict[str, str]:
-    # GOTOOLCHAIN=local: never download another Go. -mod=readonly: go.mod and go.sum in
-    # the (possibly installed) package are never rewritten.
-    return {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-buildvcs=false -mod=readonly"}
 
 
 def _licence_text(module_dir: Path) -> str | None:
@@ -181,32 +173,9 @@ def build(progress: Progress, digest: str | None = None) -> Path:
     """`go build -trimpath` the plugin into plugin_dir(), whatever is there already."""
     if shutil.which("go") is None:
         raise BinaryError(f"go is not on PATH; install Go to build the {PLUGIN_NAME} OpenBao plugin")
-    started = time.monotonic()
     digest = digest or source_hash(SOURCE_DIR)
     check_licences(progress)
-    out = plugin_path()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # Built elsewhere and moved in, so the directory never holds a half-written binary.
-    staging = cache_dir() / "build" / f"{PLUGIN_NAME}.{os.getpid()}.tmp"
-    staging.parent.mkdir(parents=True, exist_ok=True)
-    log_path = cache_dir() / "build" / f"{PLUGIN_NAME}.build.log"
-    progress(f"{PLUGIN_NAME}: building OpenBao's Consul secrets engine from {SOURCE_DIR} (a minute or more)")
-    cmd = ["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(staging), "."]
-    result = subprocess.run(cmd, cwd=SOURCE_DIR, capture_output=True, text=True, env=_go_env())
-    log_path.write_text(result.stdout + result.stderr)
-    if result.returncode != 0:
-        staging.unlink(missing_ok=True)
-        tail = "\n".join(result.stderr.strip().splitlines()[-15:])
-        raise BinaryError(
-            f"{PLUGIN_NAME}: go build failed (exit {result.returncode}); see {log_path}\n{tail}"
-        )
-    # A stale stamp must never vouch for a new binary, nor a new stamp for an old one.
-    stamp = stamp_path(out)
-    stamp.unlink(missing_ok=True)
-    shutil.move(str(staging), str(out))
-    stamp.write_text(digest + "\n")
-    progress(f"{PLUGIN_NAME}: built in {time.monotonic() - started:.0f}s -> {out}")
-    return out
+    return go_build_plugin(PLUGIN_NAME, SOURCE_DIR, plugin_path(), digest, progress, "OpenBao's Consul secrets engine")
 
 
 def _check(resp: requests.Response, what: str) -> requests.Response:

@@ -144,26 +144,31 @@ def build(progress: Progress, digest: str | None = None) -> Path:
     """`go build -trimpath` the plugin into plugin_dir(), whatever is there already."""
     if shutil.which("go") is None:
         raise BinaryError(f"go is not on PATH; install Go to build the {PLUGIN_NAME} device plugin")
-    started = time.monotonic()
     digest = digest or source_hash(SOURCE_DIR)
     check_nomad_license(progress)
-    out = plugin_path()
+    return go_build_plugin(PLUGIN_NAME, SOURCE_DIR, plugin_path(), digest, progress, "the fake-GPU device plugin")
+
+
+def go_build_plugin(name: str, source: Path, out: Path, digest: str, progress: Progress, what: str) -> Path:
+    """`go build -trimpath` the Go module in `source` into `out`, stamped with `digest` (the
+    sources' hash, `is_current`). Shared by the project's plugins (this one, consul_engine)."""
+    if shutil.which("go") is None:
+        raise BinaryError(f"go is not on PATH; install Go to build {what} ({name})")
+    started = time.monotonic()
     out.parent.mkdir(parents=True, exist_ok=True)
-    # Built outside plugin_dir and moved in: Nomad refuses to start when an executable in
-    # plugin_dir is not a plugin, and a half-written one is not.
-    staging = cache_dir() / "build" / f"{PLUGIN_NAME}.{os.getpid()}.tmp"
+    # Built outside the plugin directory and moved in: Nomad refuses to start when an
+    # executable in plugin_dir is not a plugin, and a half-written one is not.
+    staging = cache_dir() / "build" / f"{name}.{os.getpid()}.tmp"
     staging.parent.mkdir(parents=True, exist_ok=True)
-    log_path = cache_dir() / "build" / f"{PLUGIN_NAME}.build.log"
-    progress(f"{PLUGIN_NAME}: building the fake-GPU device plugin from {SOURCE_DIR}")
+    log_path = cache_dir() / "build" / f"{name}.build.log"
+    progress(f"{name}: building {what} from {source}")
     cmd = ["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(staging), "."]
-    result = subprocess.run(cmd, cwd=SOURCE_DIR, capture_output=True, text=True, env=_go_env())
+    result = subprocess.run(cmd, cwd=source, capture_output=True, text=True, env=_go_env())
     log_path.write_text(result.stdout + result.stderr)
     if result.returncode != 0:
         staging.unlink(missing_ok=True)
         tail = "\n".join(result.stderr.strip().splitlines()[-15:])
-        raise BinaryError(
-            f"{PLUGIN_NAME}: go build failed (exit {result.returncode}); see {log_path}\n{tail}"
-        )
+        raise BinaryError(f"{name}: go build failed (exit {result.returncode}); see {log_path}\n{tail}")
     # A stale stamp must never vouch for a new binary, nor a new stamp for an old one.
     stamp = stamp_path(out)
     stamp.unlink(missing_ok=True)
@@ -172,7 +177,7 @@ def build(progress: Progress, digest: str | None = None) -> Path:
     else:
         staging.replace(out)
     stamp.write_text(digest + "\n")
-    progress(f"{PLUGIN_NAME}: built in {time.monotonic() - started:.0f}s -> {out}")
+    progress(f"{name}: built in {time.monotonic() - started:.0f}s -> {out}")
     return out
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import secrets
 import uuid
 from collections.abc import Sequence
@@ -32,6 +31,7 @@ from pathlib import Path
 import requests
 
 from nomadtf.devstack import tls, wiring
+from nomadtf.devstack.stack import _write_private
 from nomadtf.errors import DevStackError
 
 # The Consul policies the stack's own agents get (never a task's: see nomadtf/acl.py).
@@ -71,14 +71,6 @@ def _uuid() -> str:
 
 def _gossip_key() -> str:
     return base64.b64encode(secrets.token_bytes(32)).decode()
-
-
-def _write_private(path: Path, text: str) -> None:
-    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(partial, path)
 
 
 class SecureState:
