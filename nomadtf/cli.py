@@ -237,7 +237,8 @@ def task(role: Annotated[str, typer.Option("--role", help="chief, worker, ps, ev
     logging.basicConfig(
         stream=sys.stderr,
         level=logging.INFO,
-        format=f"%(asctime)s nomadtf task {role}: %(message)s",
+        # Milliseconds: how fast a peer's move is seen and acted on is read from these lines.
+        format=f"%(asctime)s.%(msecs)03d nomadtf task {role}: %(message)s",
         datefmt="%H:%M:%S",
     )
     raise typer.Exit(run_task(role))

@@ -19,6 +19,7 @@ from typing import Any
 # Event kinds
 CATALOG = "catalog"  # a registration or check of the job's services changed
 CLUSTER_KV = "cluster-kv"  # slots, generation or job state changed
+CLUSTER_FILE = "cluster-file"  # Nomad's template re-rendered the cluster file (reconfigure=template)
 SIGNAL = "signal"
 CHILD_EXIT = "child-exit"
 TIMER = "timer"

@@ -19,7 +19,7 @@ from nomadtf import cluster, roles, wire
 from nomadtf.cluster import Member
 from nomadtf.discovery import ConsulDiscovery, Slot
 from nomadtf.errors import NomadtfError
-from nomadtf.runtime.loop import CATALOG, CLUSTER_KV, Event
+from nomadtf.runtime.loop import CATALOG, CLUSTER_FILE, CLUSTER_KV, Event
 from nomadtf.runtime.policy import SlotState, slot_state
 from nomadtf.spec import JobSpec
 
@@ -27,6 +27,7 @@ log = logging.getLogger("nomadtf.task")
 
 WATCH_WAIT_S = 30.0  # a blocking query's wait; answered at once on a change
 WATCH_RETRY_S = 1.0  # after a failed query (Consul restarting)
+WRITES = frozenset({"created", "modified", "moved", "closed", "deleted"})  # watchdog's event types
 
 
 # ---- the health endpoint -------------------------------------------------------------------
@@ -83,6 +84,38 @@ class Watch:
             index = new_index if new_index >= index else 0
 
 
+class FileWatch:
+    """A loop event whenever `path` is (re)written (reconfigure=template): Nomad's
+    consul-template renders the cluster file a few milliseconds after the catalog changes,
+    often after our own catalog watch fired, and nothing else would tell us. watchdog uses
+    inotify on Linux (a blocking read on its own thread: no polling). The directory is
+    watched, not the file: consul-template replaces the file by a rename."""
+
+    def __init__(self, path: Path, kind: str, post: Callable[[Event], None]):
+        from watchdog.events import FileSystemEventHandler  # only in template mode
+        from watchdog.observers import Observer
+
+        target = str(path)
+
+        class _Handler(FileSystemEventHandler):
+            def on_any_event(self, event) -> None:
+                # Written, replaced or removed; never our own reads (opened, closed_no_write).
+                if event.event_type in WRITES and target in (event.src_path, event.dest_path):
+                    post(Event(kind))
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.observer = Observer()
+        self.observer.daemon = True
+        self.observer.schedule(_Handler(), str(path.parent), recursive=False)
+
+    def start(self) -> FileWatch:
+        self.observer.start()
+        return self
+
+    def close(self) -> None:
+        self.observer.stop()
+
+
 # ---- membership ----------------------------------------------------------------------------
 
 
@@ -102,6 +135,7 @@ class Membership:
         self.discovery = discovery
         self.cluster_file = cluster_file
         self.watches: list[Watch] = []
+        self.file_watch: FileWatch | None = None
 
     # the roles whose registrations matter to us
     @property
@@ -121,10 +155,14 @@ class Membership:
             Watch(CATALOG, lambda i, w: self.discovery.wait_for_catalog_change(i, w, roles_), post).start(),
             Watch(CLUSTER_KV, self.discovery.wait_for_cluster_kv_change, post).start(),
         ]
+        if self.spec.discovery.reconfigure == "template":
+            self.file_watch = FileWatch(self.cluster_file, CLUSTER_FILE, post).start()
 
     def close(self) -> None:
         for watch in self.watches:
             watch.stop.set()
+        if self.file_watch is not None:
+            self.file_watch.close()
         self.discovery.close()
 
     # ---- index claim ------------------------------------------------------------------------

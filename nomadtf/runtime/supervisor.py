@@ -32,7 +32,16 @@ from nomadtf.errors import RendezvousTimeout, ServerError, TaskError
 from nomadtf.progress import read as read_progress
 from nomadtf.runtime import jobenv, launch, policy, warm
 from nomadtf.runtime.child import Child, become_subreaper, reap_orphans
-from nomadtf.runtime.loop import CATALOG, CHILD_EXIT, CLUSTER_KV, SIGNAL, TIMER, Event, EventLoop
+from nomadtf.runtime.loop import (
+    CATALOG,
+    CHILD_EXIT,
+    CLUSTER_FILE,
+    CLUSTER_KV,
+    SIGNAL,
+    TIMER,
+    Event,
+    EventLoop,
+)
 from nomadtf.runtime.membership import Identity, Membership, describe, start_health_server
 from nomadtf.runtime.policy import Act
 from nomadtf.spec import JobSpec, for_task, read_spec_file
@@ -188,7 +197,7 @@ class Supervisor:
             # In template mode the file may be re-rendered just after the catalog changed:
             # look again once the debounce has passed.
             self.loop.call_at(time.monotonic() + self.spec.discovery.debounce_s, "step")
-        if event.kind in (CATALOG, CLUSTER_KV):
+        if event.kind in (CATALOG, CLUSTER_KV, CLUSTER_FILE):
             return self._step()
         return None
 
@@ -351,6 +360,8 @@ class Supervisor:
         current = policy.fingerprint(members)
         generation, _ = self.discovery.generation()
         if generation.get("fingerprint") != current:
+            if self.debounce.value != current:
+                log.info("peers changed: %s; acting once this holds for %.1fs", describe(members), self.debounce.hold_s)
             if not self.debounce.observe(current, time.monotonic()):
                 self.loop.call_at(self.debounce.due() or time.monotonic(), "step")
                 return None
