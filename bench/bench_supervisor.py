@@ -1,54 +1,72 @@
-"""What `nomadtf task` itself costs while training runs: CPU, memory and Consul requests.
+"""What `nomadtf task` itself costs, and how the control plane scales with the number of tasks.
 
 For each layout it submits a job of `tests/jobs/probe.py` tasks (the probe prints what it
-was given and sleeps, so the training process costs nothing), waits until the cluster has
-formed and every child runs, lets it settle, and then measures over a window:
+was given and sleeps, so the training process costs nothing) through a counting proxy in
+front of Consul that the job's tasks are pointed at (`discovery.consul_address`), and measures:
 
-- CPU seconds of each `nomadtf task` process (its own user + system time, not its child's),
-  per minute and as % of one core;
-- RSS of each `nomadtf task` process at the end of the window;
-- every Consul HTTP request the tasks make, counted exactly by a TCP proxy in front of
-  Consul that the job's tasks are pointed at (`discovery.consul_address`), broken down by
-  endpoint.
+- formation: submission -> Nomad started the last task -> each task's "cluster complete
+  after X s" (its own wait for its peers) -> the last task's "generation 1: starting" (the
+  tasks' stderr log lines, read through Nomad's API), and every Consul request the tasks made
+  from submission to that last start (plus the debounce), broken down by endpoint;
+- steady state, once it has settled, over a window: CPU seconds of each `nomadtf task`
+  process (its own user + system time, not its child's), per minute and as % of one core;
+  RSS of each `nomadtf task` process at the end of the window and the peak RSS of it plus
+  its child; every Consul request, per task per minute and per second for the whole job.
 
-The 4- and 16-task layouts are `multi_worker_mirrored`, where every task runs the probe
-(16 bare TensorFlow servers would not fit beside the other work on a 2-core machine); the
-full run adds a 4-task `parameter_server` job (chief, 2 workers, ps), whose tasks watch three
-services instead of one. The targets are printed beside the figures, never asserted.
+The 4-, 16- and 64-task layouts are `multi_worker_mirrored`, where every task runs the probe
+(64 bare TensorFlow servers would not fit on a 2-core machine); the growth from 4 to 16 and
+from 16 to 64 tasks is printed as ratios and as the exponent k of N^k (1 linear, 2
+quadratic). The full run adds a 4-task `parameter_server` job (chief, 2 workers, ps), whose
+tasks watch three services instead of one. The targets are printed beside the figures,
+never asserted.
 
 Needs the local stack: `nomadtf dev up && eval "$(nomadtf dev env)"`, then
-`python bench/bench_supervisor.py [--window 60] [--quick] [--json FILE]`.
+`python bench/bench_supervisor.py [--window 60] [--sizes 4,16,64] [--quick] [--json FILE]`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
+import math
 import os
 import re
+import statistics
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import psutil
 import requests
 
-from nomadtf import wire
 from tests import faults
-from tests.helpers import nomadtf, probe_job, purge, unique, wait_until
+from tests.helpers import allocations, nomad, nomadtf, probe_job, purge, task_log, unique, wait_until
 
 WINDOW_ATTEMPTS = 3  # a window that a Consul restart disturbed is measured again
 SETTLE_S = 10.0  # after every child runs: the debounce (1.5 s) and the last generation writes pass
+FORMATION_TAIL_S = 2.5  # after the last generation-1 start, peers' debounced steps (1.5 s) still belong to it
+FORMATION_BASE_S = 300.0  # submission -> every task started generation 1, plus ...
+FORMATION_PER_TASK_S = 3.0  # ... this per task: 64 Python start-ups share 2 cores
+BLOCKED_GRACE_S = 60.0  # a blocked evaluation (other sessions' jobs hold the node) may clear; then it is an error
+SIZES = (4, 16, 64)
 TARGET_CPU_PCT = 1.0
 TARGET_RSS_MIB = 60.0
 REQUEST_LINE = re.compile(rb"(GET|PUT|POST|DELETE|HEAD) (\S+) HTTP/1\.[01]")
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+RUN_SEGMENT = re.compile(r"<job>/[0-9a-f]{8}/")  # the KV keys carry the run id after the job (nomadtf/wire.py)
+# The supervisors' stderr (nomadtf/cli.py `task`): "14:03:07.412 nomadtf task worker: ...";
+# older builds log whole seconds, so the milliseconds are optional.
+LOG_STAMP = r"^(\d\d):(\d\d):(\d\d)(?:\.(\d{3}))? nomadtf task \S+: "
+COMPLETE_LINE = re.compile(LOG_STAMP + r"cluster complete after ([\d.]+)s", re.MULTILINE)
+START_LINE = re.compile(LOG_STAMP + r"generation (\d+): starting", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -65,8 +83,16 @@ class Layout:
         return f"{self.tasks} ({'mwm' if self.strategy == 'multi_worker_mirrored' else 'ps'})"
 
 
+PROBE_CPU_MHZ = 20  # 64 x 20 = 1280 of 4600 MHz: other sessions' jobs on the same node still fit
+PROBE_MEMORY_MB = 160
+
+
 def mirrored(workers: int) -> Layout:
-    return Layout("multi_worker_mirrored", {"worker": {"count": workers, "cpu": 100, "memory": 300}})
+    """Every size asks the same per task, so that only N changes. The dev node offers 4600 MHz
+    and about 24 GB: cpu=100 left 64 tasks unplaceable (a blocked evaluation). raw_exec does not
+    cap either; the memory covers the measured peak of a `nomadtf task` plus its probe child
+    (about 48 + 12 MiB, printed by the bench) with room for a slower start."""
+    return Layout("multi_worker_mirrored", {"worker": {"count": workers, "cpu": PROBE_CPU_MHZ, "memory": PROBE_MEMORY_MB}})
 
 
 # Workers and ps run a bare TensorFlow server: more memory than the probe.
@@ -192,11 +218,53 @@ class CountingProxy:
             writer.close()
 
 
+class CheckChanges:
+    """Counts every change of any health check in Consul (the whole datacenter) with a
+    blocking query of its own, on Consul itself. The tasks' catalog watch (GET
+    /v1/health/state/any, filtered by service name) wakes on each of them, whichever job the
+    check belongs to, so the tasks' request rate follows what else runs on the shared stack.
+
+    Usage: with CheckChanges() as changes: ...; changes.between(t0, t1)
+    """
+
+    def __init__(self):
+        self.times: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="check-changes", daemon=True)
+
+    def __enter__(self) -> CheckChanges:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self._stop.set()
+
+    def between(self, start: float, end: float) -> int:
+        return sum(1 for t in self.times if start <= t <= end)
+
+    def _run(self) -> None:
+        index = 0
+        while not self._stop.is_set():
+            try:
+                resp = requests.get(
+                    f"http://{consul_address()}/v1/health/state/any", params={"index": index, "wait": "10s"}, timeout=20
+                )
+                new_index = int(resp.headers["X-Consul-Index"])
+            except (requests.RequestException, KeyError, ValueError):
+                index = 0  # Consul restarting (other tests do that)
+                self._stop.wait(1.0)
+                continue
+            if index and new_index != index:
+                self.times.append(time.monotonic())
+            index = new_index if new_index >= index else 0
+
+
 def endpoint(method: str, target: str, job_id: str) -> str:
-    """A request's endpoint with the job and ids masked: `GET /v1/kv/nomadtf/default/<job>/
-    cluster/?index (blocking)`. A query with `index` is a blocking query."""
+    """A request's endpoint with the job, its run and ids masked: `GET /v1/kv/nomadtf/default/
+    <job>/<run>/cluster/ (blocking)`, the same name in every layout. A query with `index` is a
+    blocking query."""
     parts = urlsplit(target)
-    path = UUID.sub("<id>", parts.path.replace(job_id, "<job>"))
+    path = RUN_SEGMENT.sub("<job>/<run>/", UUID.sub("<id>", parts.path.replace(job_id, "<job>")))
     return f"{method} {path}" + (" (blocking)" if "index" in parse_qs(parts.query) else "")
 
 
@@ -211,6 +279,23 @@ class TaskFigures:
     cmdline: str
     cpu_s: float
     rss_mib: float
+    peak_mib: float  # peak RSS of the task plus that of its child: what the layout's memory must cover
+
+
+@dataclass
+class Formation:
+    """Submission to the last task's generation-1 start; times in seconds after submission,
+    on the tasks' log clock (1 ms; 1 s on builds that log whole seconds)."""
+
+    nomad_started_s: float  # Nomad started the last task (its TaskState StartedAt)
+    complete_after_s: list[float]  # each task's own "cluster complete after X s" (its wait for peers)
+    last_start_s: float  # the last task's "generation N: starting"
+    generations: list[int]  # N of that line per task: 1 unless a rendezvous had to be redone
+    requests: int  # every Consul request of the tasks from submission to last_start_s + FORMATION_TAIL_S
+    by_endpoint: dict[str, int]
+    check_changes: int  # of any check in Consul meanwhile, this job's included (CheckChanges)
+    log_resolution_s: float
+    notes: str = ""  # why the figures may be off (Consul restarted, a later generation)
 
 
 @dataclass
@@ -221,8 +306,9 @@ class Result:
     window_s: float
     per_task: list[TaskFigures]
     requests: int
-    formation_requests: int
     by_endpoint: dict[str, int]
+    check_changes: int  # of any check in Consul during the window: each wakes every task's catalog watch
+    formation: Formation | None = None
     disturbed: str = ""  # why this window is not steady state; empty when it is
 
     @property
@@ -237,6 +323,11 @@ class Result:
     def requests_per_task_min(self) -> float:
         return self.requests / self.tasks / (self.window_s / 60.0)
 
+    @property
+    def requests_per_s(self) -> float:
+        """The whole job's steady load on Consul."""
+        return self.requests / self.window_s
+
     def summary(self) -> dict:
         return {
             **asdict(self),
@@ -245,8 +336,23 @@ class Result:
             "cpu_s_per_task_min": _mean(self.cpu_pct) * 0.6,
             "rss_mib_mean": _mean(self.rss),
             "rss_mib_max": max(self.rss),
+            "peak_task_and_child_mib_max": max(t.peak_mib for t in self.per_task),
             "requests_per_task_min": self.requests_per_task_min,
+            "requests_per_s": self.requests_per_s,
         }
+
+
+@dataclass
+class Failed:
+    """A layout that could not be measured; the report says why instead of a row of figures."""
+
+    layout: str
+    strategy: str
+    tasks: int
+    reason: str
+
+    def summary(self) -> dict:
+        return asdict(self)
 
 
 def _mean(values: list[float]) -> float:
@@ -258,18 +364,17 @@ def supervisors(job_id: str) -> dict[tuple[str, int], psutil.Process]:
     return {(role, index): psutil.Process(pid) for (kind, role, index), pid in faults.processes(job_id).items() if kind == "task"}
 
 
-def children(job_id: str) -> int:
-    return sum(1 for kind, _role, _index in faults.processes(job_id) if kind == "child")
-
-
-def generation_written(job_id: str) -> bool:
-    """Some run of the job has its generation key (the key path carries the run id).
-
-    GET /v1/kv/nomadtf/default/<job>/?keys, on Consul itself (not the proxy)
-    """
-    prefix = wire.kv_job_prefix(wire.DEFAULT_NAMESPACE, job_id)
-    resp = requests.get(f"http://{consul_address()}/v1/kv/{prefix}", params={"keys": "true"}, timeout=10)
-    return resp.status_code == 200 and any(key.endswith("/cluster/generation") for key in resp.json())
+def peak_rss_mib(proc: psutil.Process) -> float:
+    """VmHWM of a `nomadtf task` plus that of its children: an upper bound of what its
+    allocation held at once (the two peaks need not coincide)."""
+    kib = 0
+    for member in [proc, *proc.children(recursive=True)]:
+        try:
+            status = Path(f"/proc/{member.pid}/status").read_text()
+        except OSError:
+            continue
+        kib += next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")), 0)
+    return kib / 1024
 
 
 def consul_address() -> str:
@@ -290,30 +395,25 @@ def submit(path: Path) -> None:
 
 def measure(layout: Layout, window_s: float, workdir: Path) -> Result:
     job_id = unique("bench-sup")
-    with CountingProxy(consul_address()) as proxy:
+    with CountingProxy(consul_address()) as proxy, CheckChanges() as changes:
         spec = probe_job(
             job_id,
             layout.strategy,
             # Long enough for formation and the windows; ends by itself if this bench is killed.
-            context={"sleep": int(WINDOW_ATTEMPTS * (window_s + SETTLE_S) + 600)},
+            context={"sleep": int(WINDOW_ATTEMPTS * (window_s + SETTLE_S) + formation_timeout(layout) + 300)},
             roles=layout.roles,
-            discovery={"rendezvous_timeout": "5m", "consul_address": f"127.0.0.1:{proxy.port}"},
+            discovery={"rendezvous_timeout": "10m", "consul_address": f"127.0.0.1:{proxy.port}"},
         )
         path = workdir / f"{job_id}.json"
         path.write_text(json.dumps(spec))
+        submitted = (time.time(), time.monotonic())
         submit(path)
         try:
-            wait_until(
-                lambda: len(supervisors(job_id)) == layout.tasks and children(job_id) == layout.tasks and generation_written(job_id),
-                300,
-                f"{layout.tasks} supervisors with their children running",
-                interval=1.0,
-            )
-            formation = len(proxy.requests)
+            formation = measure_formation(layout, job_id, proxy, changes, submitted)
             for attempt in range(1, WINDOW_ATTEMPTS + 1):
                 time.sleep(SETTLE_S)
-                result = measure_window(layout, job_id, proxy, window_s)
-                result.formation_requests = formation
+                result = measure_window(layout, job_id, proxy, changes, window_s)
+                result.formation = formation
                 if not result.disturbed:
                     break
                 print(f"  window {attempt}: {result.disturbed}; measuring again", file=sys.stderr, flush=True)
@@ -321,11 +421,175 @@ def measure(layout: Layout, window_s: float, workdir: Path) -> Result:
             nomadtf("stop", job_id, "--purge")
             purge(job_id)
             # Keep the proxy up until the tasks are gone, so that they destroy their sessions.
-            wait_until(lambda: not faults.processes(job_id), 60, "the job's processes to exit", interval=1.0)
+            wait_until(lambda: not faults.processes(job_id), 60 + layout.tasks, "the job's processes to exit", interval=1.0)
     return result
 
 
-def measure_window(layout: Layout, job_id: str, proxy: CountingProxy, window_s: float) -> Result:
+# ---- formation -----------------------------------------------------------------------------
+
+
+def formation_timeout(layout: Layout) -> float:
+    return FORMATION_BASE_S + FORMATION_PER_TASK_S * layout.tasks
+
+
+def measure_formation(
+    layout: Layout, job_id: str, proxy: CountingProxy, changes: CheckChanges, submitted: tuple[float, float]
+) -> Formation:
+    """Wait until every task has started generation 1, then read the times from their logs
+    and count the Consul requests up to the last start (plus the peers' debounced steps)."""
+    wall, mono = submitted
+    lines = wait_formed(layout, job_id)
+    last_start = max(log_time(start, wall) for _complete, start, _alloc in lines.values()) - wall
+    ended = mono + last_start + FORMATION_TAIL_S
+    time.sleep(max(0.0, ended - time.monotonic()))
+    counted = [r for r in proxy.requests if mono <= r[0] <= ended]
+    by_endpoint = Counter(endpoint(m, t, job_id) for _t, m, t in counted)
+    generations = sorted(int(start.group(5)) for _complete, start, _alloc in lines.values())
+    notes = []
+    errors = [text for t, text in proxy.errors if mono <= t <= ended]
+    if errors:
+        notes.append(f"{len(errors)} Consul connections failed ({errors[0]})")
+    if by_endpoint["PUT /v1/session/create"] > layout.tasks:
+        notes.append(f"{by_endpoint['PUT /v1/session/create']} sessions for {layout.tasks} tasks (Consul restarted?)")
+    if generations[-1] != 1:
+        notes.append(f"some tasks started generation {generations[-1]} first (a rendezvous was redone)")
+    stamps = [m for complete, start, _alloc in lines.values() for m in (complete, start)]
+    return Formation(
+        nomad_started_s=max(last_task_start(alloc) for _complete, _start, alloc in lines.values()) - wall,
+        complete_after_s=sorted(float(complete.group(5)) for complete, _start, _alloc in lines.values()),
+        last_start_s=last_start,
+        generations=generations,
+        requests=len(counted),
+        by_endpoint=dict(by_endpoint.most_common()),
+        check_changes=changes.between(mono, ended),
+        log_resolution_s=0.001 if all(m.group(4) for m in stamps) else 1.0,
+        notes="; ".join(notes),
+    )
+
+
+def wait_formed(layout: Layout, job_id: str) -> dict[str, tuple[re.Match, re.Match, dict]]:
+    """alloc id -> (its "cluster complete" line, its first "generation N: starting" line, the
+    allocation) once every task has logged both. Says early why when Nomad cannot place the
+    job (a blocked evaluation) or an allocation failed, instead of waiting out the timeout.
+
+    Logs are read only once every allocation runs (no task completes before that: each waits
+    for all of its peers), and each task's only until both lines are there, so that the
+    polling adds little to the two cores that the formation itself needs.
+    """
+    deadline = time.monotonic() + formation_timeout(layout)
+    found: dict[str, tuple[re.Match, re.Match, dict]] = {}
+    blocked_since = None
+    state = "nothing placed"
+    while time.monotonic() < deadline:
+        allocs = allocations(job_id)
+        failed = [a for a in allocs if a["ClientStatus"] in ("failed", "lost")]
+        if failed:
+            raise RuntimeError(failure(failed))
+        running = [a for a in allocs if a["ClientStatus"] == "running"]
+        if len(running) == layout.tasks:
+            for alloc in running:
+                if alloc["ID"] not in found:
+                    text = task_log(alloc["ID"], alloc["TaskGroup"], "stderr")
+                    complete, start = COMPLETE_LINE.search(text), START_LINE.search(text)
+                    if complete and start:
+                        found[alloc["ID"]] = (complete, start, alloc)
+            if len(found) == layout.tasks:
+                return found
+        elif len(allocs) < layout.tasks:
+            blocked_since = check_placement(job_id, blocked_since)
+        state = f"{len(allocs)} allocations placed, {len(running)} running, {len(found)} tasks started generation 1"
+        time.sleep(2.0)
+    raise TimeoutError(f"{layout.tasks} tasks did not all start generation 1 within {formation_timeout(layout):.0f}s: {state}")
+
+
+def failure(failed: list[dict]) -> str:
+    """Why allocations failed: the one that ended first (the others often only followed the
+    job state it recorded), with the end of its stderr, or of its stdout when that is empty."""
+    first = min(failed, key=lambda a: max((s.get("FinishedAt") or "" for s in (a.get("TaskStates") or {}).values()), default=""))
+    text = task_log(first["ID"], first["TaskGroup"], "stderr") or task_log(first["ID"], first["TaskGroup"], "stdout")
+    events = [e.get("DisplayMessage", "") for s in (first.get("TaskStates") or {}).values() for e in s.get("Events", [])]
+    return (
+        f"{len(failed)} allocation(s) {first['ClientStatus']}; the first, {first['ID'][:8]} "
+        f"({'; '.join(events[-3:])}); the job state in Consul: {job_state(first['JobID']) or '(none)'}; it logged "
+        f"(Nomad's client removes a failed allocation's logs at once beyond gc_max_allocs, 50):\n{text[-2000:] or '(nothing)'}"
+    )
+
+
+def job_state(job_id: str) -> str:
+    """What a failing task recorded for the whole job ("failed: <role>[<i>] ... <why>").
+
+    GET /v1/kv/nomadtf/default/<job>/?recurse, on Consul itself
+    """
+    resp = requests.get(f"http://{consul_address()}/v1/kv/nomadtf/default/{job_id}/", params={"recurse": "true"}, timeout=10)
+    items = resp.json() if resp.status_code == 200 else []
+    return "; ".join(
+        base64.b64decode(i["Value"]).decode(errors="replace") for i in items if i["Key"].endswith("/cluster/state") and i["Value"]
+    )
+
+
+def check_placement(job_id: str, blocked_since: float | None) -> float | None:
+    """Say on stderr as soon as Nomad holds allocations back, and give up when it still does
+    after BLOCKED_GRACE_S (capacity another session's job holds may come free meanwhile).
+    Returns when the block was first seen, None while nothing is blocked."""
+    problem = placement_problem(job_id)
+    if not problem:
+        return None
+    if blocked_since is None:
+        print(f"  Nomad cannot place every allocation yet: {problem}", file=sys.stderr, flush=True)
+        return time.monotonic()
+    if time.monotonic() - blocked_since > BLOCKED_GRACE_S:
+        raise RuntimeError(f"Nomad could not place the job for {BLOCKED_GRACE_S:.0f}s: {problem}")
+    return blocked_since
+
+
+def placement_problem(job_id: str) -> str:
+    """Why Nomad holds some of the job's allocations back ("" when it does not): a blocked
+    evaluation, and which resource the latest failed placement found exhausted on how many nodes.
+
+    GET /v1/job/<job>/evaluations
+    """
+    evals = sorted(nomad(f"job/{job_id}/evaluations"), key=lambda e: e["CreateIndex"], reverse=True)
+    blocked = [e for e in evals if e["Status"] == "blocked"]
+    if not blocked:
+        return ""
+    failures = next((e["FailedTGAllocs"] for e in evals if e.get("FailedTGAllocs")), {})
+    why = []
+    for group, metric in failures.items():
+        exhausted = ", ".join(f"{dim} on {n}" for dim, n in (metric.get("DimensionExhausted") or {}).items()) or "nothing named"
+        why.append(
+            f"group {group}: {1 + metric.get('CoalescedFailures', 0)} allocations not placed; "
+            f"{metric.get('NodesExhausted', 0)} of {metric.get('NodesEvaluated', 0)} nodes exhausted ({exhausted}), "
+            f"{metric.get('NodesFiltered', 0)} filtered out"
+        )
+    return f"evaluation {blocked[0]['ID'][:8]} is blocked; " + ("; ".join(why) or "no failed placement recorded")
+
+
+def log_time(match: re.Match, near: float) -> float:
+    """Epoch seconds of a log line's HH:MM:SS[.mmm], on the local day of `near` (the tasks
+    run on this machine, with its clock), or the next day when the run crossed midnight."""
+    hour, minute, second, millis = match.group(1, 2, 3, 4)
+    stamp = datetime.fromtimestamp(near).replace(hour=int(hour), minute=int(minute), second=int(second), microsecond=int(millis or 0) * 1000)
+    if stamp.timestamp() < near - 12 * 3600:
+        stamp += timedelta(days=1)
+    return stamp.timestamp()
+
+
+def last_task_start(alloc: dict) -> float:
+    """When Nomad started the allocation's task: the latest StartedAt of its task states
+    (RFC 3339 with nanoseconds, which datetime does not parse: cut to microseconds)."""
+    times = []
+    for state in (alloc.get("TaskStates") or {}).values():
+        match = re.fullmatch(r"(.+T[\d:]+)(?:\.(\d+))?(Z|[+-][\d:]+)", state.get("StartedAt") or "")
+        if match and not match.group(1).startswith("0001"):
+            text = f"{match.group(1)}.{(match.group(2) or '0')[:6]:0<6}{match.group(3).replace('Z', '+00:00')}"
+            times.append(datetime.fromisoformat(text).timestamp())
+    return max(times, default=math.nan)
+
+
+# ---- the steady window ---------------------------------------------------------------------
+
+
+def measure_window(layout: Layout, job_id: str, proxy: CountingProxy, changes: CheckChanges, window_s: float) -> Result:
     """One window at steady state. It is `disturbed` when Consul was unreachable in it or a
     task had to open a new session (other tests restart the shared Consul)."""
     procs = supervisors(job_id)
@@ -342,7 +606,7 @@ def measure_window(layout: Layout, job_id: str, proxy: CountingProxy, window_s: 
             raise RuntimeError(f"{role}[{index}]'s nomadtf task (pid {proc.pid}) exited during the window")
         cpu = (after[(role, index)].user + after[(role, index)].system) - (before[(role, index)].user + before[(role, index)].system)
         rss = proc.memory_info().rss / 2**20
-        per_task.append(TaskFigures(proc.pid, role, index, " ".join(proc.cmdline()), cpu, rss))
+        per_task.append(TaskFigures(proc.pid, role, index, " ".join(proc.cmdline()), cpu, rss, peak_rss_mib(proc)))
     counted = [r for r in proxy.requests if started <= r[0] < ended]
     errors = Counter(text for t, text in proxy.errors if started <= t < ended)
     by_endpoint = Counter(endpoint(m, t, job_id) for _t, m, t in counted)
@@ -352,61 +616,171 @@ def measure_window(layout: Layout, job_id: str, proxy: CountingProxy, window_s: 
     if by_endpoint["PUT /v1/session/create"]:
         disturbed.append(f"{by_endpoint['PUT /v1/session/create']} new sessions (Consul restarted)")
     return Result(
-        layout.label,
-        layout.strategy,
-        layout.tasks,
-        ended - started,
-        per_task,
-        len(counted),
-        0,
-        dict(by_endpoint.most_common()),
-        "; ".join(disturbed),
+        layout=layout.label,
+        strategy=layout.strategy,
+        tasks=layout.tasks,
+        window_s=ended - started,
+        per_task=per_task,
+        requests=len(counted),
+        by_endpoint=dict(by_endpoint.most_common()),
+        check_changes=changes.between(started, ended),
+        disturbed="; ".join(disturbed),
     )
 
 
 # ---- report --------------------------------------------------------------------------------
 
 
-def print_report(results: list[Result], window_s: float) -> None:
+def print_report(results: list[Result | Failed], window_s: float) -> None:
+    measured = [r for r in results if isinstance(r, Result)]
+    print_steady(measured, window_s)
+    print_formation(measured)
+    print_growth({r.tasks: r for r in measured if r.strategy == "multi_worker_mirrored" and r.formation})
+    for r in results:
+        if isinstance(r, Failed):
+            print(f"\n{r.layout} tasks: NOT MEASURED: {r.reason}")
+    for r in measured:
+        print_endpoints(r)
+
+
+def print_steady(results: list[Result], window_s: float) -> None:
     cores = psutil.cpu_count()
     print(f"nomadtf task overhead at steady state (probe children sleeping), {window_s:.0f} s window, {cores}-core machine")
-    head = f"{'tasks':<9}{'CPU s/min':>10}{'% core mean/max':>18}{'target':>8}{'RSS MiB mean/max':>19}{'target':>9}{'Consul req/task/min':>21}{'formation req/task':>20}"
+    head = (
+        f"{'tasks':<9}{'CPU s/min':>10}{'% core mean/max':>18}{'target':>8}{'RSS MiB mean/max':>19}{'target':>9}"
+        f"{'peak +child':>13}{'Consul req/task/min':>21}{'req/s (job)':>13}{'checks changed/min':>20}"
+    )
     print(head)
     for r in results:
         cpu = f"{_mean(r.cpu_pct):.2f} / {max(r.cpu_pct):.2f}"
         rss = f"{_mean(r.rss):.1f} / {max(r.rss):.1f}"
         print(
             f"{r.layout:<9}{_mean(r.cpu_pct) * 0.6:>10.3f}{cpu:>18}{'< 1':>8}{rss:>19}{'< 60':>9}"
-            f"{r.requests_per_task_min:>21.1f}{r.formation_requests / r.tasks:>20.1f}"
+            f"{max(t.peak_mib for t in r.per_task):>13.1f}{r.requests_per_task_min:>21.1f}{r.requests_per_s:>13.2f}"
+            f"{r.check_changes / (r.window_s / 60.0):>20.1f}"
             + ("  (not steady state, see below)" if r.disturbed else "")
         )
-    mirrored_runs = {r.tasks: r for r in results if r.strategy == "multi_worker_mirrored"}
-    if 4 in mirrored_runs and 16 in mirrored_runs:
-        ratio = mirrored_runs[16].requests_per_task_min / mirrored_runs[4].requests_per_task_min
-        print(f"Consul requests per task per minute, 16 tasks / 4 tasks: {ratio:.2f} (target: constant, about 1; N-squared growth would be 4)")
-    for r in results:
-        minutes = r.window_s / 60.0
-        print(f"\n{r.layout} tasks, Consul requests per task per minute by endpoint:")
-        for name, count in r.by_endpoint.items():
-            print(f"  {count / r.tasks / minutes:>7.2f}  {name}")
-        if r.disturbed:
-            print(f"  NOT steady state after {WINDOW_ATTEMPTS} windows: {r.disturbed}")
+    print(f"peak +child: the highest VmHWM of a nomadtf task plus its child's, MiB (mirrored layouts ask {PROBE_MEMORY_MB} MB)")
+    print("checks changed/min: changes of any check in Consul, other jobs' included; each wakes every task's catalog watch")
+
+
+def print_formation(results: list[Result]) -> None:
+    formed = [r for r in results if r.formation]
+    if not formed:
+        return
+    print("\nFormation: seconds after submission (`nomadtf run --detach`); Consul requests up to the last start"
+          f" + {FORMATION_TAIL_S} s")
+    print(f"{'tasks':<9}{'Nomad started last':>19}{'cluster complete after med/max':>32}{'last gen-1 start':>18}"
+          f"{'Consul req':>12}{'req/task':>10}{'checks changed':>16}")
+    for r in formed:
+        f = r.formation
+        complete = f"{statistics.median(f.complete_after_s):.1f} / {max(f.complete_after_s):.1f}"
+        print(f"{r.layout:<9}{f.nomad_started_s:>19.1f}{complete:>32}{f.last_start_s:>18.1f}{f.requests:>12}{f.requests / r.tasks:>10.1f}{f.check_changes:>16}"
+              + (f"  ({f.notes})" if f.notes else ""))
+    if any(r.formation.log_resolution_s > 0.01 for r in formed):
+        print("  (the tasks log whole seconds: start times are exact to 1 s only)")
+    print("  cluster complete after: each task's own wait for its peers, from its start to the complete cluster")
+
+
+GROWTH_FIGURES = (
+    # name, figure, whether it is a per-task figure (constant when the total grows linearly)
+    ("formation time (last gen-1 start)", lambda r: r.formation.last_start_s, False),
+    ("cluster complete after, median", lambda r: statistics.median(r.formation.complete_after_s), False),
+    ("formation requests, total", lambda r: r.formation.requests, False),
+    ("formation requests per task", lambda r: r.formation.requests / r.tasks, True),
+    ("steady requests per task per minute", lambda r: r.requests_per_task_min, True),
+    ("steady requests per second (job)", lambda r: r.requests_per_s, False),
+)
+
+
+def print_growth(mirrored_runs: dict[int, Result]) -> None:
+    """Ratios between consecutive sizes and the exponent k with which a total grows as N^k
+    (a per-task figure that stays constant is k = 1 for its total; N^2 is k = 2)."""
+    sizes = sorted(mirrored_runs)
+    pairs = list(zip(sizes, sizes[1:], strict=False))
+    if not pairs:
+        return
+    print("\nGrowth (multi_worker_mirrored): ratio, and k of N^k for the job's total (1 linear, 2 quadratic)")
+    print(f"{'':<38}" + "".join(f"{f'{b}/{a} tasks':>22}" for a, b in pairs))
+    for name, figure, per_task in GROWTH_FIGURES:
+        cells = []
+        for a, b in pairs:
+            ratio = figure(mirrored_runs[b]) / figure(mirrored_runs[a]) if figure(mirrored_runs[a]) else math.inf
+            k = math.log(ratio * (b / a if per_task else 1)) / math.log(b / a)
+            cells.append(f"{ratio:.2f} (k={k:.2f})")
+        print(f"{name:<38}" + "".join(f"{c:>22}" for c in cells))
+    for a, b in pairs:
+        print_verdict(mirrored_runs[a], mirrored_runs[b])
+
+
+def growth_exponent(before: float, after: float, n_before: int, n_after: int) -> float:
+    return math.log(after / before) / math.log(n_after / n_before) if before and after else math.nan
+
+
+def verdict(k: float) -> str:
+    if k <= 1.25:
+        return "linear at worst"
+    if k < 1.75:
+        return "WORSE than linear"
+    return "QUADRATIC"
+
+
+def print_verdict(a: Result, b: Result) -> None:
+    """One line per total: linear or worse, and for formation requests the endpoints whose
+    count per task grew the most (the ones every registration makes every task repeat)."""
+    k_time = growth_exponent(a.formation.last_start_s, b.formation.last_start_s, a.tasks, b.tasks)
+    k_formation = growth_exponent(a.formation.requests, b.formation.requests, a.tasks, b.tasks)
+    k_steady = growth_exponent(a.requests, b.requests, a.tasks, b.tasks)
+    print(f"{a.tasks} -> {b.tasks} tasks: formation time {verdict(k_time)} (k={k_time:.2f}); "
+          f"formation requests {verdict(k_formation)} (k={k_formation:.2f}, per task x{b.formation.requests / b.tasks / (a.formation.requests / a.tasks):.2f}); "
+          f"steady requests {verdict(k_steady)} (k={k_steady:.2f}; checks changed/min in Consul "
+          f"{a.check_changes / (a.window_s / 60):.0f} -> {b.check_changes / (b.window_s / 60):.0f})")
+    if k_formation > 1.25:
+        grown = sorted(
+            ((b.formation.by_endpoint.get(name, 0) / b.tasks, a.formation.by_endpoint.get(name, 0) / a.tasks, name) for name in b.formation.by_endpoint),
+            reverse=True,
+        )[:4]
+        print("  per task, the formation's largest endpoints " + f"({a.tasks} -> {b.tasks} tasks):")
+        for per_b, per_a, name in grown:
+            print(f"    {per_a:>7.1f} -> {per_b:>7.1f}  {name}")
+
+
+def print_endpoints(r: Result) -> None:
+    minutes = r.window_s / 60.0
+    print(f"\n{r.layout} tasks, Consul requests per task per minute at steady state, by endpoint:")
+    for name, count in r.by_endpoint.items():
+        print(f"  {count / r.tasks / minutes:>7.2f}  {name}")
+    if r.disturbed:
+        print(f"  NOT steady state after {WINDOW_ATTEMPTS} windows: {r.disturbed}")
+    if r.formation:
+        print(f"{r.layout} tasks, Consul requests per task during formation, by endpoint:")
+        for name, count in r.formation.by_endpoint.items():
+            print(f"  {count / r.tasks:>7.1f}  {name}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--window", type=float, default=60.0, help="seconds measured at steady state")
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="multi_worker_mirrored task counts (default: 4,16,64)")
     parser.add_argument("--quick", action="store_true", help="a 20 s window, the 4-task job only")
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
     args = parser.parse_args()
     window = 20.0 if args.quick else args.window
-    layouts = [mirrored(4)] if args.quick else [mirrored(4), mirrored(16), PARAMETER_SERVER]
+    sizes = [4] if args.quick else [int(n) for n in args.sizes.split(",")]
+    layouts = [mirrored(n) for n in sizes] + ([] if args.quick else [PARAMETER_SERVER])
+    started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
-        results = []
+        results: list[Result | Failed] = []
         for layout in layouts:
             print(f"measuring {layout.tasks} tasks ({layout.strategy}) ...", file=sys.stderr, flush=True)
-            results.append(measure(layout, window, Path(tmp)))
+            try:
+                results.append(measure(layout, window, Path(tmp)))
+            except (RuntimeError, TimeoutError, AssertionError) as exc:
+                # The other layouts' figures still count; the report says why this one has none.
+                print(f"  {layout.tasks} tasks failed: {exc}", file=sys.stderr, flush=True)
+                results.append(Failed(layout.label, layout.strategy, layout.tasks, str(exc)))
     print_report(results, window)
+    print(f"\n(the whole bench took {time.monotonic() - started:.0f} s)")
     if args.json:
         args.json.write_text(json.dumps([r.summary() for r in results], indent=2))
 

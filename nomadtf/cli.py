@@ -230,18 +230,9 @@ def dev_config(
 @app.command(hidden=True)
 def task(role: Annotated[str, typer.Option("--role", help="chief, worker, ps, evaluator or tensorboard")]) -> None:
     """The supervisor inside every allocation of a rendered job (not for interactive use)."""
-    import logging
+    from nomadtf.runtime import main as task_main
 
-    from nomadtf.runtime import run_task
-
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=logging.INFO,
-        # Milliseconds: how fast a peer's move is seen and acted on is read from these lines.
-        format=f"%(asctime)s.%(msecs)03d nomadtf task {role}: %(message)s",
-        datefmt="%H:%M:%S",
-    )
-    raise typer.Exit(run_task(role))
+    raise typer.Exit(task_main(role))
 
 
 # ---- running and following jobs ----------------------------------------------------------

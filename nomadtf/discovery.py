@@ -11,11 +11,12 @@ CONSUL_CACERT, CONSUL_CLIENT_CERT and CONSUL_CLIENT_KEY like the consul CLI.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -86,6 +87,18 @@ def consul_client(token: str | None = None) -> consul.Consul:
     return client
 
 
+def _instances(entries: list[dict[str, Any]]) -> dict[str, str]:
+    """alloc id -> "host:port" of a service's health entries (its tasks' registrations). Pure."""
+    out = {}
+    for entry in entries:
+        svc = entry["Service"]
+        alloc = wire.parse_tags(svc.get("Tags", [])).get(wire.TAG_ALLOC)
+        if alloc:
+            address = svc.get("Address") or entry["Node"]["Address"]
+            out[alloc] = f"{address}:{svc['Port']}"
+    return out
+
+
 class ConsulDiscovery:
     def __init__(
         self, job_id: str, namespace: str = wire.DEFAULT_NAMESPACE, client: consul.Consul | None = None, run_id: str = ""
@@ -99,26 +112,40 @@ class ConsulDiscovery:
         self._session_name = ""
         self._renewer: threading.Thread | None = None
         self._stop = threading.Event()
+        # role -> its passing instances as its running watch last saw them (watch threads
+        # replace a whole entry at once; readers copy it)
+        self._watched: dict[str, dict[str, str]] = {}
+        # key -> item of one read of the run's cluster/ keys, inside `one_read` only
+        self._view: dict[str, dict[str, Any]] | None = None
 
     # ---- catalog ------------------------------------------------------------------------
 
     def service_name(self, role: str) -> str:
         return wire.service_name(self.namespace, self.job_id, role)
 
-    def wait_for_catalog_change(self, index: int, wait_s: float, roles: tuple[str, ...]) -> int:
-        """Block until a check of one of this job's services changes, or `wait_s` passes.
+    def wait_for_service_change(self, role: str, index: int, wait_s: float) -> int:
+        """Block until the role's passing registrations change, or `wait_s` passes; what the
+        query answered is kept, and `passing_instances` gives it without asking again.
 
-        GET /v1/health/state/any?index=&wait=&filter=ServiceName == "..." or ...
+        A blocking query on one service wakes only on that service's changes: a query on
+        every health check (`/v1/health/state/any`, even filtered) would wake on every check
+        of every job in the cluster, and each wake costs a step.
+
+        GET /v1/health/service/<service>?passing=1&index=&wait=
         """
-        expr = " or ".join(f"ServiceName == {json.dumps(self.service_name(r))}" for r in roles)
-        new_index, _ = _call(
-            "a blocking health query",
-            self.consul.health.state,
-            "any",
-            index=index or None,
-            wait=f"{max(1, int(wait_s))}s",
-            filter_expr=expr or None,
-        )
+        try:
+            new_index, entries = _call(
+                f"a blocking query on service {self.service_name(role)}",
+                self.consul.health.service,
+                self.service_name(role),
+                passing=True,
+                index=index or None,
+                wait=f"{max(1, int(wait_s))}s",
+            )
+        except ServerError:
+            self._watched.pop(role, None)  # no longer known to be current: ask each time
+            raise
+        self._watched[role] = _instances(entries)
         return int(new_index)
 
     def wait_for_cluster_kv_change(self, index: int, wait_s: float) -> int:
@@ -141,17 +168,14 @@ class ConsulDiscovery:
     def passing_instances(self, role: str) -> dict[str, str]:
         """alloc id -> "host:port" of the role's registrations whose checks all pass.
 
-        GET /v1/health/service/<service>?passing=1
+        What the role's watch last answered, while it runs (it wakes us on every change);
+        otherwise GET /v1/health/service/<service>?passing=1
         """
+        watched = self._watched.get(role)
+        if watched is not None:
+            return dict(watched)
         _, entries = _call(f"service {self.service_name(role)}", self.consul.health.service, self.service_name(role), passing=True)
-        out = {}
-        for entry in entries:
-            svc = entry["Service"]
-            alloc = wire.parse_tags(svc.get("Tags", [])).get(wire.TAG_ALLOC)
-            if alloc:
-                address = svc.get("Address") or entry["Node"]["Address"]
-                out[alloc] = f"{address}:{svc['Port']}"
-        return out
+        return _instances(entries)
 
     def members(self, counts: dict[str, int], slots: dict[tuple[str, int], Slot] | None = None) -> list[Member]:
         """Every task that holds a slot and whose registration passes its checks."""
@@ -222,16 +246,50 @@ class ConsulDiscovery:
 
     def reopen_session(self) -> str:
         """After a Consul restart: drop the old id, take a new one (same renewer thread)."""
+        self._view = None  # our slots go with the old session
         self._destroy_session()
         return self.open_session(self._session_name)
+
+    # ---- one read for a whole step ----------------------------------------------------------
+
+    @contextlib.contextmanager
+    def one_read(self) -> Iterator[None]:
+        """Inside, the run's state, counts, slots and generation come from one recursive read
+        of its `cluster/` keys instead of four; a write inside drops what was read (the next
+        read asks Consul again), and so does leaving.
+
+        GET /v1/kv/nomadtf/<ns>/<job>/<run>/cluster/?recurse
+        """
+        _, items = _call("reading the cluster keys", self.consul.kv.get, wire.kv_cluster_prefix(*self._kv, self.run_id), recurse=True)
+        self._view = {item["Key"]: item for item in items or []}
+        try:
+            yield
+        finally:
+            self._view = None
+
+    def _read(self, what: str, key: str) -> dict[str, Any] | None:
+        if self._view is not None:
+            return self._view.get(key)
+        _, item = _call(what, self.consul.kv.get, key)
+        return item
+
+    def _read_prefix(self, what: str, prefix: str) -> list[dict[str, Any]]:
+        if self._view is not None:
+            return [item for key, item in sorted(self._view.items()) if key.startswith(prefix)]
+        _, items = _call(what, self.consul.kv.get, prefix, recurse=True)
+        return items or []
+
+    def _write(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        self._view = None
+        return _call(what, fn, *args, **kwargs)
 
     # ---- slots: a stable, unique index per task -------------------------------------------
 
     def slots(self) -> dict[tuple[str, int], Slot]:
         """GET /v1/kv/nomadtf/<ns>/<job>/<run>/cluster/slots/?recurse"""
-        _, items = _call("reading slots", self.consul.kv.get, wire.kv_slots_prefix(*self._kv, self.run_id), recurse=True)
+        items = self._read_prefix("reading slots", wire.kv_slots_prefix(*self._kv, self.run_id))
         out = {}
-        for item in items or []:
+        for item in items:
             if not item.get("Session"):
                 continue  # a lock nobody holds any more
             _, role, index = item["Key"].rsplit("/", 2)
@@ -259,8 +317,8 @@ class ConsulDiscovery:
                 continue
             if slot and slot.session != self.session:
                 # Our own allocation restarted (same alloc id): its old session is dead weight.
-                _call("freeing our old slot", self.consul.session.destroy, slot.session)
-            if _call("claiming a slot", self.consul.kv.put, wire.kv_slot(*self._kv, role, index, self.run_id), value, acquire=self.session):
+                self._write("freeing our old slot", self.consul.session.destroy, slot.session)
+            if self._write("claiming a slot", self.consul.kv.put, wire.kv_slot(*self._kv, role, index, self.run_id), value, acquire=self.session):
                 return index
         return None
 
@@ -270,18 +328,18 @@ class ConsulDiscovery:
         PUT .../slots/<role>/<i>?acquire=<session>
         """
         value = json.dumps({"alloc": alloc_id, "incarnation": incarnation})
-        _call("updating our slot", self.consul.kv.put, wire.kv_slot(*self._kv, role, index, self.run_id), value, acquire=self.session)
+        self._write("updating our slot", self.consul.kv.put, wire.kv_slot(*self._kv, role, index, self.run_id), value, acquire=self.session)
 
     # ---- job state ------------------------------------------------------------------------
 
     def job_state(self) -> str | None:
         """"succeeded", "failed: <why>" or None.  GET .../cluster/state"""
-        _, item = _call("reading job state", self.consul.kv.get, wire.kv_state(*self._kv, self.run_id))
+        item = self._read("reading job state", wire.kv_state(*self._kv, self.run_id))
         return item["Value"].decode() if item and item.get("Value") else None
 
     def set_job_state(self, state: str) -> None:
         """PUT .../cluster/state"""
-        _call("writing job state", self.consul.kv.put, wire.kv_state(*self._kv, self.run_id), state)
+        self._write("writing job state", self.consul.kv.put, wire.kv_state(*self._kv, self.run_id), state)
 
     def mark_done(self, role: str, index: int) -> set[tuple[str, int]]:
         """Record that our code finished (success = all_workers); every slot finished so far.
@@ -289,7 +347,7 @@ class ConsulDiscovery:
         PUT .../cluster/done/<role>/<i> ; GET .../cluster/done/?recurse
         """
         prefix = wire.kv_done_prefix(*self._kv, self.run_id)
-        _call("recording that we finished", self.consul.kv.put, f"{prefix}{role}/{index}", "done")
+        self._write("recording that we finished", self.consul.kv.put, f"{prefix}{role}/{index}", "done")
         _, items = _call("reading who finished", self.consul.kv.get, prefix, recurse=True)
         done = set()
         for item in items or []:
@@ -300,20 +358,20 @@ class ConsulDiscovery:
 
     def counts(self) -> dict[str, int]:
         """Role counts `nomadtf scale` set for this run ({} when never scaled).  GET .../cluster/counts"""
-        _, item = _call("reading role counts", self.consul.kv.get, wire.kv_counts(*self._kv, self.run_id))
+        item = self._read("reading role counts", wire.kv_counts(*self._kv, self.run_id))
         return {str(k): int(v) for k, v in json.loads(item["Value"]).items()} if item and item.get("Value") else {}
 
     def set_counts(self, counts: dict[str, int]) -> None:
         """PUT .../cluster/counts (merged with what an earlier scale set)"""
         merged = {**self.counts(), **counts}
-        _call("writing role counts", self.consul.kv.put, wire.kv_counts(*self._kv, self.run_id), json.dumps(merged, sort_keys=True))
+        self._write("writing role counts", self.consul.kv.put, wire.kv_counts(*self._kv, self.run_id), json.dumps(merged, sort_keys=True))
 
     def generation(self) -> tuple[dict[str, Any], int]:
         """(value, modify index) of the generation key; ({}, 0) before the first one.
 
         GET .../cluster/generation
         """
-        _, item = _call("reading the generation", self.consul.kv.get, wire.kv_generation(*self._kv, self.run_id))
+        item = self._read("reading the generation", wire.kv_generation(*self._kv, self.run_id))
         if not item:
             return {}, 0
         return json.loads(item["Value"] or b"{}"), int(item["ModifyIndex"])
@@ -330,7 +388,7 @@ class ConsulDiscovery:
                 return current
             new = {"generation": int(current.get("generation", 0)) + 1, "fingerprint": fingerprint, "time": time.time()}
             key = wire.kv_generation(*self._kv, self.run_id)
-            if _call("bumping the generation", self.consul.kv.put, key, json.dumps(new), cas=modify_index):
+            if self._write("bumping the generation", self.consul.kv.put, key, json.dumps(new), cas=modify_index):
                 return new
         return self.generation()[0]
 

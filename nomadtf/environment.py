@@ -47,9 +47,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
-
 from nomadtf.errors import NomadtfError, TaskError
 
 FORMAT = 1  # part of every key: a change of layout or build recipe never reuses old environments
@@ -80,6 +77,8 @@ def requirement_problems(requirements: list[Any], where: str = "environment.requ
     """One line per requirement that is not a PEP 508 requirement (options such as
     `--index-url` are not requirements: the installer's settings come from the client's
     or the job's env)."""
+    from packaging.requirements import InvalidRequirement, Requirement  # only with `environment`
+
     problems = []
     for i, text in enumerate(requirements):
         if not isinstance(text, str):
@@ -95,6 +94,9 @@ def requirement_problems(requirements: list[Any], where: str = "environment.requ
 def normalize_requirements(requirements: Iterable[str]) -> tuple[str, ...]:
     """Canonical spelling (PEP 503 names, sorted extras and specifiers), sorted, once each:
     the same set written differently gives the same environment."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
     out = set()
     for text in requirements:
         req = Requirement(text)
@@ -128,6 +130,9 @@ def default_python() -> str:
 
 def blame(requirements: Iterable[str], output: str) -> list[str]:
     """The requirements whose package the installer's error output names."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
     text = output.lower()
     named = []
     for req_text in requirements:

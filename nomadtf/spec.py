@@ -24,14 +24,17 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
-
-import jsonschema
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from nomadtf import roles as role_table
 from nomadtf.errors import SpecError
 from nomadtf.roles import SINGLETON_ROLES
+
+if TYPE_CHECKING:
+    import jsonschema
+
+# jsonschema and yaml are imported where they are used: `nomadtf task` reads the spec it was
+# rendered with (JSON, validated at submission) and starts faster without them.
 
 
 @cache
@@ -42,6 +45,8 @@ def schema() -> dict[str, Any]:
 
 def read_options(path: Path) -> dict[str, Any]:
     """Parse a job.json (or .yaml/.yml) file into a dict."""
+    import yaml
+
     is_yaml = path.suffix in (".yaml", ".yml")
     kind = "YAML" if is_yaml else "JSON"
     try:
@@ -209,18 +214,24 @@ def _pattern(validator: Any, pattern: str, instance: Any, node: dict[str, Any]) 
     if validator.is_type(instance, "string"):
         python = pattern[:-1] + r"\Z" if pattern.endswith("$") and not pattern.endswith("\\$") else pattern
         if not re.search(python, instance):
+            import jsonschema
+
             yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
 
 
-_Validator = jsonschema.validators.extend(
-    jsonschema.Draft202012Validator,
-    validators={"pattern": _pattern},
-    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer),
-)
+@cache
+def _validator_class() -> Any:
+    import jsonschema
+
+    return jsonschema.validators.extend(
+        jsonschema.Draft202012Validator,
+        validators={"pattern": _pattern},
+        type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer),
+    )
 
 
 def schema_problems(data: dict[str, Any]) -> list[str]:
-    validator = _Validator(schema())
+    validator = _validator_class()(schema())
     problems = []
     for error in sorted(validator.iter_errors(data), key=lambda e: (list(map(str, e.absolute_path)), e.message)):
         problems.extend(_explain(error, data))

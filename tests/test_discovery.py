@@ -6,7 +6,9 @@ import threading
 import time
 
 import pytest
+import requests
 
+from nomadtf.devstack import stack as stack_mod
 from nomadtf.discovery import ConsulDiscovery
 from tests.helpers import unique
 
@@ -140,3 +142,72 @@ def test_namespaces_keep_same_named_jobs_apart(job_id):
     finally:
         a.delete_job_keys()
         b.delete_job_keys()
+
+
+def test_one_read_serves_a_whole_step_and_a_write_inside_drops_it(job_id):
+    """Inside `one_read`, state, counts, slots and generation cost no request; after a write
+    inside it, reads ask Consul again and see the write."""
+    d = _claimant(job_id)
+    try:
+        assert d.claim_slot("worker", 2, "alloc-a", 0, "i1") == 0
+        d.set_job_state("running-for-the-test")
+        d.bump_generation("fp-1")
+        reads = []
+        real_get = d.consul.kv.get
+
+        def counting_get(*args, **kwargs):
+            reads.append(args[0])
+            return real_get(*args, **kwargs)
+
+        d.consul.kv.get = counting_get
+        with d.one_read():
+            assert len(reads) == 1 and reads[0].endswith("/cluster/")
+            assert d.job_state() == "running-for-the-test"
+            assert d.generation()[0]["fingerprint"] == "fp-1"
+            assert {k: v.alloc_id for k, v in d.slots().items()} == {("worker", 0): "alloc-a"}
+            assert d.counts() == {}
+            assert len(reads) == 1
+            ConsulDiscovery(job_id).set_job_state("changed-by-a-peer")
+            assert d.job_state() == "running-for-the-test"  # the step's one view
+            d.bump_generation("fp-2")  # a write: the view is gone
+            assert d.job_state() == "changed-by-a-peer"
+            assert d.generation()[0]["fingerprint"] == "fp-2"
+        calls = len(reads)
+        d.job_state()
+        assert len(reads) == calls + 1  # outside: every read asks
+    finally:
+        d.close()
+
+
+def test_a_service_watch_answers_the_members_read_and_wakes_only_on_its_service(job_id):
+    """The per-role watch keeps what it saw: members come from it, without another request;
+    another service's registration does not wake it."""
+    d = _claimant(job_id)
+    consul = f"http://{stack_mod.CONSUL_ADDR}"
+    own, other = d.service_name("worker"), f"{job_id}-unrelated"
+    try:
+        index = d.wait_for_service_change("worker", 0, 1)
+        assert d.passing_instances("worker") == {}
+        woke = {}
+
+        def watch():
+            started = time.monotonic()
+            woke["index"] = d.wait_for_service_change("worker", index, 5)
+            woke["after"] = time.monotonic() - started
+
+        thread = threading.Thread(target=watch)
+        thread.start()
+        time.sleep(0.3)
+        requests.put(f"{consul}/v1/agent/service/register", json={"Name": other, "ID": other, "Port": 1}, timeout=5).raise_for_status()
+        time.sleep(1.0)
+        assert thread.is_alive(), "another service's registration woke the worker watch"
+        requests.put(f"{consul}/v1/agent/service/register", timeout=5, json={
+            "Name": own, "ID": own, "Address": "127.0.0.9", "Port": 4242, "Tags": ["alloc=alloc-a"]}).raise_for_status()
+        thread.join(10)
+        assert woke["after"] < 4.5, "the worker watch slept through its own service's registration"
+        d.consul.health.service = None  # any further request for it would fail
+        assert d.passing_instances("worker") == {"alloc-a": "127.0.0.9:4242"}
+    finally:
+        for service in (own, other):
+            requests.put(f"{consul}/v1/agent/service/deregister/{service}", timeout=5)
+        d.close()

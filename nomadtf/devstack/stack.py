@@ -252,7 +252,8 @@ class DevStack:
         return spawn(self.state_dir, name, argv, env)
 
     def _start_consul(self, binary: Path) -> Component:
-        argv = [str(binary), "agent", "-dev", "-bind", HOST, "-client", HOST, "-node", "nomadtf-dev"]
+        argv = [str(binary), "agent", "-dev", "-bind", HOST, "-client", HOST, "-node", "nomadtf-dev",
+                "-hcl", f"limits {{ http_max_conns_per_client = {wiring.CONSUL_MAX_CONNS_PER_CLIENT} }}"]
         return self._spawn("consul", argv, _base_env())
 
     def _start_openbao(self, binary: Path, token: str) -> Component:

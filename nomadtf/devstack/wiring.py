@@ -63,6 +63,10 @@ class Heartbeats:
 FAST_HEARTBEATS = Heartbeats()
 
 CONSUL_HTTPS_PORT = 8501
+# Every `nomadtf task` keeps about three HTTP connections to its node's Consul agent (two
+# blocking watches and its session renewals), all from one address. Consul refuses more than
+# 200 per client address by default (HTTP 429): about 60 tasks on one machine.
+CONSUL_MAX_CONNS_PER_CLIENT = 1024
 
 
 @dataclass(frozen=True)
@@ -170,6 +174,9 @@ client {{
   enabled = true
   # Tasks of the dev stack see PATH of the interpreter that started it, so
   # `python3 -m nomadtf` inside raw_exec tasks finds this installation.
+  # Past gc_max_allocs (default 50) the client deletes a finished allocation, logs and all,
+  # the moment it ends: one 64-task job would lose its failed tasks' logs.
+  gc_max_allocs = 300
 }}
 
 plugin "raw_exec" {{
@@ -296,6 +303,7 @@ def _consul_agent(data_dir: Path, node_name: str, bind: str, client: str, securi
         "disable_update_check": True,
         # Nothing here speaks gRPC (no Connect); keep the ports closed.
         "ports": {"grpc": -1, "grpc_tls": -1},
+        "limits": {"http_max_conns_per_client": CONSUL_MAX_CONNS_PER_CLIENT},
     }
     if security is None:
         return config

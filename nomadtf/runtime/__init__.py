@@ -7,6 +7,21 @@
     supervisor.py  the task's life: reads events, asks the policy, acts
 """
 
+import logging
+import sys
+
 from nomadtf.runtime.supervisor import run_task
 
-__all__ = ["run_task"]
+__all__ = ["main", "run_task"]
+
+
+def main(role: str) -> int:
+    """`nomadtf task --role ROLE`: log setup, then the task's whole life; its exit code."""
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        # Milliseconds: how fast a peer's move is seen and acted on is read from these lines.
+        format=f"%(asctime)s.%(msecs)03d nomadtf task {role}: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    return run_task(role)

@@ -11,11 +11,10 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
-from nomadtf import cluster, roles, wire
+from nomadtf import cluster, health, roles, wire
 from nomadtf.cluster import Member
 from nomadtf.discovery import ConsulDiscovery, Slot
 from nomadtf.errors import NomadtfError
@@ -33,23 +32,10 @@ WRITES = frozenset({"created", "modified", "moved", "closed", "deleted"})  # wat
 # ---- the health endpoint -------------------------------------------------------------------
 
 
-class _Health(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        body = b"ok\n"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_args: Any) -> None:
-        pass  # Nomad checks every 2 s; not worth a log line each
-
-
 def start_health_server(port: int) -> ThreadingHTTPServer:
-    """Nomad's service check: the task is registered as passing once this answers."""
-    server = ThreadingHTTPServer(("0.0.0.0", port), _Health)
-    threading.Thread(target=server.serve_forever, name="health", daemon=True).start()
-    return server
+    """Nomad's service check: the task is registered as passing once this answers (usually
+    already up: nomadtf.__main__ starts it before the runtime is imported)."""
+    return health.serve(port)
 
 
 # ---- watches -------------------------------------------------------------------------------
@@ -150,9 +136,11 @@ class Membership:
         self.discovery.open_session(wire.session_name(self.spec.name, self.me.role, self.me.alloc_id))
 
     def start_watches(self, post: Callable[[Event], None]) -> None:
-        roles_ = self.watched_roles
+        # One blocking query per role we may depend on (each wakes only on its own service),
+        # and one on the run's cluster keys.
         self.watches = [
-            Watch(CATALOG, lambda i, w: self.discovery.wait_for_catalog_change(i, w, roles_), post).start(),
+            *(Watch(CATALOG, lambda i, w, role=role: self.discovery.wait_for_service_change(role, i, w), post).start()
+              for role in self.watched_roles),
             Watch(CLUSTER_KV, self.discovery.wait_for_cluster_kv_change, post).start(),
         ]
         if self.spec.discovery.reconfigure == "template":

@@ -193,16 +193,15 @@ class Supervisor:
             return self._guard(lambda: self._on_child_exit(code))
         if event.kind == TIMER:
             return self._on_timer(event.data)
-        if event.kind == CATALOG:
-            # In template mode the file may be re-rendered just after the catalog changed:
-            # look again once the debounce has passed.
-            self.loop.call_at(time.monotonic() + self.spec.discovery.debounce_s, "step")
         if event.kind in (CATALOG, CLUSTER_KV, CLUSTER_FILE):
-            return self._step()
+            # One step for a burst of changes: queued events come before timers, so every
+            # watch event already waiting is taken before this one step runs. (A peer's
+            # arrival is a registration, a check and a slot claim: three wakes, one step.)
+            self.loop.call_at(time.monotonic(), "watch-step")
         return None
 
     def _on_timer(self, name: str) -> int | None:
-        if name == "step":
+        if name in ("step", "watch-step"):
             return self._step()
         if name == "rendezvous-deadline":
             if self.phase is Phase.CLAIMING:
@@ -242,7 +241,12 @@ class Supervisor:
             Phase.RUNNING: self._look,
             Phase.CHECKING: self._check_peers,
         }[self.phase]
-        return self._guard(lambda: self._refresh_counts() or act())
+        def step() -> int | None:
+            with self.discovery.one_read():  # state, counts, slots, generation: one request
+                self._refresh_counts()
+                return act()
+
+        return self._guard(step)
 
     def _refresh_counts(self) -> None:
         """`nomadtf scale` writes new role counts under the watched prefix: from then on the

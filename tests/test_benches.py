@@ -1,0 +1,68 @@
+"""The benches under bench/ run end to end on the local stack, briefly (CI's smoke test):
+each prints its table with every figure measured. No figure is judged here; the benches
+print ratios and targets for a person to read (README has the full runs)."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO
+
+pytestmark = pytest.mark.stack
+
+NUMBER = r"(nan|[0-9]+(?:\.[0-9]+)?)"
+
+
+def bench(*args: str, timeout: float) -> str:
+    out = subprocess.run([sys.executable, str(REPO / "bench" / args[0]), *args[1:]], capture_output=True, text=True,
+                         timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out.stdout
+
+
+def figures(text: str, label: str) -> list[float]:
+    """The numbers on the report line that starts with `label`."""
+    line = next((ln for ln in text.splitlines() if ln.startswith(label)), None)
+    assert line is not None, f"no line {label!r} in:\n{text}"
+    return [float(n) for n in re.findall(NUMBER, line[len(label):])]
+
+
+def measured(values: list[float]) -> bool:
+    return bool(values) and all(math.isfinite(v) and v >= 0 for v in values)
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(600)
+def test_bench_overhead_measures_bare_and_nomadtf_side_by_side(stack):
+    out = bench("bench_overhead.py", "--rounds", "1", "--steps", "40", timeout=540)
+    for label in ("submit -> first step (s)", "whole job (s)", "training speed (steps/s)"):
+        bare, ours, ratio = figures(out, label)[:3]
+        assert measured([bare, ours, ratio]), out
+        assert ratio == pytest.approx(ours / bare, abs=0.01)
+    assert re.search(r"nomadtf task: CPU [0-9.]+ s per task .* peak RSS [0-9.]+ MiB", out), out
+
+
+@pytest.mark.timeout(600)
+def test_bench_reconfig_times_moves_in_both_modes(stack):
+    out = bench("bench_reconfig.py", "--moves", "2", timeout=540)
+    for mode in ("watch", "template"):
+        numbers = figures(out, mode)
+        moves, detection_p50, detection_p99 = numbers[0], numbers[1], numbers[2]
+        assert moves == 2 and measured([detection_p50, detection_p99]), out
+        total_p50, total_p99, placed = numbers[-4], numbers[-3], numbers[-1]
+        assert measured([total_p50, total_p99, placed]), out
+        assert detection_p50 <= detection_p99 and total_p50 <= total_p99
+
+
+@pytest.mark.timeout(600)
+def test_bench_supervisor_counts_a_small_jobs_consul_requests(stack):
+    out = bench("bench_supervisor.py", "--quick", timeout=540)
+    assert "NOT MEASURED" not in out and "not steady state" not in out, out
+    numbers = figures(out, "4 (mwm)")
+    assert measured(numbers) and len(numbers) >= 5, out
