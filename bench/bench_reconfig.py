@@ -4,17 +4,19 @@ One `multi_worker_mirrored` job of stand-in tasks (`tests/jobs/probe.py`: prints
 given and sleeps) runs on the local stack; all-reduce needs every worker, so a peer that
 moves restarts every worker with the new TF_CONFIG. The bench moves worker[N-1] again and
 again (Nomad's "stop allocation": a replacement is placed, on a new port) and times each move
-from the **catalog change**, the moment Consul answers blocking queries with the new
-worker's passing registration. A witness in this process watches exactly that (a blocking
-`GET /v1/health/service/<service>?passing`), the way the tasks' own watches do:
+from the **cluster change**: the moment Consul holds the new member, that is, answers
+blocking queries with the replacement's passing registration *and* its slot (whichever
+comes later; its health endpoint answers before it claims the slot). Witnesses in this
+process watch exactly that (blocking `GET /v1/health/service/<service>?passing` and
+`GET /v1/kv/nomadtf/default/<job>/?recurse`), the way the tasks' own watches do:
 
-- **detection**: catalog change -> a staying member's supervisor has seen it (its first
+- **detection**: cluster change -> a staying member's supervisor has seen it (its first
   "peers changed" or "restarting our child" line after the stop);
-- **total**: catalog change -> the last member (the replacement included) started its child
+- **total**: cluster change -> the last member (the replacement included) started its child
   with the new generation's TF_CONFIG ("generation G: starting" line).
 
 Times come from the supervisors' log lines (millisecond timestamps, same clock). Also shown:
-stop -> catalog change (Nomad placing and starting the replacement, and its check passing),
+stop -> cluster change (Nomad placing and starting the replacement, and its check passing),
 which no setting of nomadtf changes. p50 / p99 (nearest rank) over every move, and over
 every staying member for detection; the targets of issue 14 are printed beside them, never
 asserted: detection p99 < 200 ms, total < debounce + 1 s.
@@ -26,6 +28,7 @@ Needs the local stack: `nomadtf dev up && eval "$(nomadtf dev env)"`, then
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import math
 import os
@@ -103,6 +106,36 @@ class CatalogWitness:
         return self.seen[-1][1] if self.seen else frozenset()
 
 
+class SlotWitness(CatalogWitness):
+    """The same, on who holds one slot (`.../cluster/slots/<role>/<i>` of any run of the job):
+    a replacement is a member only once it holds its slot, which may come after its
+    registration passes (the health endpoint answers before the slot is claimed)."""
+
+    def __init__(self, job_id: str, role: str, index: int):
+        super().__init__(f"{job_id} {role}[{index}]")
+        self.prefix = wire.kv_job_prefix(wire.DEFAULT_NAMESPACE, job_id)
+        self.suffix = f"/cluster/slots/{role}/{index}"
+
+    def _run(self) -> None:
+        index = 0
+        while not self.stop.is_set():
+            try:
+                resp = requests.get(f"{consul()}/v1/kv/{self.prefix}", params={"recurse": "true", "index": index, "wait": "10s"}, timeout=20)
+                if resp.status_code == 404:
+                    index = int(resp.headers.get("X-Consul-Index", 0))
+                    continue
+                resp.raise_for_status()
+            except requests.RequestException:
+                time.sleep(0.5)
+                continue
+            now = time.time()
+            index = int(resp.headers.get("X-Consul-Index", 0))
+            holders = frozenset(json.loads(base64.b64decode(item["Value"] or b"") or b"{}").get("alloc", "")
+                                for item in resp.json() if item["Key"].endswith(self.suffix) and item.get("Session"))
+            if not self.seen or self.seen[-1][1] != holders:
+                self.seen.append((now, holders))
+
+
 # ---- the supervisors' log lines ------------------------------------------------------------
 
 
@@ -175,18 +208,25 @@ def newest_generation(job_id: str, workers: int) -> int:
     return min(numbers) if len(set(numbers)) == 1 else 0
 
 
-def measure_move(job_id: str, workers: int, witness: CatalogWitness, generation: int) -> tuple[Move, int]:
+def measure_move(job_id: str, workers: int, witness: CatalogWitness, slots: SlotWitness, generation: int) -> tuple[Move, int]:
     before = running_workers(job_id)
     staying = {i: a for i, a in before.items() if i != workers - 1}
+    moved = before[workers - 1]["ID"]
     old_addresses = witness.current()
     stopped_at = time.time()
-    resp = requests.post(f"{nomad()}/v1/allocation/{before[workers - 1]['ID']}/stop", timeout=10)
+    resp = requests.post(f"{nomad()}/v1/allocation/{moved}/stop", timeout=10)
     resp.raise_for_status()
 
     def complete_and_new(addresses: frozenset[str]) -> bool:
         return len(addresses) == workers and addresses != old_addresses
 
-    changed_at = wait_until(lambda: witness.first_after(stopped_at, complete_and_new), MOVE_TIMEOUT_S, "the replacement's passing registration", 0.1)
+    def held_by_another(holders: frozenset[str]) -> bool:
+        return bool(holders) and moved not in holders
+
+    registered = wait_until(lambda: witness.first_after(stopped_at, complete_and_new), MOVE_TIMEOUT_S, "the replacement's passing registration", 0.1)
+    claimed = wait_until(lambda: slots.first_after(stopped_at, held_by_another), MOVE_TIMEOUT_S, "the replacement's slot", 0.1)
+    # The cluster has changed in Consul once both are there: the new address, and its slot.
+    changed_at = max(registered, claimed)
 
     def everyone_started() -> dict[str, list] | None:
         allocs = running_workers(job_id)
@@ -218,14 +258,14 @@ def measure_mode(mode: str, moves: int, workers: int, debounce: str, workdir: Pa
     path.write_text(json.dumps(spec))
     service = wire.service_name(wire.DEFAULT_NAMESPACE, job_id, "worker")
     results = []
-    with CatalogWitness(service) as witness:
+    with CatalogWitness(service) as witness, SlotWitness(job_id, "worker", workers - 1) as slots:
         out = nomadtf("run", str(path), "--detach")
         if out.returncode != 0:
             raise SystemExit(f"nomadtf run failed: {out.stderr or out.stdout}")
         try:
             generation = wait_until(lambda: newest_generation(job_id, workers), 180, "the first generation on every worker", 0.5)
             for number in range(1, moves + 1):
-                move, generation = measure_move(job_id, workers, witness, generation)
+                move, generation = measure_move(job_id, workers, witness, slots, generation)
                 results.append(move)
                 seen = ", ".join(f"{d * 1000:.0f}" for d in move.detection_s)
                 print(f"  {mode} move {number}: placed {move.placed_s:.2f}s, seen after [{seen}] ms, every member on generation {generation} after {move.total_s:.2f}s",
@@ -238,7 +278,7 @@ def measure_mode(mode: str, moves: int, workers: int, debounce: str, workdir: Pa
 
 def report(by_mode: dict[str, list[Move]], debounce_s: float) -> None:
     print(f"\nreconfiguration latency: a worker moves in a {len(next(iter(by_mode.values()), []))}-move run per mode; debounce {debounce_s:.1f}s")
-    print(f"{'mode':<10}{'moves':>6}{'detection p50 / p99 (ms)':>27}{'target p99':>12}{'total p50 / p99 (s)':>22}{'target':>10}{'stop -> catalog p50 (s)':>25}")
+    print(f"{'mode':<10}{'moves':>6}{'detection p50 / p99 (ms)':>27}{'target p99':>12}{'total p50 / p99 (s)':>22}{'target':>10}{'stop -> change p50 (s)':>25}")
     for mode, moves in by_mode.items():
         detection = [d * 1000 for m in moves for d in m.detection_s]
         total = [m.total_s for m in moves]

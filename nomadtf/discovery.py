@@ -165,6 +165,11 @@ class ConsulDiscovery:
         )
         return int(new_index)
 
+    def watched_instances(self, role: str) -> dict[str, str] | None:
+        """What the role's running watch last answered (no request); None without one."""
+        watched = self._watched.get(role)
+        return None if watched is None else dict(watched)
+
     def passing_instances(self, role: str) -> dict[str, str]:
         """alloc id -> "host:port" of the role's registrations whose checks all pass.
 

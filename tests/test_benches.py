@@ -40,7 +40,7 @@ def measured(values: list[float]) -> bool:
 @pytest.mark.tf
 @pytest.mark.timeout(600)
 def test_bench_overhead_measures_bare_and_nomadtf_side_by_side(stack):
-    out = bench("bench_overhead.py", "--rounds", "1", "--steps", "40", timeout=540)
+    out = bench("bench_overhead.py", "--rounds", "1", "--steps", "150", timeout=540)
     for label in ("submit -> first step (s)", "whole job (s)", "training speed (steps/s)"):
         bare, ours, ratio = figures(out, label)[:3]
         assert measured([bare, ours, ratio]), out

@@ -197,6 +197,18 @@ class Membership:
             return members_from_template(self.cluster_file, slots, self.spec.counts)
         return self.discovery.members(self.spec.counts, slots)
 
+    def may_be_complete(self) -> bool:
+        """False when our catalog watches hold fewer passing tasks of a role we wait for than
+        it counts: the cluster cannot be complete, and a look would only cost requests.
+        Costs none itself. (Template mode reads a file: always worth a look.)"""
+        if self.spec.discovery.reconfigure == "template":
+            return True
+        for role in self.wait_for:
+            seen = self.discovery.watched_instances(role)
+            if seen is not None and len(seen) < self.spec.counts.get(role, 0):
+                return False
+        return True
+
     def missing(self, members: list[Member]) -> list[str]:
         return cluster.missing_members(self.spec.counts, members, self.wait_for)
 

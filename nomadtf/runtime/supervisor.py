@@ -193,6 +193,11 @@ class Supervisor:
             return self._guard(lambda: self._on_child_exit(code))
         if event.kind == TIMER:
             return self._on_timer(event.data)
+        if event.kind == CATALOG and self.phase is Phase.RENDEZVOUS and not self.membership.may_be_complete():
+            # Another arrival while peers are still missing: nothing to decide, nothing to
+            # read. (Without this, N tasks arriving one by one cost N x N reads.) Slot and
+            # job-state changes (CLUSTER_KV) are always looked at.
+            return None
         if event.kind in (CATALOG, CLUSTER_KV, CLUSTER_FILE):
             # One step for a burst of changes: queued events come before timers, so every
             # watch event already waiting is taken before this one step runs. (A peer's
