@@ -38,7 +38,6 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 from pathlib import Path
 
 import requests
@@ -46,12 +45,11 @@ import requests
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench import tasklog  # noqa: E402
 from nomadtf import wire  # noqa: E402
 from tests.helpers import allocations, nomadtf, probe_job, purge, task_log, unique, wait_until  # noqa: E402
 
-LINE = re.compile(r"^(\d\d):(\d\d):(\d\d)\.(\d{3}) nomadtf task \w+: (.*)$")
-GENERATION = re.compile(r"^generation (\d+): starting")
-SEEN = ("peers changed:", "restarting our child:")
+SEEN = re.compile(r"peers changed:|restarting our child:")
 MOVE_TIMEOUT_S = 120.0
 
 
@@ -63,20 +61,20 @@ def nomad() -> str:
     return os.environ.get("NOMAD_ADDR", "http://127.0.0.1:4646")
 
 
-# ---- the witness of the catalog ---------------------------------------------------------------
+# ---- witnesses of Consul ------------------------------------------------------------------
 
 
-class CatalogWitness:
-    """Blocking queries on one service's passing instances, on a thread: every answer is
-    kept as (wall time, set of "address:port")."""
+class Witness:
+    """Blocking queries on one Consul endpoint, on a thread: every answer that differs from
+    the one before is kept as (wall time, what `read` made of it)."""
 
-    def __init__(self, service: str):
-        self.service = service
+    def __init__(self, path: str, params: dict[str, str], read):
+        self.path, self.params, self.read = path, params, read
         self.seen: list[tuple[float, frozenset[str]]] = []
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="catalog-witness", daemon=True)
+        self.thread = threading.Thread(target=self._run, name=f"witness {path}", daemon=True)
 
-    def __enter__(self) -> CatalogWitness:
+    def __enter__(self) -> Witness:
         self.thread.start()
         return self
 
@@ -87,85 +85,55 @@ class CatalogWitness:
         index = 0
         while not self.stop.is_set():
             try:
-                resp = requests.get(f"{consul()}/v1/health/service/{self.service}",
-                                    params={"passing": "true", "index": index, "wait": "10s"}, timeout=20)
-                resp.raise_for_status()
+                resp = requests.get(f"{consul()}{self.path}", params={**self.params, "index": index, "wait": "10s"}, timeout=20)
+                if resp.status_code != 404:  # a KV prefix with no key yet: nothing seen
+                    resp.raise_for_status()
             except requests.RequestException:
                 time.sleep(0.5)
                 continue
             now = time.time()
             index = int(resp.headers.get("X-Consul-Index", 0))
-            addresses = frozenset(f"{e['Service']['Address']}:{e['Service']['Port']}" for e in resp.json())
-            if not self.seen or self.seen[-1][1] != addresses:
-                self.seen.append((now, addresses))
+            value = self.read(resp.json() if resp.status_code == 200 else [])
+            if not self.seen or self.seen[-1][1] != value:
+                self.seen.append((now, value))
 
     def first_after(self, since: float, accept) -> float | None:
-        return next((t for t, addresses in self.seen if t >= since and accept(addresses)), None)
+        return next((t for t, value in self.seen if t >= since and accept(value)), None)
 
     def current(self) -> frozenset[str]:
         return self.seen[-1][1] if self.seen else frozenset()
 
 
-class SlotWitness(CatalogWitness):
-    """The same, on who holds one slot (`.../cluster/slots/<role>/<i>` of any run of the job):
-    a replacement is a member only once it holds its slot, which may come after its
+def catalog_witness(service: str) -> Witness:
+    """The service's passing instances, "address:port" each."""
+    return Witness(f"/v1/health/service/{service}", {"passing": "true"},
+                   lambda entries: frozenset(f"{e['Service']['Address']}:{e['Service']['Port']}" for e in entries))
+
+
+def slot_witness(job_id: str, role: str, index: int) -> Witness:
+    """The allocations holding `.../cluster/slots/<role>/<index>` in any run of the job: a
+    replacement is a member only once it holds its slot, which may come after its
     registration passes (the health endpoint answers before the slot is claimed)."""
+    suffix = f"/cluster/slots/{role}/{index}"
 
-    def __init__(self, job_id: str, role: str, index: int):
-        super().__init__(f"{job_id} {role}[{index}]")
-        self.prefix = wire.kv_job_prefix(wire.DEFAULT_NAMESPACE, job_id)
-        self.suffix = f"/cluster/slots/{role}/{index}"
+    def holders(items: list[dict]) -> frozenset[str]:
+        return frozenset(json.loads(base64.b64decode(item["Value"] or b"") or b"{}").get("alloc", "")
+                         for item in items if item["Key"].endswith(suffix) and item.get("Session"))
 
-    def _run(self) -> None:
-        index = 0
-        while not self.stop.is_set():
-            try:
-                resp = requests.get(f"{consul()}/v1/kv/{self.prefix}", params={"recurse": "true", "index": index, "wait": "10s"}, timeout=20)
-                if resp.status_code == 404:
-                    index = int(resp.headers.get("X-Consul-Index", 0))
-                    continue
-                resp.raise_for_status()
-            except requests.RequestException:
-                time.sleep(0.5)
-                continue
-            now = time.time()
-            index = int(resp.headers.get("X-Consul-Index", 0))
-            holders = frozenset(json.loads(base64.b64decode(item["Value"] or b"") or b"{}").get("alloc", "")
-                                for item in resp.json() if item["Key"].endswith(self.suffix) and item.get("Session"))
-            if not self.seen or self.seen[-1][1] != holders:
-                self.seen.append((now, holders))
+    return Witness(f"/v1/kv/{wire.kv_job_prefix(wire.DEFAULT_NAMESPACE, job_id)}", {"recurse": "true"}, holders)
 
 
 # ---- the supervisors' log lines ------------------------------------------------------------
 
 
-def parse_lines(text: str, today: datetime) -> list[tuple[float, str]]:
-    """(wall time, message) of every `HH:MM:SS.mmm nomadtf task <role>: ...` line. Pure."""
-    out = []
-    for line in text.splitlines():
-        match = LINE.match(line)
-        if not match:
-            continue
-        hour, minute, second, millis, message = match.groups()
-        when = today.replace(hour=int(hour), minute=int(minute), second=int(second), microsecond=int(millis) * 1000)
-        if when - today > timedelta(hours=12):  # a line from before midnight
-            when -= timedelta(days=1)
-        out.append((when.timestamp(), message))
-    return out
-
-
 def supervisor_lines(alloc_id: str, task: str) -> list[tuple[float, str]]:
-    return parse_lines(task_log(alloc_id, task, "stderr"), datetime.now())
-
-
-def first(lines: list[tuple[float, str]], since: float, test) -> float | None:
-    return next((t for t, message in lines if t >= since and test(message)), None)
+    return tasklog.parse(task_log(alloc_id, task, "stderr"), time.time())
 
 
 def started_generations(lines: list[tuple[float, str]]) -> dict[int, float]:
     out: dict[int, float] = {}
     for t, message in lines:
-        match = GENERATION.match(message)
+        match = tasklog.START.match(message)
         if match:
             out.setdefault(int(match[1]), t)
     return out
@@ -208,7 +176,7 @@ def newest_generation(job_id: str, workers: int) -> int:
     return min(numbers) if len(set(numbers)) == 1 else 0
 
 
-def measure_move(job_id: str, workers: int, witness: CatalogWitness, slots: SlotWitness, generation: int) -> tuple[Move, int]:
+def measure_move(job_id: str, workers: int, witness: Witness, slots: Witness, generation: int) -> tuple[Move, int]:
     before = running_workers(job_id)
     staying = {i: a for i, a in before.items() if i != workers - 1}
     moved = before[workers - 1]["ID"]
@@ -242,9 +210,9 @@ def measure_move(job_id: str, workers: int, witness: CatalogWitness, slots: Slot
     new_generation = min(max(started_generations(v)) for v in lines.values())
     move.total_s = max(started_generations(v)[new_generation] for v in lines.values()) - changed_at
     for alloc in staying.values():
-        seen = first(lines.get(alloc["ID"], []), stopped_at, lambda m: m.startswith(SEEN))
+        seen = tasklog.first(lines.get(alloc["ID"], []), SEEN, since=stopped_at)
         if seen is not None:
-            move.detection_s.append(seen - changed_at)
+            move.detection_s.append(seen[0] - changed_at)
     return move, new_generation
 
 
@@ -258,7 +226,7 @@ def measure_mode(mode: str, moves: int, workers: int, debounce: str, workdir: Pa
     path.write_text(json.dumps(spec))
     service = wire.service_name(wire.DEFAULT_NAMESPACE, job_id, "worker")
     results = []
-    with CatalogWitness(service) as witness, SlotWitness(job_id, "worker", workers - 1) as slots:
+    with catalog_witness(service) as witness, slot_witness(job_id, "worker", workers - 1) as slots:
         out = nomadtf("run", str(path), "--detach")
         if out.returncode != 0:
             raise SystemExit(f"nomadtf run failed: {out.stderr or out.stdout}")

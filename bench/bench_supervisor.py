@@ -40,13 +40,14 @@ import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import psutil
 import requests
 
+from bench import tasklog
 from tests import faults
 from tests.helpers import allocations, nomad, nomadtf, probe_job, purge, task_log, unique, wait_until
 
@@ -62,11 +63,6 @@ TARGET_RSS_MIB = 60.0
 REQUEST_LINE = re.compile(rb"(GET|PUT|POST|DELETE|HEAD) (\S+) HTTP/1\.[01]")
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 RUN_SEGMENT = re.compile(r"<job>/[0-9a-f]{8}/")  # the KV keys carry the run id after the job (nomadtf/wire.py)
-# The supervisors' stderr (nomadtf/cli.py `task`): "14:03:07.412 nomadtf task worker: ...";
-# older builds log whole seconds, so the milliseconds are optional.
-LOG_STAMP = r"^(\d\d):(\d\d):(\d\d)(?:\.(\d{3}))? nomadtf task \S+: "
-COMPLETE_LINE = re.compile(LOG_STAMP + r"cluster complete after ([\d.]+)s", re.MULTILINE)
-START_LINE = re.compile(LOG_STAMP + r"generation (\d+): starting", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -220,9 +216,9 @@ class CountingProxy:
 
 class CheckChanges:
     """Counts every change of any health check in Consul (the whole datacenter) with a
-    blocking query of its own, on Consul itself. The tasks' catalog watch (GET
-    /v1/health/state/any, filtered by service name) wakes on each of them, whichever job the
-    check belongs to, so the tasks' request rate follows what else runs on the shared stack.
+    blocking query of its own, on Consul itself: what else happens on the shared stack. The
+    tasks watch only their own job's services (GET /v1/health/service/<job>-<role>), so
+    their request rate should not follow it; this column shows whether it does.
 
     Usage: with CheckChanges() as changes: ...; changes.between(t0, t1)
     """
@@ -294,7 +290,6 @@ class Formation:
     requests: int  # every Consul request of the tasks from submission to last_start_s + FORMATION_TAIL_S
     by_endpoint: dict[str, int]
     check_changes: int  # of any check in Consul meanwhile, this job's included (CheckChanges)
-    log_resolution_s: float
     notes: str = ""  # why the figures may be off (Consul restarted, a later generation)
 
 
@@ -307,7 +302,7 @@ class Result:
     per_task: list[TaskFigures]
     requests: int
     by_endpoint: dict[str, int]
-    check_changes: int  # of any check in Consul during the window: each wakes every task's catalog watch
+    check_changes: int  # of any check in Consul during the window (other jobs included)
     formation: Formation | None = None
     disturbed: str = ""  # why this window is not steady state; empty when it is
 
@@ -439,12 +434,12 @@ def measure_formation(
     and count the Consul requests up to the last start (plus the peers' debounced steps)."""
     wall, mono = submitted
     lines = wait_formed(layout, job_id)
-    last_start = max(log_time(start, wall) for _complete, start, _alloc in lines.values()) - wall
+    last_start = max(start[0] for _complete, start, _alloc in lines.values()) - wall
     ended = mono + last_start + FORMATION_TAIL_S
     time.sleep(max(0.0, ended - time.monotonic()))
     counted = [r for r in proxy.requests if mono <= r[0] <= ended]
     by_endpoint = Counter(endpoint(m, t, job_id) for _t, m, t in counted)
-    generations = sorted(int(start.group(5)) for _complete, start, _alloc in lines.values())
+    generations = sorted(int(start[1][1]) for _complete, start, _alloc in lines.values())
     notes = []
     errors = [text for t, text in proxy.errors if mono <= t <= ended]
     if errors:
@@ -453,21 +448,22 @@ def measure_formation(
         notes.append(f"{by_endpoint['PUT /v1/session/create']} sessions for {layout.tasks} tasks (Consul restarted?)")
     if generations[-1] != 1:
         notes.append(f"some tasks started generation {generations[-1]} first (a rendezvous was redone)")
-    stamps = [m for complete, start, _alloc in lines.values() for m in (complete, start)]
     return Formation(
         nomad_started_s=max(last_task_start(alloc) for _complete, _start, alloc in lines.values()) - wall,
-        complete_after_s=sorted(float(complete.group(5)) for complete, _start, _alloc in lines.values()),
+        complete_after_s=sorted(float(complete[1][1]) for complete, _start, _alloc in lines.values()),
         last_start_s=last_start,
         generations=generations,
         requests=len(counted),
         by_endpoint=dict(by_endpoint.most_common()),
         check_changes=changes.between(mono, ended),
-        log_resolution_s=0.001 if all(m.group(4) for m in stamps) else 1.0,
         notes="; ".join(notes),
     )
 
 
-def wait_formed(layout: Layout, job_id: str) -> dict[str, tuple[re.Match, re.Match, dict]]:
+Logged = tuple[float, re.Match]  # a supervisor line's time and what it said (bench/tasklog.py)
+
+
+def wait_formed(layout: Layout, job_id: str) -> dict[str, tuple[Logged, Logged, dict]]:
     """alloc id -> (its "cluster complete" line, its first "generation N: starting" line, the
     allocation) once every task has logged both. Says early why when Nomad cannot place the
     job (a blocked evaluation) or an allocation failed, instead of waiting out the timeout.
@@ -477,7 +473,7 @@ def wait_formed(layout: Layout, job_id: str) -> dict[str, tuple[re.Match, re.Mat
     polling adds little to the two cores that the formation itself needs.
     """
     deadline = time.monotonic() + formation_timeout(layout)
-    found: dict[str, tuple[re.Match, re.Match, dict]] = {}
+    found: dict[str, tuple[Logged, Logged, dict]] = {}
     blocked_since = None
     state = "nothing placed"
     while time.monotonic() < deadline:
@@ -489,8 +485,8 @@ def wait_formed(layout: Layout, job_id: str) -> dict[str, tuple[re.Match, re.Mat
         if len(running) == layout.tasks:
             for alloc in running:
                 if alloc["ID"] not in found:
-                    text = task_log(alloc["ID"], alloc["TaskGroup"], "stderr")
-                    complete, start = COMPLETE_LINE.search(text), START_LINE.search(text)
+                    lines = tasklog.parse(task_log(alloc["ID"], alloc["TaskGroup"], "stderr"), time.time())
+                    complete, start = tasklog.first(lines, tasklog.COMPLETE), tasklog.first(lines, tasklog.START)
                     if complete and start:
                         found[alloc["ID"]] = (complete, start, alloc)
             if len(found) == layout.tasks:
@@ -562,16 +558,6 @@ def placement_problem(job_id: str) -> str:
             f"{metric.get('NodesFiltered', 0)} filtered out"
         )
     return f"evaluation {blocked[0]['ID'][:8]} is blocked; " + ("; ".join(why) or "no failed placement recorded")
-
-
-def log_time(match: re.Match, near: float) -> float:
-    """Epoch seconds of a log line's HH:MM:SS[.mmm], on the local day of `near` (the tasks
-    run on this machine, with its clock), or the next day when the run crossed midnight."""
-    hour, minute, second, millis = match.group(1, 2, 3, 4)
-    stamp = datetime.fromtimestamp(near).replace(hour=int(hour), minute=int(minute), second=int(second), microsecond=int(millis or 0) * 1000)
-    if stamp.timestamp() < near - 12 * 3600:
-        stamp += timedelta(days=1)
-    return stamp.timestamp()
 
 
 def last_task_start(alloc: dict) -> float:
@@ -661,7 +647,7 @@ def print_steady(results: list[Result], window_s: float) -> None:
             + ("  (not steady state, see below)" if r.disturbed else "")
         )
     print(f"peak +child: the highest VmHWM of a nomadtf task plus its child's, MiB (mirrored layouts ask {PROBE_MEMORY_MB} MB)")
-    print("checks changed/min: changes of any check in Consul, other jobs' included; each wakes every task's catalog watch")
+    print("checks changed/min: changes of any check in Consul, other jobs' included (the tasks watch only their own services)")
 
 
 def print_formation(results: list[Result]) -> None:
@@ -677,8 +663,6 @@ def print_formation(results: list[Result]) -> None:
         complete = f"{statistics.median(f.complete_after_s):.1f} / {max(f.complete_after_s):.1f}"
         print(f"{r.layout:<9}{f.nomad_started_s:>19.1f}{complete:>32}{f.last_start_s:>18.1f}{f.requests:>12}{f.requests / r.tasks:>10.1f}{f.check_changes:>16}"
               + (f"  ({f.notes})" if f.notes else ""))
-    if any(r.formation.log_resolution_s > 0.01 for r in formed):
-        print("  (the tasks log whole seconds: start times are exact to 1 s only)")
     print("  cluster complete after: each task's own wait for its peers, from its start to the complete cluster")
 
 

@@ -176,9 +176,9 @@ class ConsulDiscovery:
         What the role's watch last answered, while it runs (it wakes us on every change);
         otherwise GET /v1/health/service/<service>?passing=1
         """
-        watched = self._watched.get(role)
+        watched = self.watched_instances(role)
         if watched is not None:
-            return dict(watched)
+            return watched
         _, entries = _call(f"service {self.service_name(role)}", self.consul.health.service, self.service_name(role), passing=True)
         return _instances(entries)
 

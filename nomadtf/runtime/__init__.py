@@ -3,7 +3,7 @@
     loop.py        one event queue: watch events, signals, child exits, timers
     policy.py      pure decisions: who restarts on which event, budgets, exit classes, hang
     child.py       the TensorFlow process: start, stop, process group, parent death, reaping
-    membership.py  index claim, rendezvous, watches, the health endpoint (Consul)
+    membership.py  index claim, rendezvous, the watches (Consul and the template file)
     supervisor.py  the task's life: reads events, asks the policy, acts
 """
 

@@ -1,6 +1,5 @@
-"""Who this task is and who its peers are: the health endpoint, the index claim, the
-cluster as Consul (or the template-rendered file) sees it, and the watches that turn
-Consul changes into loop events. Every call here is one non-blocking step; waiting is
+"""Who this task is and who its peers are: the index claim, the cluster as Consul (or
+the template-rendered file) sees it, and the watches that turn changes into loop events. Every call here is one non-blocking step; waiting is
 the event loop's job, so a SIGTERM is handled at once, in any phase.
 """
 
@@ -11,10 +10,9 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
-from nomadtf import cluster, health, roles, wire
+from nomadtf import cluster, roles, wire
 from nomadtf.cluster import Member
 from nomadtf.discovery import ConsulDiscovery, Slot
 from nomadtf.errors import NomadtfError
@@ -27,15 +25,6 @@ log = logging.getLogger("nomadtf.task")
 WATCH_WAIT_S = 30.0  # a blocking query's wait; answered at once on a change
 WATCH_RETRY_S = 1.0  # after a failed query (Consul restarting)
 WRITES = frozenset({"created", "modified", "moved", "closed", "deleted"})  # watchdog's event types
-
-
-# ---- the health endpoint -------------------------------------------------------------------
-
-
-def start_health_server(port: int) -> ThreadingHTTPServer:
-    """Nomad's service check: the task is registered as passing once this answers (usually
-    already up: nomadtf.__main__ starts it before the runtime is imported)."""
-    return health.serve(port)
 
 
 # ---- watches -------------------------------------------------------------------------------

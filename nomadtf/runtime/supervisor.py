@@ -24,6 +24,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from nomadtf import health as health_endpoint
 from nomadtf import roles, wire
 from nomadtf.cluster import Member
 from nomadtf.discovery import ConsulDiscovery, consul_client, retrying
@@ -42,7 +43,7 @@ from nomadtf.runtime.loop import (
     Event,
     EventLoop,
 )
-from nomadtf.runtime.membership import Identity, Membership, describe, start_health_server
+from nomadtf.runtime.membership import Identity, Membership, describe
 from nomadtf.runtime.policy import Act
 from nomadtf.spec import JobSpec, for_task, read_spec_file
 
@@ -133,7 +134,8 @@ class Supervisor:
     def run(self) -> int:
         self.loop.install_signals()
         become_subreaper()
-        health = start_health_server(self.alloc.health_port)
+        # Nomad's service check; usually up already (nomadtf.__main__ starts it first thing).
+        health = health_endpoint.serve(self.alloc.health_port)
         try:
             return self._main()
         finally:
