@@ -25,6 +25,9 @@ from dataclasses import dataclass
 
 ROLES = ("chief", "worker", "ps", "evaluator", "tensorboard")
 SINGLETON_ROLES = ("chief", "evaluator", "tensorboard")
+# Side roles: never waited for, never restart or fail training; the job's outcome does not
+# depend on them (their failures are warnings).
+SOFT_ROLES = ("evaluator", "tensorboard")
 STRATEGIES = ("parameter_server", "multi_worker_mirrored", "legacy_server")
 
 MOVED = "moved"
@@ -81,6 +84,11 @@ def rule(strategy: str, role: str) -> RoleRule:
 
 def runs_user_code(strategy: str, role: str) -> bool:
     return rule(strategy, role).runs_user_code
+
+
+def is_soft(role: str) -> bool:
+    """A side role (evaluator, TensorBoard): its failure never fails, stops or restarts training."""
+    return role in SOFT_ROLES
 
 
 def cluster_roles(strategy: str) -> tuple[str, ...]:
