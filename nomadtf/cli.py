@@ -301,12 +301,16 @@ def run(
     job_file: JobFile,
     var: Vars = None,
     detach: Annotated[bool, typer.Option("--detach", help="Return once Nomad accepted the job")] = False,
-    timeout: Annotated[Optional[str], typer.Option("--timeout", help="Give up following after this long (e.g. 30m); exit 3")] = None,
+    timeout: Annotated[Optional[str], typer.Option("--timeout", help="Give up following after this long (e.g. 30m); exit 3, the run goes on")] = None,
     templates: TemplatesDir = None,
     replace: Annotated[bool, typer.Option("--replace", help="Stop a run of this job that is still going, then start this one")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the latest checkpoint of the job's previous run")] = False,
 ) -> None:
-    """Validate, render, submit a new run, and follow it to its outcome (exit 0 = training succeeded)."""
+    """Validate, render, submit a new run, and follow it to its outcome.
+
+    Exit codes: 0 succeeded, 1 failed, 2 bad job.json, 3 --timeout passed (the run goes on),
+    4 stopped from outside, 5 past recovery.deadline, 6 lost, 130 interrupted (the run goes on).
+    """
     from nomadtf.run import Run
     from nomadtf.spec import duration_seconds
 
@@ -366,8 +370,10 @@ def status(
         f"{job_id}: {job['Status']}  run {state.run_id or '-'}  {report.elapsed_s:.0f}s  "
         f"strategy {meta.get('nomadtf.strategy', '?')}  nomadtf {meta.get('nomadtf.version', '?')}"
     )
-    if report.recorded:
-        typer.echo(f"  outcome: {report.recorded}")
+    if report.outcome:
+        typer.echo(f"  outcome: {report.outcome}")
+    elif report.recorded:
+        typer.echo(f"  recorded: {report.recorded} (its tasks are still stopping)")
     if report.progress:
         metrics = "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in (report.progress.get("metrics") or {}).items())
         typer.echo(f"  step {report.progress.get('step')}  {metrics}".rstrip())

@@ -427,6 +427,15 @@ class ConsulDiscovery:
         _, items = _call("listing sessions", self.consul.session.list)
         return [s for s in items if s.get("Name", "").startswith(f"nomadtf {self.job_id} ")]
 
-    def delete_job_keys(self) -> None:
-        """Every run's keys. DELETE /v1/kv/nomadtf/<ns>/<job>/?recurse (a new run; `stop --purge`)."""
-        _call("deleting job keys", self.consul.kv.delete, wire.kv_job_prefix(*self._kv), recurse=True)
+    def delete_job_keys(self, keep_run: str = "") -> None:
+        """Every run's keys but `keep_run`'s (a new run keeps its own: its tasks may have
+        written already).  DELETE /v1/kv/nomadtf/<ns>/<job>/?recurse (`stop --purge`), or
+        GET .../?keys&separator=/ and DELETE .../<run>/?recurse per other run"""
+        prefix = wire.kv_job_prefix(*self._kv)
+        if not keep_run:
+            _call("deleting job keys", self.consul.kv.delete, prefix, recurse=True)
+            return
+        _, keys = _call("listing the job's runs", self.consul.kv.get, prefix, keys=True, separator="/")
+        for key in keys or []:
+            if key != f"{prefix}{keep_run}/":
+                _call("deleting an earlier run's keys", self.consul.kv.delete, key, recurse=key.endswith("/"))

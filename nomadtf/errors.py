@@ -13,8 +13,11 @@
     │   └── VaultError                Vault/OpenBao failure (never carries a secret value)
     ├── TaskError                     the in-allocation supervisor could not continue
     │   └── RendezvousTimeout         the cluster never became complete; lists who is missing
-    └── JobFailed                     the job reached a terminal failure (exit 1)
-        └── FollowTimeout             --timeout passed before the job finished (exit 3)
+    └── JobFailed                     the run failed (exit 1); see nomadtf/outcome.py
+        ├── FollowTimeout             --timeout passed before the run ended; it goes on (exit 3)
+        ├── JobStopped                stopped from outside: stop, purge, another run (exit 4)
+        ├── JobTimedOut               the run passed its recovery.deadline (exit 5)
+        └── JobLost                   every task ended and none recorded why (exit 6)
 
 `cli.py` is the only place that catches these, prints `str(error)` and exits with
 `error.exit_code`.
@@ -97,3 +100,15 @@ class JobFailed(NomadtfError):
 
 class FollowTimeout(JobFailed):
     exit_code = 3
+
+
+class JobStopped(JobFailed):
+    exit_code = 4
+
+
+class JobTimedOut(JobFailed):
+    exit_code = 5
+
+
+class JobLost(JobFailed):
+    exit_code = 6

@@ -15,16 +15,30 @@ Usage:
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nomadtf.errors import FollowTimeout, JobFailed, NomadtfError, ServerError
+from nomadtf import outcome as outcomes
+from nomadtf.errors import (
+    FollowTimeout,
+    JobFailed,
+    JobLost,
+    JobStopped,
+    JobTimedOut,
+    NomadtfError,
+    ServerError,
+)
 from nomadtf.nomad import NomadAPI
+from nomadtf.outcome import RunOutcome, alloc_slot, latest_allocs
 from nomadtf.plan import explain_placement_failure, group_counts, requested_devices
 from nomadtf.wire import META_RUN, META_VERSION, STATE_FAILED
+
+# The error `nomadtf run` raises for each outcome but success (its exit code: outcome.py).
+OUTCOME_ERRORS: dict[str, type[JobFailed]] = {
+    outcomes.FAILED: JobFailed, outcomes.STOPPED: JobStopped, outcomes.TIMED_OUT: JobTimedOut, outcomes.LOST: JobLost,
+}
 
 
 @dataclass
@@ -48,38 +62,23 @@ class JobView:
     elapsed: float = 0.0
 
 
-def alloc_slot(alloc: dict[str, Any]) -> tuple[str, int]:
-    """("worker", 1) from the allocation name "digits.worker[1]"."""
-    match = re.search(r"\.([^.\[]+)\[(\d+)\]$", alloc.get("Name", ""))
-    return (match[1], int(match[2])) if match else (alloc.get("TaskGroup", "?"), 0)
-
-
-def latest_allocs(allocs: list[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
-    """The newest allocation for every (role, index): replacements supersede what they replace."""
-    latest: dict[tuple[str, int], dict[str, Any]] = {}
-    for alloc in sorted(allocs, key=lambda a: a.get("CreateIndex", 0)):
-        latest[alloc_slot(alloc)] = alloc
-    return latest
-
-
 def run_of(job: dict[str, Any]) -> str:
     """The run id a job's current version carries ("" for a job rendered without one)."""
     return (job.get("Meta") or {}).get(META_RUN, "")
 
 
-def first_version_of_run(versions: list[dict[str, Any]], run_id: str) -> int:
-    """The oldest job version of run `run_id` (later versions of one run: `nomadtf scale`).
-    0 when the run is unknown: then every allocation counts. Pure."""
-    if not run_id:
-        return 0
-    mine = [v.get("Version", 0) for v in versions if (v.get("Meta") or {}).get(META_RUN) == run_id]
-    return min(mine) if mine else 0
+def versions_of_run(versions: list[dict[str, Any]], run_id: str) -> set[int]:
+    """The job versions that belong to run `run_id` (one per registration, plus one per
+    `nomadtf scale`; a later run of the same name has versions of its own). Pure."""
+    return {v.get("Version", 0) for v in versions if (v.get("Meta") or {}).get(META_RUN) == run_id}
 
 
-def of_run(allocs: list[dict[str, Any]], first_version: int) -> list[dict[str, Any]]:
-    """The allocations of the run that began at `first_version`: a re-run of the same job
-    name never counts the previous runs' allocations. Pure."""
-    return [a for a in allocs if a.get("JobVersion", 0) >= first_version]
+def of_run(allocs: list[dict[str, Any]], versions: set[int] | None) -> list[dict[str, Any]]:
+    """The allocations of one run (None: a job rendered without runs, every allocation).
+    A re-run of the same job name never counts another run's allocations. Pure."""
+    if versions is None:
+        return list(allocs)
+    return [a for a in allocs if a.get("JobVersion", 0) in versions]
 
 
 def restarts_of(alloc: dict[str, Any]) -> int:
@@ -106,31 +105,6 @@ def summarize(job: dict[str, Any], allocs: list[dict[str, Any]]) -> JobView:
         role, _ = alloc_slot(alloc)
         view.roles.setdefault(role, RoleView()).restarts += restarts_of(alloc)
     return view
-
-
-def outcome(job: dict[str, Any], allocs: list[dict[str, Any]], reschedule_attempts: int) -> str | None:
-    """"succeeded", "failed" or None (still going). Pure.
-
-    Succeeded: every current allocation completed (the chief exited 0 and the others
-    stopped on their own). Failed: some slot failed more often than it may be rescheduled,
-    or the job died with a failed allocation.
-    """
-    latest = latest_allocs(allocs)
-    if latest and all(a.get("ClientStatus") == "complete" for a in latest.values()):
-        wanted = sum(g.get("Count", 0) for g in job.get("TaskGroups") or [])
-        if len(latest) >= wanted:
-            return "succeeded"
-    failures: dict[tuple[str, int], int] = {}
-    for alloc in allocs:
-        # A `lost` allocation (its node went down) is replaced by Nomad whatever the
-        # reschedule policy says: it spends none of the job's reschedule attempts.
-        if alloc.get("ClientStatus") == "failed":
-            failures[alloc_slot(alloc)] = failures.get(alloc_slot(alloc), 0) + 1
-    if any(count > reschedule_attempts for count in failures.values()):
-        return "failed"
-    if job.get("Status") == "dead" and any(a.get("ClientStatus") in ("failed", "lost") for a in latest.values()):
-        return "failed"
-    return None
 
 
 def deciding_alloc(allocs: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -177,10 +151,10 @@ def describe_environment(role: str, index: int, status: dict[str, Any]) -> str:
 
 
 class Follower:
-    """Follows one submitted job until it succeeds, fails or runs out of time.
+    """Follows one run until its outcome (outcome.py) or the timeout.
 
     Usage:
-        view = Follower(api, "digits", 600, 2, on_view=show, on_event=log).follow(eval_id)
+        view = Follower(api, "digits", 600, 2, on_view=show, on_event=log, run_id=run).follow(eval_id)
     """
 
     def __init__(
@@ -195,9 +169,12 @@ class Follower:
         recorded_state: Callable[[], str | None] = lambda: None,
         first_version: int = 0,
         environments: Callable[[], dict[tuple[str, int], dict[str, Any]]] = lambda: {},
+        run_id: str = "",
     ):
         self.api = api
-        self.first_version = first_version
+        self.run_id = run_id
+        # This run's job versions: the one it registered, and those `nomadtf scale` adds.
+        self.versions: set[int] | None = {first_version} if run_id else None
         self.job_id = job_id
         self.deadline = time.monotonic() + timeout if timeout else None
         self.reschedule_attempts = reschedule_attempts
@@ -214,8 +191,9 @@ class Follower:
         self.tensorboard_announced = False
 
     def follow(self, eval_id: str) -> JobView:
-        """The final view once the job succeeded; JobFailed (with the failing tasks' events
-        and stderr) or FollowTimeout otherwise.
+        """The final view once the run succeeded; otherwise the outcome's error (JobFailed
+        with the failing task's events and stderr, JobStopped, JobTimedOut, JobLost) or
+        FollowTimeout.
 
         GET /v1/evaluation/:eval_id (blocking) until placed, then in turn
         GET /v1/job/:job_id/allocations (blocking), GET /v1/job/:job_id,
@@ -226,30 +204,36 @@ class Follower:
         while True:
             self._check_deadline()
             every, index = self.api.watch_allocations(self.job_id, index)
-            allocs = of_run(every, self.first_version)
             job = self.api.job(self.job_id)
-            if job is None:
-                raise JobFailed(f"job {self.job_id} disappeared (stopped from outside?)")
+            if job is not None and self.versions is not None and run_of(job) == self.run_id:
+                self.versions.add(job.get("Version", 0))
+            allocs = of_run(every, self.versions)
             self._report_events(allocs)
             self._report_environments()
             self._announce_tensorboard(allocs)
-            view = summarize(job, allocs)
+            view = summarize(job or {"ID": self.job_id, "Status": "dead"}, allocs)
             self._fill_progress(view, allocs)
             self.on_view(view)
-            result = outcome(job, allocs, self.reschedule_attempts)
-            if result == "succeeded":
+            result = outcomes.decide(job, allocs, self._recorded(), self.run_id, self.reschedule_attempts)
+            if result is None:
+                continue
+            if result.kind == outcomes.SUCCEEDED:
                 return view
-            if result == "failed" or self._recorded_failure():
-                raise JobFailed(self._failure_report(allocs))
+            raise OUTCOME_ERRORS[result.kind](self._ending_report(result, view, allocs))
 
-    def _recorded_failure(self) -> bool:
-        """The job's own tasks recorded a failure (a permanent exit code, the deadline):
-        that is the outcome, even while Nomad still restarts the failed slot."""
+    def _recorded(self) -> Any:
+        """The run's recorded state; outcome.UNKNOWN while Consul cannot be read."""
         try:
-            state = self.recorded_state()
+            return self.recorded_state()
         except ServerError:
-            return False
-        return bool(state and state.startswith(STATE_FAILED))
+            return outcomes.UNKNOWN
+
+    def _ending_report(self, result: RunOutcome, view: JobView, allocs: list[dict[str, Any]]) -> str:
+        """What `run` prints for an outcome other than success."""
+        if result.kind == outcomes.STOPPED:
+            step = f" at step {view.step}" if view.step is not None else ""
+            return f"job {self.job_id} run {self.run_id or '?'} {result.reason}{step} after {view.elapsed:.0f}s; it did not finish training"
+        return self._failure_report(allocs)
 
     def _check_deadline(self) -> None:
         if self.deadline and time.monotonic() > self.deadline:
@@ -416,6 +400,14 @@ class JobReport:
     progress: dict[str, Any] | None
     recorded: str | None  # "succeeded", "failed: <why>", None while running (or unknown)
     consul_error: str = ""
+    outcome: RunOutcome | None = None  # None while the run goes on (or cannot be told)
+
+
+def reschedule_attempts_of(job: dict[str, Any]) -> int:
+    """The reschedule attempts the rendered job gives its groups (the same for every group
+    nomadtf renders). Pure."""
+    attempts = [(g.get("ReschedulePolicy") or {}).get("Attempts", 0) or 0 for g in job.get("TaskGroups") or []]
+    return max(attempts, default=0)
 
 
 def run_elapsed(allocs: list[dict[str, Any]], running: bool, now_ns: int) -> float:
@@ -436,11 +428,15 @@ def job_report(api: NomadAPI, job_id: str, discovery_for: Callable[[str], Any]) 
     """
     state = job_state(api, job_id)
     elapsed = run_elapsed(state.allocs, state.job.get("Status") != "dead", time.time_ns())
+    attempts = reschedule_attempts_of(state.job)
     try:
         discovery = discovery_for(state.run_id)
-        return JobReport(state, elapsed, discovery.progress(), discovery.job_state())
+        recorded = discovery.job_state()
+        result = outcomes.decide(state.job, state.allocs, recorded, state.run_id, attempts)
+        return JobReport(state, elapsed, discovery.progress(), recorded, outcome=result)
     except ServerError as exc:
-        return JobReport(state, elapsed, None, None, str(exc))
+        result = outcomes.decide(state.job, state.allocs, outcomes.UNKNOWN, state.run_id, attempts)
+        return JobReport(state, elapsed, None, None, str(exc), outcome=result)
 
 
 def run_allocations(api: NomadAPI, job: dict[str, Any]) -> list[dict[str, Any]]:
@@ -448,8 +444,8 @@ def run_allocations(api: NomadAPI, job: dict[str, Any]) -> list[dict[str, Any]]:
 
     GET /v1/job/:job_id/versions (when the job has a run id) ; GET /v1/job/:job_id/allocations
     """
-    first = first_version_of_run(api.versions(job["ID"]), run_of(job)) if run_of(job) else 0
-    return of_run(api.allocations(job["ID"]), first)
+    versions = versions_of_run(api.versions(job["ID"]), run_of(job)) if run_of(job) else None
+    return of_run(api.allocations(job["ID"]), versions)
 
 
 def require_nomadtf_job(api: NomadAPI, job_id: str) -> dict[str, Any]:
@@ -498,12 +494,12 @@ def log_allocations(
     return allocs
 
 
-def final_lines(api: NomadAPI, job_id: str, count: int = 3, first_version: int = 0) -> list[str]:
+def final_lines(api: NomadAPI, job_id: str, count: int = 3, versions: set[int] | None = None) -> list[str]:
     """The last lines printed by the task whose exit ends the training (chief, else worker 0).
 
     GET /v1/job/:job_id/allocations ; GET /v1/client/fs/logs/:alloc_id?origin=end
     """
-    alloc = deciding_alloc(of_run(api.allocations(job_id), first_version))
+    alloc = deciding_alloc(of_run(api.allocations(job_id), versions))
     if alloc is None:
         return []
     role, _index = alloc_slot(alloc)

@@ -284,9 +284,20 @@ class NomadAPI:
         body = {**job, "Diff": True}
         return self._json("the plan", "submit-job", self.client.job, job_id, "plan", method="post", json=body)
 
-    def register(self, job: dict[str, Any]) -> dict[str, Any]:
-        """POST /v1/jobs"""
-        return self._json(f"submitting job {job['Job']['ID']}", "submit-job", self.client.jobs, method="post", json=job)
+    def register(self, job: dict[str, Any], modify_index: int | None = None) -> dict[str, Any]:
+        """POST /v1/jobs ; with `modify_index` a check-and-set: Nomad registers only while the
+        job's JobModifyIndex is still that (0: only while there is no such job), so of two
+        submissions that read the same job exactly one goes through.
+        NomadError(status 409 here) for the other."""
+        body = dict(job)
+        if modify_index is not None:
+            body.update(EnforceIndex=True, JobModifyIndex=modify_index)
+        try:
+            return self._json(f"submitting job {job['Job']['ID']}", "submit-job", self.client.jobs, method="post", json=body)
+        except NomadError as exc:
+            if modify_index is not None and "enforcing job modify index" in str(exc).lower():
+                raise NomadError(str(exc), status=409) from exc
+            raise
 
     def job(self, job_id: str) -> dict[str, Any] | None:
         """GET /v1/job/:job_id ; None when there is no such job."""

@@ -27,8 +27,8 @@ from typing import Any
 
 from nomadtf import render, spec, wire
 from nomadtf.discovery import ConsulDiscovery
-from nomadtf.errors import FollowTimeout, JobFailed, NomadtfError, ServerError
-from nomadtf.follow import Follower, JobView, final_lines, first_version_of_run, require_nomadtf_job, run_of
+from nomadtf.errors import FollowTimeout, JobFailed, JobStopped, NomadError, NomadtfError, ServerError
+from nomadtf.follow import Follower, JobView, final_lines, require_nomadtf_job, run_of, versions_of_run
 from nomadtf.nomad import NomadAPI
 
 REPLACE_WAIT_S = 60.0  # how long --replace waits for the running run's allocations to stop
@@ -103,9 +103,15 @@ class Run:
         unless `replace`), work out what `resume` continues, clear the job's old Consul
         state, register the new run. Nothing is sent unless every check passed.
 
+        Registration is a check-and-set on the job's JobModifyIndex as read here (0: no job
+        yet): of two `nomadtf run` of one name at the same moment exactly one registers, the
+        other is refused and sends nothing more. Only after that are earlier runs' Consul
+        keys deleted, never this run's.
+
         POST /v1/validate/job ; GET /v1/job/:job_id ; [DELETE /v1/job/:job_id and blocking
         GET /v1/job/:job_id/allocations with --replace] ; GET .../progress of the previous run ;
-        DELETE /v1/kv/nomadtf/<ns>/<job>/?recurse ; POST /v1/jobs ; GET /v1/job/:job_id/versions
+        POST /v1/jobs (EnforceIndex) ; GET /v1/job/:job_id/versions ;
+        DELETE /v1/kv/nomadtf/<ns>/<job>/<other run>/?recurse
         """
         notes: list[str] = []
         run_id = new_run_id()
@@ -118,21 +124,37 @@ class Run:
         model_run = self._model_run(existing, run_id, resume, notes)
         job = render.render_job(self.spec, self.templates, spec.RunInfo(run_id, time.time(), model_run))
         self.api.validate(job)
+        discovery = ConsulDiscovery(self.job_id, self.api.namespace, run_id=run_id)
+        try:
+            discovery.job_state()  # Consul holds the run's state: it must answer before we submit
+        except ServerError as exc:
+            raise ServerError(f"Consul is needed for the job's state: {exc}") from exc
+        modify_index = existing.get("JobModifyIndex", 0) if existing is not None else 0
         if existing is not None and existing.get("Status") != "dead":
             if not replace:
                 raise JobFailed(
                     f"job {self.job_id} is already running in namespace {self.api.namespace} (run {run_of(existing) or '?'}); "
                     f"add --replace to stop it and start a new run, or stop it first (nomadtf stop {self.job_id})"
                 )
-            self._stop_running(existing, notes)
+            modify_index = self._stop_running(existing, notes)
         try:
-            ConsulDiscovery(self.job_id, self.api.namespace).delete_job_keys()  # earlier runs' state goes
-        except ServerError as exc:
-            raise ServerError(f"Consul is needed for the job's state: {exc}") from exc
-        registered = self.api.register(job)
+            registered = self.api.register(job, modify_index=modify_index)
+        except NomadError as exc:
+            if exc.status != 409:
+                raise
+            current = run_of(self.api.job(self.job_id) or {})
+            raise JobFailed(
+                f"another submission of {self.job_id} in namespace {self.api.namespace} registered first"
+                f" (run {current or '?'}); this run was not submitted. Follow that one (nomadtf status {self.job_id})"
+                " or add --replace to stop it"
+            ) from exc
         self.job = job
-        self.discovery = ConsulDiscovery(self.job_id, self.api.namespace, run_id=run_id)
-        first = first_version_of_run(self.api.versions(self.job_id), run_id)
+        self.discovery = discovery
+        try:
+            discovery.delete_job_keys(keep_run=run_id)  # earlier runs' state goes, never ours
+        except ServerError as exc:
+            notes.append(f"could not delete earlier runs' Consul keys (harmless: every run has its own): {exc}")
+        first = min(versions_of_run(self.api.versions(self.job_id), run_id), default=0)
         return Submitted(
             self.job_id, self.api.namespace, registered["EvalID"], self.api.ui_url(self.job_id), run_id, first, notes
         )
@@ -161,9 +183,10 @@ class Run:
             notes.append(f"model_dir {directory} already holds a checkpoint at step {step}: training resumes from it")
         return model_run
 
-    def _stop_running(self, existing: dict[str, Any], notes: list[str]) -> None:
-        """--replace: stop the running run and wait (bounded) for its allocations to stop."""
-        self.api.stop(self.job_id)
+    def _stop_running(self, existing: dict[str, Any], notes: list[str]) -> int:
+        """--replace: stop the running run and wait (bounded) for its allocations to stop.
+        The job's JobModifyIndex after the stop (what this run's registration must find)."""
+        stopped = self.api.stop(self.job_id)
         deadline = time.monotonic() + REPLACE_WAIT_S
         index = 0
         while time.monotonic() < deadline:
@@ -171,6 +194,7 @@ class Run:
             if all(a.get("ClientStatus") not in ("pending", "running") for a in allocs):
                 break
         notes.append(f"stopped the running run {run_of(existing) or '?'} of {self.job_id} (--replace)")
+        return int(stopped.get("JobModifyIndex") or (self.api.job(self.job_id) or {}).get("JobModifyIndex", 0))
 
     def follow(
         self,
@@ -196,21 +220,28 @@ class Run:
             recorded_state=discovery.job_state,
             first_version=submitted.first_version,
             environments=discovery.environments if self.spec.get("environment") else lambda: {},
+            run_id=submitted.run_id,
         )
         try:
             view = follower.follow(submitted.eval_id)
-        except FollowTimeout:
-            raise
+        except (FollowTimeout, JobStopped):
+            raise  # still running on purpose / already stopped by someone else
         except NomadtfError:
             # A failed job must not keep holding capacity: parameter servers and workers
             # would wait for a chief that will never succeed.
-            self._stop_after_failure(on_event)
+            self._stop_after_failure(submitted.run_id, on_event)
             raise
-        return Outcome(view, final_lines(self.api, self.job_id, first_version=submitted.first_version))
+        return Outcome(view, final_lines(self.api, self.job_id, versions=follower.versions))
 
-    def _stop_after_failure(self, on_event: Callable[[str], None]) -> None:
-        """DELETE /v1/job/:job_id ; a failure to stop is reported, the job's failure raised."""
+    def _stop_after_failure(self, run_id: str, on_event: Callable[[str], None]) -> None:
+        """Stop the job while it still holds this run (never another run of the same name);
+        a failure to stop is reported, the run's failure raised.
+
+        GET /v1/job/:job_id ; DELETE /v1/job/:job_id"""
         try:
+            job = self.api.job(self.job_id)
+            if job is None or job.get("Stop") or (run_id and run_of(job) != run_id):
+                return
             self.api.stop(self.job_id)
         except ServerError as exc:
             on_event(f"could not stop {self.job_id}: {exc}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nomadtf.follow import first_version_of_run, of_run, pick_allocs, run_elapsed
+from nomadtf.follow import of_run, pick_allocs, run_elapsed, versions_of_run
 from nomadtf.run import checkpoint_step, client_model_dir
 from nomadtf.spec import JobSpec, RunInfo, for_task, load_spec, spec_file_text
 from tests.helpers import EXAMPLES
@@ -15,23 +15,24 @@ def _alloc(name: str, version: int, create: int, status: str = "complete") -> di
     return {"ID": f"{name}-{create}", "Name": f"job.{name}", "JobVersion": version, "CreateIndex": create, "ClientStatus": status}
 
 
-def test_the_current_run_starts_at_its_oldest_version():
+def test_a_run_owns_exactly_the_versions_that_carry_its_id():
     versions = [
         {"Version": 3, "Meta": {"nomadtf.run": "b"}},  # `scale` made a new version of run b
         {"Version": 2, "Meta": {"nomadtf.run": "b"}},
         {"Version": 1, "Meta": {"nomadtf.run": "a"}},
         {"Version": 0, "Meta": {}},
     ]
-    assert first_version_of_run(versions, "b") == 2
-    assert first_version_of_run(versions, "a") == 1
-    assert first_version_of_run(versions, "") == 0
-    assert first_version_of_run(versions, "unknown") == 0
+    assert versions_of_run(versions, "b") == {2, 3}
+    assert versions_of_run(versions, "a") == {1}
+    assert versions_of_run(versions, "unknown") == set()
 
 
-def test_allocations_of_earlier_runs_are_left_out():
+def test_allocations_of_other_runs_are_left_out():
+    """Neither an earlier run's nor a later one's (a colleague's --replace) allocations count."""
     allocs = [_alloc("chief[0]", 1, 10), _alloc("chief[0]", 2, 20, "running"), _alloc("worker[0]", 3, 30)]
-    assert [a["CreateIndex"] for a in of_run(allocs, 2)] == [20, 30]
-    assert len(of_run(allocs, 0)) == 3
+    assert [a["CreateIndex"] for a in of_run(allocs, {2})] == [20]
+    assert [a["CreateIndex"] for a in of_run(allocs, {2, 3})] == [20, 30]
+    assert len(of_run(allocs, None)) == 3
 
 
 def test_logs_show_every_attempt_of_a_slot_oldest_first_and_follow_the_newest():
@@ -75,15 +76,3 @@ def test_the_submitters_view_of_model_dir():
     spec = {"name": "digits", "model_dir": "/tmp/nomadtf/${NOMAD_NAMESPACE}/${NOMAD_JOB_ID}/${NOMADTF_RUN_ID}"}
     assert client_model_dir(spec, "team-a", "r1") == Path("/tmp/nomadtf/team-a/digits/r1")
     assert client_model_dir({**spec, "model_dir": "${NOMAD_ALLOC_DIR}/m"}, "default", "r1") is None
-
-
-def test_a_lost_allocation_spends_no_reschedule_attempt():
-    """A node that went down: Nomad replaces its allocations whatever the reschedule policy."""
-    from nomadtf.follow import outcome
-
-    job = {"Status": "running", "TaskGroups": [{"Name": "worker", "Count": 1}]}
-    lost = {"Name": "j.worker[0]", "ClientStatus": "lost", "CreateIndex": 1}
-    replacement = {"Name": "j.worker[0]", "ClientStatus": "running", "CreateIndex": 2}
-    assert outcome(job, [lost, replacement], reschedule_attempts=0) is None
-    failed = {**lost, "ClientStatus": "failed"}
-    assert outcome(job, [failed, replacement], reschedule_attempts=0) == "failed"

@@ -1,0 +1,132 @@
+"""A run's one outcome, decided the same way by `nomadtf run`, `status` and `logs`. Pure.
+
+    succeeded   its success policy was met: the task whose exit decides it recorded it   exit 0
+    failed      a task recorded a permanent failure, or a slot failed more often than
+                Nomad may reschedule it, or the job died with failed allocations         exit 1
+    stopped     from outside: `nomadtf stop`, `nomad job stop`, a purge, or another
+                run of the same name (`--replace` from another shell)                      exit 4
+    timed out   the run passed its `recovery.deadline`                                      exit 5
+    lost        every task ended and nobody recorded why (nothing else fits)              exit 6
+
+(exit 3 is `--timeout`: the follower gave up, the run goes on; 2 is a bad job.json.)
+
+The tasks record succeeded / failed in the run's Consul state (`cluster/state`); that
+record comes first. A job whose allocations all ended `complete` is *never* called
+succeeded without it: a stopped job's tasks exit 0 on SIGTERM and Nomad marks them complete.
+Side roles (evaluator, TensorBoard) never decide anything: their failures are warnings.
+
+Usage:
+    result = decide(job, allocs, recorded="succeeded", run_id="3f2a9c1e", reschedule_attempts=2)
+    result.kind, result.exit_code        # "succeeded", 0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from nomadtf import roles, wire
+
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+STOPPED = "stopped"
+TIMED_OUT = "timed out"
+LOST = "lost"
+
+EXIT_CODES = {SUCCEEDED: 0, FAILED: 1, STOPPED: 4, TIMED_OUT: 5, LOST: 6}
+
+# What a task records when the run passes recovery.deadline (inside its "failed: ..." state,
+# so that every task treats it as a failure; `decide` tells it apart).
+DEADLINE_WHY = "ran past recovery.deadline"
+
+UNKNOWN = object()  # the recorded state could not be read (Consul away): decide nothing from it
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    kind: str
+    reason: str = ""
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.kind]
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.reason}" if self.reason else self.kind
+
+
+def alloc_slot(alloc: dict[str, Any]) -> tuple[str, int]:
+    """("worker", 1) from the allocation name "digits.worker[1]"."""
+    name = alloc.get("Name", "")
+    head, _, rest = name.rpartition("[")
+    if head and rest.endswith("]") and rest[:-1].isdigit():
+        return head.rpartition(".")[2], int(rest[:-1])
+    return alloc.get("TaskGroup", "?"), 0
+
+
+def latest_allocs(allocs: list[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
+    """The newest allocation for every (role, index): replacements supersede what they replace."""
+    latest: dict[tuple[str, int], dict[str, Any]] = {}
+    for alloc in sorted(allocs, key=lambda a: a.get("CreateIndex", 0)):
+        latest[alloc_slot(alloc)] = alloc
+    return latest
+
+
+def from_record(recorded: str | None) -> RunOutcome | None:
+    """The outcome a task recorded, or None while nothing is recorded."""
+    if recorded == wire.STATE_SUCCEEDED:
+        return RunOutcome(SUCCEEDED)
+    if recorded and recorded.startswith(wire.STATE_FAILED):
+        reason = recorded.removeprefix(wire.STATE_FAILED).lstrip(": ")
+        return RunOutcome(TIMED_OUT if DEADLINE_WHY in reason else FAILED, reason)
+    return None
+
+
+def decide(
+    job: dict[str, Any] | None,
+    allocs: list[dict[str, Any]],
+    recorded: Any,
+    run_id: str,
+    reschedule_attempts: int,
+) -> RunOutcome | None:
+    """The run's outcome, or None while it is still going (or cannot be told yet).
+
+    `job` is the job as Nomad has it now (None: purged), `allocs` this run's allocations,
+    `recorded` the run's Consul state (a string, None, or UNKNOWN when unreadable).
+    """
+    if recorded is not UNKNOWN:
+        told = from_record(recorded)
+        if told and told.kind == SUCCEEDED and job is not None and job.get("Status") != "dead":
+            # Succeeded; the run ends once every task has stopped and freed its capacity.
+            ending = any(a.get("ClientStatus") in ("pending", "running") for a in latest_allocs(allocs).values())
+            return None if ending else told
+        if told:
+            return told
+    if job is None:
+        return RunOutcome(STOPPED, "the job was purged from Nomad")
+    current = (job.get("Meta") or {}).get(wire.META_RUN, "")
+    if run_id and current and current != run_id:
+        return RunOutcome(STOPPED, f"replaced by run {current} of the same job")
+    if job.get("Stop"):
+        return RunOutcome(STOPPED, "stopped from outside (nomadtf stop, nomad job stop)")
+    training = [a for a in allocs if not roles.is_soft(alloc_slot(a)[0])]
+    failures: dict[tuple[str, int], int] = {}
+    for alloc in training:
+        # A `lost` allocation (its node went down) is replaced by Nomad whatever the
+        # reschedule policy says: it spends none of the job's reschedule attempts.
+        if alloc.get("ClientStatus") == "failed":
+            failures[alloc_slot(alloc)] = failures.get(alloc_slot(alloc), 0) + 1
+    over = sorted(slot for slot, count in failures.items() if count > reschedule_attempts)
+    if over:
+        role, index = over[0]
+        return RunOutcome(FAILED, f"{role}[{index}] failed {failures[over[0]]} times, more than recovery.reschedule_attempts ({reschedule_attempts}) allow")
+    latest = {slot: a for slot, a in latest_allocs(training).items()}
+    if job.get("Status") == "dead" and latest:
+        broken = sorted(slot for slot, a in latest.items() if a.get("ClientStatus") in ("failed", "lost"))
+        if broken:
+            role, index = broken[0]
+            return RunOutcome(FAILED, f"{role}[{index}] ended {latest[broken[0]].get('ClientStatus')} and Nomad will not replace it")
+        if recorded is UNKNOWN:
+            return None  # the record may say succeeded: wait until it can be read
+        return RunOutcome(LOST, "every task ended without recording an outcome (see nomadtf logs)")
+    return None

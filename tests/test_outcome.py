@@ -1,0 +1,68 @@
+"""The one outcome model (nomadtf/outcome.py): what a run's job, allocations and recorded
+state mean. Pure; the same decisions are made on the real stack in tests/test_outcomes.py."""
+
+from __future__ import annotations
+
+from nomadtf import outcome
+from nomadtf.outcome import UNKNOWN, decide
+
+RUN = "r1"
+
+
+def _job(status: str = "running", stop: bool = False, run: str = RUN) -> dict:
+    groups = [{"Name": "chief", "Count": 1}, {"Name": "worker", "Count": 1}, {"Name": "evaluator", "Count": 1}]
+    return {"ID": "j", "Status": status, "Stop": stop, "Meta": {"nomadtf.run": run}, "TaskGroups": groups}
+
+
+def _alloc(slot: str, status: str, create: int = 1) -> dict:
+    return {"ID": f"{slot}-{create}", "Name": f"j.{slot}", "ClientStatus": status, "CreateIndex": create}
+
+
+DONE = [_alloc("chief[0]", "complete"), _alloc("worker[0]", "complete"), _alloc("evaluator[0]", "complete")]
+
+
+def test_every_allocation_complete_is_not_success_without_the_record():
+    """A stopped job's tasks exit 0 on SIGTERM and Nomad marks them complete."""
+    assert decide(_job("dead", stop=True), DONE, None, RUN, 2) == outcome.RunOutcome(outcome.STOPPED, "stopped from outside (nomadtf stop, nomad job stop)")
+    lost = decide(_job("dead"), DONE, None, RUN, 2)
+    assert lost is not None and lost.kind == outcome.LOST and lost.exit_code == 6
+
+
+def test_the_record_decides_success_once_every_task_has_stopped():
+    running = [_alloc("chief[0]", "complete"), _alloc("worker[0]", "running")]
+    assert decide(_job(), running, "succeeded", RUN, 2) is None
+    assert decide(_job(), DONE, "succeeded", RUN, 2) == outcome.RunOutcome(outcome.SUCCEEDED)
+    assert decide(_job("dead", stop=True), DONE, "succeeded", RUN, 2).exit_code == 0  # a stop after the end changes nothing
+
+
+def test_a_recorded_failure_and_the_deadline():
+    failed = decide(_job(), DONE, "failed: chief[0] exited 3, a permanent exit code", RUN, 2)
+    assert (failed.kind, failed.reason, failed.exit_code) == ("failed", "chief[0] exited 3, a permanent exit code", 1)
+    late = decide(_job(), DONE, f"failed: chief[0] exited 1, {outcome.DEADLINE_WHY} (60s after submission)", RUN, 2)
+    assert late.kind == outcome.TIMED_OUT and late.exit_code == 5
+
+
+def test_another_run_of_the_same_name_or_a_purge_stops_this_one():
+    replaced = decide(_job(run="r2"), DONE, None, RUN, 2)
+    assert replaced.kind == outcome.STOPPED and "r2" in replaced.reason and replaced.exit_code == 4
+    assert decide(None, DONE, None, RUN, 2).kind == outcome.STOPPED
+
+
+def test_side_roles_never_decide_the_outcome():
+    allocs = [_alloc("chief[0]", "running"), _alloc("worker[0]", "running")]
+    allocs += [_alloc("evaluator[0]", "failed", n) for n in range(2, 6)]
+    assert decide(_job(), allocs, None, RUN, 0) is None
+    allocs.append(_alloc("worker[0]", "failed", 9))
+    assert decide(_job(), allocs, None, RUN, 0).kind == outcome.FAILED
+
+
+def test_a_lost_allocation_spends_no_reschedule_attempt():
+    """A node that went down: Nomad replaces its allocations whatever the reschedule policy."""
+    lost, replacement = _alloc("worker[0]", "lost", 1), _alloc("worker[0]", "running", 2)
+    assert decide(_job(), [lost, replacement], None, RUN, 0) is None
+    assert decide(_job(), [_alloc("worker[0]", "failed", 1), replacement], None, RUN, 0).kind == outcome.FAILED
+
+
+def test_an_unreadable_record_decides_nothing_it_might_contradict():
+    assert decide(_job("dead"), DONE, UNKNOWN, RUN, 2) is None
+    assert decide(_job("dead", stop=True), DONE, UNKNOWN, RUN, 2).kind == outcome.STOPPED
