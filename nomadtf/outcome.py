@@ -108,7 +108,7 @@ def decide(
     if run_id and current and current != run_id:
         return RunOutcome(STOPPED, f"replaced by run {current} of the same job")
     if job.get("Stop"):
-        return RunOutcome(STOPPED, "stopped from outside (nomadtf stop, nomad job stop)")
+        return RunOutcome(STOPPED, "stopped from outside (nomadtf stop, nomad job stop, another run with --replace)")
     training = [a for a in allocs if not roles.is_soft(alloc_slot(a)[0])]
     failures: dict[tuple[str, int], int] = {}
     for alloc in training:

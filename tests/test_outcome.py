@@ -23,7 +23,7 @@ DONE = [_alloc("chief[0]", "complete"), _alloc("worker[0]", "complete"), _alloc(
 
 def test_every_allocation_complete_is_not_success_without_the_record():
     """A stopped job's tasks exit 0 on SIGTERM and Nomad marks them complete."""
-    assert decide(_job("dead", stop=True), DONE, None, RUN, 2) == outcome.RunOutcome(outcome.STOPPED, "stopped from outside (nomadtf stop, nomad job stop)")
+    assert decide(_job("dead", stop=True), DONE, None, RUN, 2) == outcome.RunOutcome(outcome.STOPPED, "stopped from outside (nomadtf stop, nomad job stop, another run with --replace)")
     lost = decide(_job("dead"), DONE, None, RUN, 2)
     assert lost is not None and lost.kind == outcome.LOST and lost.exit_code == 6
 
