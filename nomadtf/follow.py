@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nomadtf import outcome as outcomes
+from nomadtf import report, roles
 from nomadtf.errors import (
     FollowTimeout,
     JobFailed,
@@ -33,12 +34,13 @@ from nomadtf.errors import (
 from nomadtf.nomad import NomadAPI
 from nomadtf.outcome import RunOutcome, alloc_slot, latest_allocs
 from nomadtf.plan import explain_placement_failure, group_counts, requested_devices
-from nomadtf.wire import META_RUN, META_VERSION, STATE_FAILED
+from nomadtf.wire import META_RUN, META_VERSION
 
 # The error `nomadtf run` raises for each outcome but success (its exit code: outcome.py).
 OUTCOME_ERRORS: dict[str, type[JobFailed]] = {
     outcomes.FAILED: JobFailed, outcomes.STOPPED: JobStopped, outcomes.TIMED_OUT: JobTimedOut, outcomes.LOST: JobLost,
 }
+STDERR_TAIL_BYTES = 16_384  # of a failed task's stderr: room for a traceback among TensorFlow's notices
 
 
 @dataclass
@@ -189,6 +191,7 @@ class Follower:
         self.last_line_at = 0.0
         self.last_line = ""
         self.tensorboard_announced = False
+        self.warned_side_allocs: set[str] = set()
 
     def follow(self, eval_id: str) -> JobView:
         """The final view once the run succeeded; otherwise the outcome's error (JobFailed
@@ -211,6 +214,7 @@ class Follower:
             self._report_events(allocs)
             self._report_environments()
             self._announce_tensorboard(allocs)
+            self._warn_side_roles(allocs)
             view = summarize(job or {"ID": self.job_id, "Status": "dead"}, allocs)
             self._fill_progress(view, allocs)
             self.on_view(view)
@@ -233,7 +237,7 @@ class Follower:
         if result.kind == outcomes.STOPPED:
             step = f" at step {view.step}" if view.step is not None else ""
             return f"job {self.job_id} run {self.run_id or '?'} {result.reason}{step} after {view.elapsed:.0f}s; it did not finish training"
-        return self._failure_report(allocs)
+        return self._failure_report(allocs, result.reason)
 
     def _check_deadline(self) -> None:
         if self.deadline and time.monotonic() > self.deadline:
@@ -326,32 +330,41 @@ class Follower:
         except ServerError:
             return ""
 
-    def _failure_report(self, allocs: list[dict[str, Any]]) -> str:
-        """The job's recorded reason, then the deciding task and the newest failed ones: their
-        last events and stderr. The deciding task comes first even while Nomad still runs it:
-        its peers may stop (and fail) before its own allocation does.
+    def _failure_report(self, allocs: list[dict[str, Any]], decided: str = "") -> str:
+        """The job's recorded reason (else `decided`, the outcome's), then the failing task
+        (report.failing_alloc: the one the record names, else the newest failed one, else
+        the deciding one): its exit code, last events, traceback or last meaningful stderr
+        lines, and what to do.
 
         GET /v1/client/fs/logs/:alloc_id?type=stderr&origin=end
         """
         try:
-            reason = self.recorded_state()
+            recorded = self.recorded_state()
         except ServerError:
-            reason = None
-        detail = reason.removeprefix(STATE_FAILED).lstrip(": ") if reason and reason.startswith(STATE_FAILED) else ""
-        lines = [f"job {self.job_id} failed" + (f": {detail}" if detail else "")]
-        failed = sorted((a for a in allocs if a.get("ClientStatus") in ("failed", "lost")), key=lambda a: a.get("CreateIndex", 0))
-        deciding = deciding_alloc(allocs)
-        shown = ([deciding] if deciding else []) + [a for a in failed[-2:] if a is not deciding]
-        for alloc in shown:
+            recorded = None
+        told = outcomes.from_record(recorded)
+        alloc = report.failing_alloc(allocs, recorded)
+        task = None
+        if alloc is not None:
+            stderr = self._log_tail(alloc, alloc.get("TaskGroup", alloc_slot(alloc)[0]), "stderr", STDERR_TAIL_BYTES)
+            events = [text for _w, _t, text in task_events(alloc)[-4:]]
+            task = report.FailedTask.of(alloc, stderr, events, cut=len(stderr.encode()) >= STDERR_TAIL_BYTES)
+        return report.failure_text(self.job_id, told.reason if told else decided, task)
+
+    def _warn_side_roles(self, allocs: list[dict[str, Any]]) -> None:
+        """Once per failed evaluator or TensorBoard allocation: a warning with its own stderr.
+        Training goes on (outcome.decide never counts side roles).
+
+        GET /v1/client/fs/logs/:alloc_id?type=stderr&origin=end
+        """
+        for alloc in sorted(allocs, key=lambda a: a.get("CreateIndex", 0)):
             role, index = alloc_slot(alloc)
-            lines.append(f"{role}[{index}] allocation {alloc['ID'][:8]} ({alloc.get('ClientStatus')}): last events:")
-            lines += [f"    {text}" for _w, _t, text in task_events(alloc)[-4:]]
-            stderr = self._log_tail(alloc, alloc.get("TaskGroup", role), "stderr", 3000)
-            tail = [line for line in stderr.splitlines() if line.strip()][-12:]
-            if tail:
-                lines.append(f"  {role}[{index}] stderr (last {len(tail)} lines):")
-                lines += [f"    {line}" for line in tail]
-        return "\n".join(lines)
+            if not roles.is_soft(role) or alloc.get("ClientStatus") != "failed" or alloc["ID"] in self.warned_side_allocs:
+                continue
+            self.warned_side_allocs.add(alloc["ID"])
+            stderr = self._log_tail(alloc, alloc.get("TaskGroup", role), "stderr", STDERR_TAIL_BYTES)
+            lines = report.side_role_warning(role, index, report.exit_code_of(alloc), stderr, cut=len(stderr.encode()) >= STDERR_TAIL_BYTES)
+            self.on_event("\n".join(lines))
 
 
 # ---- reading jobs back ------------------------------------------------------------------------

@@ -117,6 +117,14 @@ def test_first_decision_after_the_child_exits(code, state, completes, act):
     assert policy.on_child_exit(code, [1, 2], state, completes) is act
 
 
+@pytest.mark.parametrize("code", [1, 2, 3, 137, -9])
+def test_a_side_roles_failure_is_restarted_on_its_own_never_checked_against_peers(code):
+    """An evaluator's or TensorBoard's exit, a permanent code included, never reaches the
+    peer check that can fail the job."""
+    assert policy.on_child_exit(code, [1, 2], None, False, soft=True) is Act.RECOVER
+    assert policy.on_child_exit(0, [1, 2], None, False, soft=True) is Act.EXIT_OK
+
+
 @pytest.mark.parametrize(
     ("code", "peer_changed", "act"),
     [(1, True, Act.RECOVER_WITH_CLUSTER), (1, False, Act.FAIL_JOB), (2, False, Act.FAIL_JOB),

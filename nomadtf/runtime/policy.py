@@ -12,6 +12,9 @@ What restarts when is the role table (nomadtf.roles); this module applies it:
     permanent exit code      the job is marked failed; every other task stops its child and
                              exits 0 (it did nothing wrong); the failed slot, restarted by
                              Nomad, exits 1 at once: nothing retries the code
+    side role's child fails  (evaluator, TensorBoard; any code, permanent ones included)
+                             restart in place within the budget, then exit 1 and leave it
+                             to Nomad: training is never stopped, restarted or failed by it
     job succeeded            bare servers stop now; user code gets a grace period
     job failed               the same, seen by a running task
     budget                   at most restart_attempts recoveries per restart_interval
@@ -124,15 +127,18 @@ class Act(enum.Enum):
     NOTHING = "nothing"
 
 
-def on_child_exit(code: int, permanent: Iterable[int], job_state: str | None, completes_job: bool) -> Act:
-    """The first decision after our child exited."""
+def on_child_exit(code: int, permanent: Iterable[int], job_state: str | None, completes_job: bool, soft: bool = False) -> Act:
+    """The first decision after our child exited. A side role's (`soft`, roles.is_soft)
+    failure, whatever its code, is restarted on its own budget: it never fails the job."""
     if job_state == "succeeded":
         return Act.EXIT_OK
     kind = exit_class(code, permanent)
     if kind is ExitClass.OK:
         return Act.SUCCEED_JOB if completes_job else Act.EXIT_OK
-    if code < 0:
-        return Act.RECOVER  # killed by a signal from outside: our own crash, no peer to wait for
+    if code < 0 or soft:
+        # Killed by a signal from outside: our own crash. A side role: no peer explains it,
+        # and no code of its fails training. Neither waits for peers.
+        return Act.RECOVER
     return Act.CHECK_PEERS
 
 

@@ -404,7 +404,7 @@ class Supervisor:
 
     def _on_child_exit(self, code: int) -> int | None:
         state = self._job_state()
-        act = policy.on_child_exit(code, self.spec.recovery.permanent_exit_codes, state, self.completes_job)
+        act = policy.on_child_exit(code, self.spec.recovery.permanent_exit_codes, state, self.completes_job, roles.is_soft(self.role))
         if act is Act.SUCCEED_JOB and self.spec.success == "all_workers":
             done = self._retry(lambda: self.discovery.mark_done(self.role, self.me.index), "recording that we finished")
             left = [i for i in range(self.spec.counts.get("worker", 0)) if ("worker", i) not in done]

@@ -1,7 +1,8 @@
 """A stand-in for training code in integration tests: shows what nomadtf handed it.
 
 Context keys: "sleep" (seconds, -1 = forever), "until_file" (wait until that path exists),
-"raise" (raise an error), "exit" (exit code), "checkpoint_step" (write a TensorFlow-style
+"raise" (raise an error), "raise_in_roles" (["evaluator"]: only those roles raise,
+RuntimeError), "exit" (exit code), "checkpoint_step" (write a TensorFlow-style
 `checkpoint` index naming that step into the model dir), "sleep_by_index" ({"1": 5}: that
 task index sleeps this long instead), "report_sigterm" (print the time a SIGTERM arrives,
 then exit 0, as code that saves a checkpoint on SIGTERM would).
@@ -41,6 +42,8 @@ if "checkpoint_step" in context:
         f.write(f'model_checkpoint_path: "ckpt-{context["checkpoint_step"]}"\n')
 if context.get("raise"):
     raise ValueError("boom from user code")
+if os.environ["NOMADTF_ROLE"] in context.get("raise_in_roles", []):
+    raise RuntimeError(f"{os.environ['NOMADTF_ROLE']} cannot start: boom from side-role code")
 while context.get("until_file") and not os.path.exists(context["until_file"]):
     time.sleep(0.2)
 sleep = context.get("sleep", 0)
