@@ -48,6 +48,7 @@ META_MODEL_RUN = "nomadtf.model_run"  # the run whose model_dir a resumed run co
 SPEC_FILE = "nomadtf-spec.json"
 CLUSTER_FILE = "nomadtf-cluster.json"
 PROGRESS_FILE = "nomadtf-progress.json"
+RECOVERIES_FILE = "nomadtf-recoveries.json"  # the allocation's spent restart budget (survives a task restart)
 
 # What `nomadtf task` reads from the task's environment (set by the rendered job).
 ENV_TASK_ROLE = "NOMADTF_ROLE"

@@ -190,7 +190,10 @@ def on_start(state: str | None, role: str, index: int) -> Act:
 
 @dataclass
 class RestartBudget:
-    """At most `attempts` recoveries in any `window_s` (Nomad's restart policy, in place)."""
+    """At most `attempts` recoveries in any `window_s` per allocation, whoever performs them:
+    our supervisor restarting its child in place, or Nomad restarting the task (a killed
+    supervisor). Times are wall-clock seconds, so that the record (`to_json`) outlives the
+    process: a supervisor that Nomad restarts reads what its predecessors spent."""
 
     attempts: int
     window_s: float
@@ -200,6 +203,18 @@ class RestartBudget:
         """Record one recovery at `now`; False when that one is over the budget."""
         self.spent = [t for t in self.spent if now - t < self.window_s] + [now]
         return len(self.spent) <= self.attempts
+
+    def to_json(self) -> str:
+        return json.dumps({"spent": self.spent})
+
+    @classmethod
+    def from_json(cls, attempts: int, window_s: float, text: str | None) -> RestartBudget:
+        """The budget as recorded (`text` None: a fresh allocation); a damaged record is a fresh one."""
+        try:
+            spent = [float(t) for t in json.loads(text)["spent"]] if text else []
+        except (ValueError, KeyError, TypeError):
+            spent = []
+        return cls(attempts, window_s, spent)
 
 
 @dataclass

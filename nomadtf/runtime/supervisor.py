@@ -30,6 +30,7 @@ from nomadtf.cluster import Member
 from nomadtf.discovery import ConsulDiscovery, consul_client, retrying
 from nomadtf.environment import EnvBuildError, EnvBuildStopped
 from nomadtf.errors import RendezvousTimeout, ServerError, TaskError
+from nomadtf.outcome import DEADLINE_WHY
 from nomadtf.progress import read as read_progress
 from nomadtf.runtime import jobenv, launch, policy, warm
 from nomadtf.runtime.child import Child, become_subreaper, reap_orphans
@@ -96,6 +97,7 @@ class Running:
     generation: int
     started: float = 0.0  # monotonic
     for_peer_change: bool = False  # (re)started because peers we depend on changed
+    exit_seen: bool = False  # its exit was acted on before its exit event arrived
 
 
 class Supervisor:
@@ -110,7 +112,12 @@ class Supervisor:
         self.membership = Membership(spec, self.me, discovery, alloc.task_dir / wire.CLUSTER_FILE)
         self.phase = Phase.CLAIMING
         self.running: Running | None = None
-        self.budget = policy.RestartBudget(spec.recovery.restart_attempts, spec.recovery.restart_interval_s)
+        self.budget_file = alloc.task_dir / wire.RECOVERIES_FILE
+        self.restarted_by_nomad = self.budget_file.exists()  # a predecessor in this allocation ran
+        self.budget = policy.RestartBudget.from_json(
+            spec.recovery.restart_attempts, spec.recovery.restart_interval_s,
+            self.budget_file.read_text() if self.restarted_by_nomad else None,
+        )
         self.debounce = policy.Debounce(spec.discovery.debounce_s)
         self.hang = policy.HangClock(spec.recovery.hang_timeout_s)
         self.progress_file = alloc.task_dir / wire.PROGRESS_FILE
@@ -157,6 +164,15 @@ class Supervisor:
         ended = self._ended_before_start(self._job_state(), self.alloc.alloc_index, "before we started")
         if ended is not None:
             return ended
+        if self.restarted_by_nomad and not self._spend_budget():
+            # Nomad restarted this task (our supervisor died or gave up): that restart is a
+            # recovery too. With the budget spent, the allocation fails at once and Nomad's
+            # reschedule policy decides (recovery.restart_attempts is one budget, not two).
+            log.error("the restart budget of this allocation is spent (%d in %.0fs); not starting our code again",
+                      self.spec.recovery.restart_attempts, self.budget.window_s)
+            return 1
+        if not self.restarted_by_nomad:
+            self._save_budget()  # what tells a restarted supervisor it is one
         if self.spec.environment is not None:
             ended = self._prepare_environment()
             if ended is not None:
@@ -190,8 +206,8 @@ class Supervisor:
             pid, code = event.data
             if self.warm.died(pid, code):
                 return None  # the child started ahead of the cluster: replaced, not a failure
-            if not self.running or pid != self.running.child.pid:
-                return None  # a child we already replaced
+            if not self.running or pid != self.running.child.pid or self.running.exit_seen:
+                return None  # a child we already replaced, or whose exit we already acted on
             return self._guard(lambda: self._on_child_exit(code))
         if event.kind == TIMER:
             return self._on_timer(event.data)
@@ -223,7 +239,17 @@ class Supervisor:
             # A peer still missing when the window closes (its supervisor was killed and
             # Nomad is restarting it) explains our failure as much as a changed one: wait
             # for it in a new rendezvous, bounded by the rendezvous timeout.
-            return self._guard(lambda: self._decide_after_peer_check(bool(self.membership.missing(self.membership.members())), []))
+            try:
+                # Our own slot lapsing (our session expired while Consul was away) is no
+                # peer's change: it explains nothing about our child's exit.
+                me = f"{self.role}[{self.me.index}]"
+                peers_missing = [m for m in self.membership.missing(self.membership.members()) if m != me]
+                return self._decide_after_peer_check(bool(peers_missing), [])
+            except ServerError as exc:
+                # The decision waits for Consul, never for a wake that may not come.
+                log.warning("Consul: %s; deciding about our child's exit in %.0fs", exc, RETRY_S)
+                self.loop.call_at(time.monotonic() + RETRY_S, "peer-settle")
+                return None
         if name == "job-deadline":
             return self._on_deadline()
         if name == "straggler":
@@ -279,7 +305,7 @@ class Supervisor:
         except EnvBuildError as exc:
             log.error("%s", exc)
             state = policy.failed_state(self.role, self.alloc.alloc_index, 1, f"its Python environment: {exc}")
-            self._retry(lambda: self.discovery.set_job_state(state), "marking the job failed")
+            self._record(state, "marking the job failed")
             return 1
         self.rendezvous_started = time.monotonic()
         return None
@@ -384,7 +410,7 @@ class Supervisor:
         number = int(generation.get("generation", 0))
         if number != self.running.generation and generation.get("fingerprint") == current:
             if policy.must_restart(self.spec.strategy, self.role, self.me.index, self.running.members, members):
-                self._restart_child(members, number, f"generation {number} changed peers we depend on")
+                return self._restart_child(members, number, f"generation {number} changed peers we depend on")
             else:
                 self.running.generation, self.running.members = number, members
         return None
@@ -406,13 +432,13 @@ class Supervisor:
         state = self._job_state()
         act = policy.on_child_exit(code, self.spec.recovery.permanent_exit_codes, state, self.completes_job, roles.is_soft(self.role))
         if act is Act.SUCCEED_JOB and self.spec.success == "all_workers":
-            done = self._retry(lambda: self.discovery.mark_done(self.role, self.me.index), "recording that we finished")
+            done = self._retry(lambda: self.discovery.mark_done(self.role, self.me.index), "recording that we finished", self._record_budget_s())
             left = [i for i in range(self.spec.counts.get("worker", 0)) if ("worker", i) not in done]
             if left:
                 log.info("our code finished; the job succeeds once every worker has (still running: %s)", left)
                 return 0
         if act is Act.SUCCEED_JOB:
-            self._retry(lambda: self.discovery.set_job_state(wire.STATE_SUCCEEDED), "marking the job succeeded")
+            self._record(wire.STATE_SUCCEEDED, "marking the job succeeded")
             log.info("training finished; job marked succeeded")
             return 0
         if act is Act.EXIT_OK:
@@ -454,13 +480,13 @@ class Supervisor:
             return self._recover(f"crashed ({_describe_code(code)})")
         state = policy.failed_state(self.role, self.me.index, code, "a permanent exit code")
         log.error("our code exited %d, a permanent exit code; marking the job failed so that nothing retries it", code)
-        self._retry(lambda: self.discovery.set_job_state(state), "marking the job failed")
+        self._record(state, "marking the job failed")
         return code
 
     def _recover(self, why: str, own_crash: bool = True) -> int | None:
         """Restart our child in place through a new rendezvous, within the budget. A crash
         (and a hang) gets a new incarnation, so peers that depend on our state restart too."""
-        if not self.budget.spend(time.monotonic()):
+        if not self._spend_budget():
             log.error("giving up after %d recoveries in %.0fs (%s)", self.spec.recovery.restart_attempts, self.budget.window_s, why)
             self._stop_child()
             # Nomad's restart and reschedule policy is the rest of the budget: it restarts
@@ -513,7 +539,14 @@ class Supervisor:
     def _post_child_exit(self, pid: int, code: int) -> None:
         self.loop.post(Event(CHILD_EXIT, (pid, code)))
 
-    def _restart_child(self, members: list[Member], generation: int, why: str) -> None:
+    def _restart_child(self, members: list[Member], generation: int, why: str) -> int | None:
+        assert self.running is not None
+        child = self.running.child
+        if not child.alive() and child.returncode is not None:
+            # Our code ended before the restart could stop it (its exit event is queued):
+            # that exit is the news, never lost to the restart (a chief's 0 ends the job).
+            self.running.exit_seen = True
+            return self._on_child_exit(child.returncode)
         log.info("restarting our child: %s", why)
         self._stop_child()
         self._start_child(members, generation)
@@ -536,9 +569,9 @@ class Supervisor:
         )
         state = self._job_state()
         if state is None:
-            why = f"ran past recovery.deadline ({self.spec.recovery.deadline_s:.0f}s after submission)"
+            why = f"{DEADLINE_WHY} ({self.spec.recovery.deadline_s:.0f}s after submission)"
             state = policy.failed_state(deciding[0], deciding[1], 1, why)
-            self._retry(lambda: self.discovery.set_job_state(state), "marking the job failed (deadline)")
+            self._record(state, "marking the job failed (deadline)", deadline_s=60.0)
         log.error("the job's deadline passed (%s); stopping", state)
         self._stop_child()
         return 1 if deciding == (self.role, self.me.index) else 0
@@ -575,6 +608,30 @@ class Supervisor:
             return self._retry(self.discovery.job_state, "reading the job state", deadline_s=10.0)
         except ServerError:
             return None
+
+    def _spend_budget(self) -> bool:
+        """One recovery from the allocation's budget (recorded in the task directory, which
+        Nomad keeps across restarts of the task); False when it is spent."""
+        within = self.budget.spend(time.time())
+        self._save_budget()
+        return within
+
+    def _save_budget(self) -> None:
+        try:
+            self.budget_file.write_text(self.budget.to_json())
+        except OSError as exc:
+            log.warning("could not record the restart budget in %s: %s", self.budget_file, exc)
+
+    def _record(self, state: str, what: str, deadline_s: float | None = None) -> None:
+        """Record the run's outcome. A decision is never dropped: while Consul is away it is
+        retried until the job's deadline (at least a minute), and only then given up."""
+        self._retry(lambda: self.discovery.set_job_state(state), what, deadline_s or self._record_budget_s())
+
+    def _record_budget_s(self) -> float:
+        """Seconds left until recovery.deadline (from the submission), at least 60."""
+        if self.spec.submitted_at is None:
+            return max(60.0, self.spec.recovery.deadline_s)
+        return max(60.0, self.spec.submitted_at + self.spec.recovery.deadline_s - time.time())
 
     def _retry(self, call, what: str, deadline_s: float = 60.0):
         for attempt in retrying(deadline_s, give_up=lambda: self.loop.stop_requested):
