@@ -18,7 +18,6 @@ from typing import Any
 
 from nomadtf import roles as role_table
 
-TRAINING_ROLES = ("chief", "worker", "ps")
 # Roles that hold a slot and a registration (the evaluator registers so that it is seen;
 # nobody waits for it: see roles.rendezvous_roles). TensorBoard needs nobody.
 RENDEZVOUS_ROLES = ("chief", "worker", "ps", "evaluator")

@@ -1,9 +1,13 @@
 """Optional helper for training code: `nomadtf.progress.report(step=n, loss=x)`.
 
-Costs microseconds: it keeps the latest values in memory and writes them to a small file
-at most once a second. The surrounding `nomadtf task` publishes that file to Consul KV
-(nomadtf/<job>/progress), where `nomadtf run` shows it and recovery uses it to detect a
-hang. Outside nomadtf (no NOMADTF_PROGRESS_FILE) it does nothing.
+Costs microseconds: a call writes its values to a small file (NOMADTF_PROGRESS_FILE) only
+when the last write is a second old or more; calls in between are dropped, not kept, so
+the file can lag the latest call by up to a second, and the steps reported in the last
+second before the code stops reporting may never reach it. The surrounding `nomadtf task`
+reads that file every second, its hang detection watching the step, and publishes it at
+most every two seconds to Consul KV (nomadtf/<namespace>/<job>/<run id>/progress), where
+`nomadtf run` and `nomadtf status` show it. Outside nomadtf (no NOMADTF_PROGRESS_FILE) it
+does nothing.
 """
 
 from __future__ import annotations

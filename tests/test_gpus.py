@@ -121,15 +121,28 @@ def test_more_gpus_than_exist_is_explained_and_run_fails_fast(stack, tmp_path):
 def test_model_and_memory_constraints_are_honoured(stack, tmp_path, gpus, placeable):
     job = write_job(tmp_path, _gpu_job(unique("gpucons"), chief=gpus))
 
-    def plan_text() -> str:
-        plan = nomadtf("plan", str(job))
-        return plan.stdout + plan.stderr
+    def plan() -> tuple[int, str]:
+        out = nomadtf("plan", str(job))
+        return out.returncode, out.stdout + out.stderr
 
     if placeable:
         # GPUs of an earlier test's job may still be held while its allocations stop.
-        wait_until(lambda: "cannot be placed" not in plan_text(), 60, "the GPUs to be free for a placeable request")
+        # Only a plan that places the new job counts: one that errors (exit 255) does not.
+        last: list[str] = []
+
+        def placed() -> bool:
+            code, text = plan()
+            last[:] = [text]
+            return code == 1 and "job diff: added" in text and "cannot be placed" not in text
+
+        try:
+            wait_until(placed, 60, "the GPUs to be free for a placeable request")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the last plan said:\n{last[0]}") from None
+        assert "chief: place 1" in last[0] and "worker: place 2" in last[0], last[0]
     else:
-        text = plan_text()
+        code, text = plan()
+        assert code == 1, text
         assert "chief: cannot be placed" in text and "nvidia/gpu x1" in text, text
 
 

@@ -483,8 +483,9 @@ def _unmount_under(root: Path) -> None:
 
 
 def _remove_tree(path: Path) -> None:
-    # Nomad leaves read-only files and (as root) mounts nothing for raw_exec;
-    # a plain recursive delete with a permission fix is enough.
+    # Called after _unmount_under, which detached what Nomad mounted here (as root, a tmpfs
+    # for each task's secrets/ and private/; raw_exec adds no chroot or bind mounts), so
+    # only read-only files remain in the way: a recursive delete that makes them writable.
     import shutil
 
     def fix(func, p, _exc):  # noqa: ANN001 - shutil's onerror signature

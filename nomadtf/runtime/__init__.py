@@ -2,7 +2,10 @@
 
     loop.py        one event queue: watch events, signals, child exits, timers
     policy.py      pure decisions: who restarts on which event, budgets, exit classes, hang
+    launch.py      pure: the child's command line and environment (TF_CONFIG, GPUs, paths)
     child.py       the TensorFlow process: start, stop, process group, parent death, reaping
+    warm.py        the child started during the rendezvous, so `import tensorflow` overlaps it
+    jobenv.py      the job's own Python environment: reused or built, held while the task runs
     membership.py  index claim, rendezvous, the watches (Consul and the template file)
     supervisor.py  the task's life: reads events, asks the policy, acts
 """

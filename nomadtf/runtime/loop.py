@@ -23,7 +23,6 @@ CLUSTER_FILE = "cluster-file"  # Nomad's template re-rendered the cluster file (
 SIGNAL = "signal"
 CHILD_EXIT = "child-exit"
 TIMER = "timer"
-WATCH_ERROR = "watch-error"
 
 
 @dataclass(frozen=True)
