@@ -18,13 +18,12 @@ the nodes it may write sessions for. README's Security section says what that al
 Usage:
     policies = job_policies(normalised_spec)
     policies.nomad_submitter, policies.consul_tasks, ...
-    policy_name(spec)      # "nomadtf-<namespace>-<job>", the name `acl apply` gives them
+    policy_name(spec)      # "nomadtf-<namespace>-<job>-<digest>" (wire.acl_name), what `acl apply` names them
 """
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,13 +45,14 @@ NOMAD_SUBMITTER_CAPABILITIES = (
 CONSUL_TOKEN_ROLE_TTL = "1h"
 CONSUL_TOKEN_ROLE_MAX_TTL = "24h"
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
-
-
 def policy_name(spec: dict[str, Any]) -> str:
     """The name of the job's policies in Consul and Vault (and of its Consul engine role)."""
-    name = f"nomadtf-{spec.get('namespace', wire.DEFAULT_NAMESPACE)}-{spec['name']}"
-    return _UNSAFE.sub("-", name)[:128]
+    return wire.acl_name(spec.get("namespace", wire.DEFAULT_NAMESPACE), spec["name"])
+
+
+def owner(spec: dict[str, Any]) -> str:
+    """Whose policies these are (wire.acl_owner): `acl apply` overwrites nothing without it."""
+    return wire.acl_owner(spec.get("namespace", wire.DEFAULT_NAMESPACE), spec["name"])
 
 
 def consul_token_path(spec: dict[str, Any], mount: str = "consul") -> str:
@@ -120,12 +120,12 @@ def _vault_read_path(path: str) -> str:
 
 def vault_tasks_policy(spec: dict[str, Any], kv_v2_mounts: tuple[str, ...] = ("secret",)) -> str:
     """Read on the Consul token path and on every secret the job names (KV v2 paths get
-    their `data/` segment)."""
+    their `data/` segment). The first line, a comment, names the job (`owner`)."""
     def api_path(path: str) -> str:
         mount, _, rest = path.partition("/")
         return f"{mount}/data/{rest}" if mount in kv_v2_mounts else path
 
-    blocks = []
+    blocks = [f"# {owner(spec)}\n"]
     token_path = spec.get("discovery", {}).get("consul_token_path") or consul_token_path(spec)
     for path in [token_path, *(ref["path"] for ref in spec.get("secrets", []))]:
         block = _vault_read_path(api_path(path))
@@ -134,7 +134,7 @@ def vault_tasks_policy(spec: dict[str, Any], kv_v2_mounts: tuple[str, ...] = ("s
     if token_path.split("/", 1)[0] not in kv_v2_mounts:
         # A task revokes its own Consul token's lease when it ends (and no other lease).
         blocks.append(f"path {_q('sys/leases/revoke/' + token_path + '/*')} {{\n  capabilities = [\"update\"]\n}}\n")
-    return "\n".join(blocks)
+    return blocks[0] + "\n".join(blocks[1:])
 
 
 def job_policies(spec: dict[str, Any]) -> JobPolicies:

@@ -3,7 +3,9 @@
 Run with an operator's tokens (CONSUL_HTTP_TOKEN with acl:write, VAULT_TOKEN allowed to
 write policies and the token source); the job's submitters and tasks never hold them.
 
-What `apply` creates, all named `acl.policy_name(spec)` ("nomadtf-<namespace>-<job>"):
+What `apply` creates, all named `acl.policy_name(spec)` ("nomadtf-<namespace>-<job>-<digest>",
+wire.acl_name) and marked as the job's (`acl.owner`: the Consul policy's description, the
+Vault policy's first line); a policy of that name that another job owns is never overwritten:
 - the Consul policy of the job's tasks (`acl.consul_tasks_rules`);
 - where the tasks read their Consul token:
   - with a Consul secrets engine mounted at `consul/` in Vault: the role
@@ -30,7 +32,7 @@ import requests
 
 from nomadtf import acl, wire
 from nomadtf.discovery import consul_client
-from nomadtf.errors import ConsulError, VaultError
+from nomadtf.errors import AclConflict, ConsulError, VaultError
 from nomadtf.secrets import vault_address, vault_tls
 
 ENGINE_MOUNT = "consul"
@@ -65,13 +67,37 @@ def _engine_mounted(client: hvac.Client) -> bool:
     return data.get(f"{ENGINE_MOUNT}/", {}).get("type") == "consul"
 
 
-def _upsert_consul_policy(client: consul.Consul, name: str, rules: dict[str, Any], description: str) -> None:
+def _consul_policy(client: consul.Consul, name: str) -> dict[str, Any] | None:
+    """GET /v1/acl/policies"""
+    return next((p for p in client.acl.policy.list() if p.get("Name") == name), None)
+
+
+def _upsert_consul_policy(client: consul.Consul, existing: dict[str, Any] | None, name: str, rules: dict[str, Any], description: str) -> None:
     """PUT /v1/acl/policy (create) or /v1/acl/policy/:id (update)"""
-    existing = next((p for p in client.acl.policy.list() if p.get("Name") == name), None)
     if existing:
         client.acl.policy.update(existing["ID"], name, description=description, rules=rules)
     else:
         client.acl.policy.create(name, description=description, rules=rules)
+
+
+def _vault_policy_text(vault: hvac.Client, name: str) -> str | None:
+    """GET /v1/sys/policy/:name (None: there is none)"""
+    try:
+        response = vault.sys.read_policy(name)
+    except hvac.exceptions.InvalidPath:
+        return None
+    data = response.get("data", response)
+    return data.get("rules") or data.get("policy") or ""
+
+
+def check_owner(spec: dict[str, Any], consul_description: str | None, vault_policy: str | None) -> None:
+    """Refuse (AclConflict) when a policy named like the job's belongs to someone else: a
+    Consul policy with another description, a Vault policy whose first line is not ours."""
+    name, mark = acl.policy_name(spec), acl.owner(spec)
+    if consul_description is not None and consul_description != mark:
+        raise AclConflict(f"Consul policy {name} exists and is not this job's ({consul_description!r}, expected {mark!r}); nothing changed")
+    if vault_policy is not None and vault_policy.split("\n", 1)[0].strip() != f"# {mark}":
+        raise AclConflict(f"Vault policy {name} exists and is not this job's (its first line is not '# {mark}'); nothing changed")
 
 
 def _consul_call(what: str, fn, *args, **kwargs):
@@ -88,7 +114,12 @@ def apply(spec: dict[str, Any], token_ttl: str = acl.CONSUL_TOKEN_ROLE_TTL) -> A
     where = f"{spec.get('namespace', wire.DEFAULT_NAMESPACE)}/{spec['name']}"
     cons = consul_client()
     vault = _vault(spec)
-    _consul_call("writing the tasks' policy", _upsert_consul_policy, cons, name, acl.consul_tasks_rules(spec), f"nomadtf {where} tasks")
+    existing = _consul_call("listing policies", _consul_policy, cons, name)
+    try:
+        check_owner(spec, existing.get("Description", "") if existing else None, _vault_policy_text(vault, name))
+    except hvac.exceptions.Forbidden:
+        raise VaultError("Vault denied reading the job's policy to VAULT_TOKEN; use an operator's token") from None
+    _consul_call("writing the tasks' policy", _upsert_consul_policy, cons, existing, name, acl.consul_tasks_rules(spec), acl.owner(spec))
     try:
         if _engine_mounted(vault):
             # POST /v1/consul/roles/:name
@@ -124,10 +155,13 @@ def _rotate_kv_token(cons: consul.Consul, vault: hvac.Client, path: str, name: s
 
 
 def revoke(spec: dict[str, Any]) -> None:
-    """Delete what `apply` created (a running job's tasks lose Consul at their next call)."""
+    """Delete what `apply` created (a running job's tasks lose Consul at their next call);
+    nothing when a policy of that name is another job's."""
     name = acl.policy_name(spec)
     cons = consul_client()
     vault = _vault(spec)
+    existing = _consul_call("listing policies", _consul_policy, cons, name)
+    check_owner(spec, existing.get("Description", "") if existing else None, _vault_policy_text(vault, name))
     path = kv_token_path(spec)
     mount, _, rest = path.partition("/")
     try:
@@ -139,6 +173,5 @@ def revoke(spec: dict[str, Any]) -> None:
     if _engine_mounted(vault):
         vault.delete(f"{ENGINE_MOUNT}/roles/{name}")
     vault.sys.delete_policy(name)
-    existing = next((p for p in _consul_call("listing policies", cons.acl.policy.list) if p.get("Name") == name), None)
     if existing:
         _consul_call("deleting the tasks' policy", cons.acl.policy.delete, existing["ID"])

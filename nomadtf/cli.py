@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -34,7 +35,14 @@ _state = {"debug": False}
 
 JobFile = Annotated[Path, typer.Argument(help="job.json (or .yaml)", show_default=False)]
 Vars = Annotated[Optional[list[str]], typer.Option("--var", help="Override a field: path=value (repeatable)")]
-TemplatesDir = Annotated[Optional[Path], typer.Option("--templates", help="Render with your own copies of the templates")]
+TemplatesDir = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--templates",
+        help="Render with your own copies of the templates. They are trusted code: unsandboxed Jinja2 "
+        "with nomadtf's wire module in reach, run with your tokens in the environment",
+    ),
+]
 Namespace = Annotated[
     Optional[str], typer.Option("--namespace", help="Nomad namespace ('*' lists all); default NOMAD_NAMESPACE or default")
 ]
@@ -525,7 +533,8 @@ def _acl_spec(job_file: Path, var: list[str] | None) -> dict:
     from nomadtf import spec as spec_mod
 
     raw = spec_mod.apply_overrides(spec_mod.read_options(job_file), var or [])
-    name = acl.policy_name({"name": raw.get("name", ""), "namespace": raw.get("namespace", "default")}) if isinstance(raw, dict) else ""
+    raw = spec_mod.with_namespace(raw, os.environ)
+    name = acl.policy_name({"name": raw.get("name", ""), "namespace": raw["namespace"]})
     return spec_mod.load_spec(job_file, var or [], vault_policies=[name] if name else None)
 
 

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nomadtf import wire
 from nomadtf.errors import NomadtfError, TaskError
 
 FORMAT = 1  # part of every key: a change of layout or build recipe never reuses old environments
@@ -60,6 +61,9 @@ POLL_S = 0.2
 # What the child gets so that `import nomadtf.progress` works from the job's environment, and
 # the bare TensorFlow server and the GPU cap run there: stdlib-only modules of nomadtf.
 CHILD_MODULES = ("__init__.py", "progress.py", "tfserver.py", "gpulimit.py", "warmstart.py", "wire.py")
+# Not passed to uv: another interpreter's settings, and the task's credentials (a source
+# build's setup.py runs with this environment).
+BUILD_ENV_DROPPED = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "CONDA_PREFIX", *wire.CREDENTIAL_ENV)
 
 
 class EnvBuildError(TaskError):
@@ -220,6 +224,14 @@ def docker_image_needs(spec: dict[str, Any]) -> list[str]:
     if not spec.get("source"):
         needs.append(f"  - the code at {spec['entrypoint'].get('workdir') or 'the task directory'} (or fetch it with source.url)")
     return needs
+
+
+def build_env(environ: dict[str, str]) -> dict[str, str]:
+    """The environment uv and the build's own commands run with: the task's, without
+    BUILD_ENV_DROPPED. Pure."""
+    env = {k: v for k, v in environ.items() if k not in BUILD_ENV_DROPPED}
+    env.update(NO_COLOR="1", UV_NO_PROGRESS="1")
+    return env
 
 
 def default_root(environ: dict[str, str]) -> Path:
@@ -387,8 +399,7 @@ class EnvCache:
         on_status({"state": "building", "key": key, "elapsed_s": 0})
         try:
             uv = _uv()
-            env = {k: v for k, v in environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "CONDA_PREFIX")}
-            env.update(NO_COLOR="1", UV_NO_PROGRESS="1")
+            env = build_env(environ)
             run = _Runner(tmp, env, deadline, timeout_s, should_stop, lambda: on_status(
                 {"state": "building", "key": key, "elapsed_s": round(time.monotonic() - started)}), log)
             tmp.mkdir()

@@ -10,9 +10,11 @@
     │   ├── UnreachableError          nothing answers at the address (one line, no traceback)
     │   ├── NomadError                Nomad API failure (status code and message)
     │   ├── ConsulError               Consul API failure
-    │   └── VaultError                Vault/OpenBao failure (never carries a secret value)
+    │   ├── VaultError                Vault/OpenBao failure (never carries a secret value)
+    │   └── AclConflict               `acl apply`: a policy of the job's name is another job's
     ├── TaskError                     the in-allocation supervisor could not continue
-    │   └── RendezvousTimeout         the cluster never became complete; lists who is missing
+    │   ├── RendezvousTimeout         the cluster never became complete; lists who is missing
+    │   └── CannotRecord              a task's failure that Consul cannot hold: exit 78, said on stderr
     └── JobFailed                     the run failed (exit 1); see nomadtf/outcome.py
         ├── FollowTimeout             --timeout passed before the run ended; it goes on (exit 3)
         ├── JobStopped                stopped from outside: stop, purge, another run (exit 4)
@@ -82,6 +84,10 @@ class VaultError(ServerError):
     pass
 
 
+class AclConflict(ServerError):
+    """A Consul or Vault policy of the job's name belongs to another job (`acl apply`)."""
+
+
 class TaskError(NomadtfError):
     pass
 
@@ -92,6 +98,14 @@ class RendezvousTimeout(TaskError):
         super().__init__(
             f"cluster incomplete after {waited_s:.0f}s; still missing: {', '.join(missing)}"
         )
+
+
+class CannotRecord(TaskError):
+    """The task failed and cannot record it in the run's Consul state (Consul unreachable,
+    or its Consul token not to be had): it exits 78 with the reason as its last stderr line,
+    and `nomadtf run` reports that exit as the run's failure (outcome.py)."""
+
+    exit_code = 78  # sysexits' EX_CONFIG: most often a wrong address or credential
 
 
 class JobFailed(NomadtfError):

@@ -7,13 +7,16 @@ new check's first probe at a random moment within one interval of the registrati
 probe that finds nothing listening costs a whole interval more of everyone's rendezvous.
 
 Usage:
-    server = serve(int(os.environ["NOMAD_PORT_health"]))   # idempotent: one server per process
+    server = serve(int(os.environ["NOMAD_PORT_health"]))   # on NOMAD_IP_health; idempotent: one per process
     server.shutdown()
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import threading
+from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -33,13 +36,30 @@ class _Health(BaseHTTPRequestHandler):
         pass  # Consul checks every second; not worth a log line each
 
 
-def serve(port: int) -> ThreadingHTTPServer:
-    """The process's health server on `port` (all interfaces: Consul's agent probes the
-    address Nomad registered), started on a daemon thread the first time."""
+ENV_HOST = "NOMAD_IP_health"  # the address Nomad gave the task's `health` port (templates/group.json.j2)
+ANY_HOST = "0.0.0.0"
+
+
+def bind_host(environ: Mapping[str, str]) -> str:
+    """Where the health server listens: the task's own address, which Nomad registered and
+    Consul's agent probes; every interface only when Nomad gave none. Pure."""
+    return environ.get(ENV_HOST) or ANY_HOST
+
+
+def serve(port: int, host: str | None = None) -> ThreadingHTTPServer:
+    """The process's health server on `host`:`port` (default `bind_host(os.environ)`; an
+    address this machine does not have falls back to every interface), started on a daemon
+    thread the first time."""
     global _server
     with _lock:
         if _server is None:
-            server = ThreadingHTTPServer(("0.0.0.0", port), _Health)
+            host = host or bind_host(os.environ)
+            try:
+                server = ThreadingHTTPServer((host, port), _Health)
+            except OSError as exc:
+                if host == ANY_HOST or exc.errno != errno.EADDRNOTAVAIL:
+                    raise
+                server = ThreadingHTTPServer((ANY_HOST, port), _Health)
             threading.Thread(target=server.serve_forever, name="health", daemon=True).start()
             _server = server
         return _server

@@ -78,7 +78,7 @@ class NomadSettings:
         return cls(
             address=address,
             token=env.get("NOMAD_TOKEN") or None,
-            namespace=namespace or env.get("NOMAD_NAMESPACE") or wire.DEFAULT_NAMESPACE,
+            namespace=wire.resolve_namespace(namespace, env),
             region=region or env.get("NOMAD_REGION") or None,
             verify=False if _skip_verify(env.get("NOMAD_SKIP_VERIFY", "")) else env.get("NOMAD_CACERT") or True,
             client_cert=(cert or "", key or "") if cert or key else None,

@@ -2,7 +2,8 @@
 
     succeeded   its success policy was met: the task whose exit decides it recorded it   exit 0
     failed      a task recorded a permanent failure, or a slot failed more often than
-                Nomad may reschedule it, or the job died with failed allocations         exit 1
+                Nomad may reschedule it, or the job died with failed allocations, or a
+                task exited 78 (a failure it could not record: Consul unreachable)       exit 1
     stopped     from outside: `nomadtf stop`, `nomad job stop`, a purge, or another
                 run of the same name (`--replace` from another shell)                      exit 4
     timed out   the run passed its `recovery.deadline`                                      exit 5
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nomadtf import roles, wire
+from nomadtf.errors import CannotRecord
 
 SUCCEEDED = "succeeded"
 FAILED = "failed"
@@ -72,6 +74,16 @@ def latest_allocs(allocs: list[dict[str, Any]]) -> dict[tuple[str, int], dict[st
     return latest
 
 
+def exited_cannot_record(alloc: dict[str, Any]) -> bool:
+    """Whether a task of the allocation ended with CannotRecord's exit code: a failure it
+    could not record in Consul (unreachable), which no restart of Nomad's would fix."""
+    return any(
+        event.get("Type") == "Terminated" and event.get("ExitCode") == CannotRecord.exit_code
+        for state in (alloc.get("TaskStates") or {}).values()
+        for event in state.get("Events") or []
+    )
+
+
 def from_record(recorded: str | None) -> RunOutcome | None:
     """The outcome a task recorded, or None while nothing is recorded."""
     if recorded == wire.STATE_SUCCEEDED:
@@ -110,6 +122,12 @@ def decide(
     if job.get("Stop"):
         return RunOutcome(STOPPED, "stopped from outside (nomadtf stop, nomad job stop, another run with --replace)")
     training = [a for a in allocs if not roles.is_soft(alloc_slot(a)[0])]
+    unrecorded = [a for a in training if exited_cannot_record(a)]
+    if unrecorded:
+        role, index = alloc_slot(min(unrecorded, key=lambda a: a.get("CreateIndex", 0)))
+        return RunOutcome(
+            FAILED, f"{role}[{index}] exited {CannotRecord.exit_code}: it failed and could not record why in Consul; its stderr says why"
+        )
     failures: dict[tuple[str, int], int] = {}
     for alloc in training:
         # A `lost` allocation (its node went down) is replaced by Nomad whatever the

@@ -19,7 +19,9 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nomadtf import roles as role_table
+from nomadtf import wire
 from nomadtf.errors import SpecError
 from nomadtf.roles import SINGLETON_ROLES
 
@@ -126,9 +129,25 @@ def load_spec(path: Path, overrides: list[str] | None = None, vault_policies: li
             f"nomadtf convert-dcos {path} --out job.json (it lists what cannot be carried over)"
         )
     data = apply_overrides(data, overrides or [])
+    data = with_namespace(data, os.environ)
     if vault_policies and isinstance(data, dict) and not (data.get("vault") or {}).get("policies"):
         data = {**data, "vault": {**(data.get("vault") or {}), "policies": list(vault_policies)}}
     return normalize(data)
+
+
+def with_namespace(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """job.json's namespace, else NOMAD_NAMESPACE, else `default` (wire.resolve_namespace),
+    the same rule as every command that takes a job id. One from NOMAD_NAMESPACE is checked
+    here, where the message can say where it came from."""
+    if "namespace" in data:
+        return data
+    namespace = wire.resolve_namespace(None, environ)
+    if not re.search(wire.NAMESPACE_PATTERN[:-1] + r"\Z", namespace):
+        raise SpecError(f"namespace: NOMAD_NAMESPACE={namespace!r} is not a Nomad namespace; {NAMESPACE_RULE}, or set namespace in job.json")
+    return {**data, "namespace": namespace}
+
+
+NAMESPACE_RULE = "use letters, digits and '-' (1 to 128 of them)"
 
 
 def normalize(data: dict[str, Any]) -> dict[str, Any]:
@@ -261,6 +280,8 @@ def _explain(error: jsonschema.ValidationError, data: dict[str, Any]) -> list[st
             f"name: {error.instance!r} is not DNS-safe; use lower-case letters, digits and '-' "
             f"(at most 48, starting and ending with a letter or digit)"
         ]
+    if error.validator == "pattern" and where == "namespace":
+        return [f"namespace: {error.instance!r} is not a Nomad namespace; {NAMESPACE_RULE}"]
     if error.validator == "minimum" and where.endswith(".count"):
         return [f"{where}: count must be >= {error.validator_value}, got {error.instance}"]
     if error.validator == "oneOf" and where == "entrypoint":
@@ -621,9 +642,27 @@ def for_task(spec: JobSpec, environ: dict[str, str]) -> JobSpec:
 
 
 def spec_file_text(spec: dict[str, Any], run: RunInfo | None = None) -> str:
-    """The normalised spec as the file every task reads (wire.SPEC_FILE), with the run."""
-    data = {**spec, "run": run.as_dict()} if run else spec
+    """The normalised spec as the file every task reads (wire.SPEC_FILE), with the run. The
+    training code can read that file: credentials set in `env` (wire.CREDENTIAL_ENV, e.g.
+    AppRole ids) are left out; they reach the supervisor through the task's environment only."""
+    data = without_credentials(spec)
+    if run:
+        data["run"] = run.as_dict()
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
+def without_credentials(spec: dict[str, Any]) -> dict[str, Any]:
+    """`spec` without the credential names of its `env` and `roles.<role>.env`. Pure."""
+    def scrub(env: Any) -> Any:
+        return {k: v for k, v in env.items() if k not in wire.CREDENTIAL_ENV} if isinstance(env, dict) else env
+
+    data = {**spec}
+    if "env" in data:
+        data["env"] = scrub(data["env"])
+    if isinstance(data.get("roles"), dict):
+        data["roles"] = {role: {**cfg, "env": scrub(cfg["env"])} if isinstance(cfg, dict) and "env" in cfg else cfg
+                         for role, cfg in data["roles"].items()}
+    return data
 
 
 def read_spec_file(path: Path) -> JobSpec:

@@ -20,6 +20,11 @@ Tasks watch only .../cluster/ (what decides); progress and environment live besi
 their writes wake nobody. A task of an older run that is still stopping can never touch the
 current run's keys.
 
+ACL objects of one job (`nomadtf acl apply`): Consul policy, Vault policy, Consul engine role
+    nomadtf-<namespace>-<job>-<digest>   the digest (8 hex of sha256("<namespace>/<job>"))
+                                         keeps `ml/team-x` and `ml-team/x` apart
+    description / first line "nomadtf <namespace>/<job> tasks": whose the object is
+
 Nomad job Meta: nomadtf.version, nomadtf.spec_sha256, nomadtf.strategy, nomadtf.run,
 nomadtf.model_run (only on a run started with --resume);
 task Meta: nomadtf.role.
@@ -29,8 +34,13 @@ Environment of the training process: the ENV_* names below, plus the secrets' ow
 from __future__ import annotations
 
 import hashlib
+import re
+from collections.abc import Mapping
 
 DEFAULT_NAMESPACE = "default"
+# Nomad's own rule for a namespace name (nomad/structs: validNamespaceName).
+NAMESPACE_PATTERN = "^[a-zA-Z0-9-]{1,128}$"
+ENV_NOMAD_NAMESPACE = "NOMAD_NAMESPACE"
 DNS_LABEL_MAX = 63
 
 SERVICE_TAG = "nomadtf"
@@ -53,6 +63,10 @@ RECOVERIES_FILE = "nomadtf-recoveries.json"  # the allocation's spent restart bu
 # What `nomadtf task` reads from the task's environment (set by the rendered job).
 ENV_TASK_ROLE = "NOMADTF_ROLE"
 ENV_SPEC_FILE = "NOMADTF_SPEC_FILE"
+# How long a task retries a Consul or Vault it cannot reach before it fails (seconds; set
+# in job.json `env`; tests use a few seconds).
+ENV_SERVER_RETRY_S = "NOMADTF_SERVER_RETRY_S"
+DEFAULT_SERVER_RETRY_S = 120.0
 
 # What the training process is given.
 ENV_TF_CONFIG = "TF_CONFIG"
@@ -79,13 +93,20 @@ ENV_CHILD_MARK = "NOMADTF_CHILD_MARK"
 ENV_VAULT_ROLE_ID = "NOMADTF_VAULT_ROLE_ID"
 ENV_VAULT_SECRET_ID = "NOMADTF_VAULT_SECRET_ID"
 
+# The supervisor's credentials: never in the child's or an environment build's environment
+# (unless the job asks, vault.token_for_code), never in the spec file.
+CREDENTIAL_ENV = ("VAULT_TOKEN", "NOMAD_TOKEN", "CONSUL_HTTP_TOKEN", ENV_VAULT_ROLE_ID, ENV_VAULT_SECRET_ID)
 # Never handed to user code: credentials of the supervisor, and its own plumbing.
-CHILD_ENV_DROPPED = (
-    "VAULT_TOKEN", "NOMAD_TOKEN", "CONSUL_HTTP_TOKEN", ENV_VAULT_ROLE_ID, ENV_VAULT_SECRET_ID, ENV_SPEC_FILE, "NOMADTF_SPEC",
-)
+CHILD_ENV_DROPPED = (*CREDENTIAL_ENV, ENV_SPEC_FILE, "NOMADTF_SPEC")
 
 STATE_SUCCEEDED = "succeeded"
 STATE_FAILED = "failed"
+
+
+def resolve_namespace(given: str | None, environ: Mapping[str, str]) -> str:
+    """The one precedence rule of every command: what the job (job.json, `--namespace`)
+    says, then NOMAD_NAMESPACE, then `default`."""
+    return given or environ.get(ENV_NOMAD_NAMESPACE) or DEFAULT_NAMESPACE
 
 
 def _label(text: str) -> str:
@@ -161,6 +182,25 @@ def kv_environment_prefix(namespace: str, job_id: str, run_id: str = "") -> str:
 
 def kv_environment(namespace: str, job_id: str, role: str, index: int, run_id: str = "") -> str:
     return f"{kv_environment_prefix(namespace, job_id, run_id)}{role}/{index}"
+
+
+ACL_NAME_MAX = 128  # Consul's limit on a policy name
+_ACL_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+def acl_name(namespace: str, job_id: str) -> str:
+    """The name of one job's Consul policy, Vault policy and Consul engine role. The
+    readable part alone would collide (`ml`/`team-x` and `ml-team`/`x` both read
+    `ml-team-x`); the digest of namespace/job cannot."""
+    digest = hashlib.sha256(f"{namespace}/{job_id}".encode()).hexdigest()[:8]
+    readable = _ACL_UNSAFE.sub("-", f"nomadtf-{namespace}-{job_id}")[: ACL_NAME_MAX - 9]
+    return f"{readable}-{digest}"
+
+
+def acl_owner(namespace: str, job_id: str) -> str:
+    """What marks an ACL object as this job's: a Consul policy's description, the first
+    line of a Vault policy."""
+    return f"nomadtf {namespace}/{job_id} tasks"
 
 
 def session_name(job_id: str, role: str, alloc_id: str) -> str:

@@ -375,12 +375,23 @@ def checksum_db_h1(module: str, version: str) -> str:
     raise BinaryError(f"the Go checksum database has no answer for {module}@{version}: {'; '.join(errors)}")
 
 
+# Written into a Go root that `install_go` filled: the only kind it ever replaces.
+GO_MARKER = ".nomadtf-installed"
+
+
 def install_go(go_version: str, root: Path, progress: Progress) -> Path:
     """Go `go_version` in `root` (root/bin/go), from the module proxy's toolchain module,
-    its hash checked against the checksum database. Kept when already there."""
+    its hash checked against the checksum database. Kept when already there. Another Go in
+    `root` is replaced only when `install_go` put it there (GO_MARKER); anything else in
+    `root` is refused, never deleted."""
     go = root / "bin" / "go"
     if go.is_file() and _reports(go, go_version):
         return go
+    if root.exists() and not (root / GO_MARKER).is_file() and (not root.is_dir() or any(root.iterdir())):
+        raise BinaryError(
+            f"{root} holds something nomadtf did not install (a Go of another version?); it is left alone: "
+            f"remove it yourself or pass --go-root with an empty or new directory"
+        )
     version = toolchain_version(go_version)
     progress(f"go: downloading {TOOLCHAIN_MODULE}@{version} from the Go module proxy")
     archive = proxy_get(TOOLCHAIN_MODULE, f"{version}.zip")
@@ -401,7 +412,8 @@ def install_go(go_version: str, root: Path, progress: Progress) -> Path:
             # Module zips keep no file modes: the go command makes these executable itself.
             if name.startswith(("bin/", "pkg/tool/")):
                 target.chmod(0o755)
-    shutil.rmtree(root, ignore_errors=True)
+    (staging / GO_MARKER).write_text(f"{go_version}\n")
+    shutil.rmtree(root, ignore_errors=True)  # empty, or a Go of ours (checked above)
     staging.rename(root)
     if not _reports(go, go_version):
         raise BinaryError(f"{go} does not report {go_version}")

@@ -10,6 +10,11 @@ orphan or a zombie.
   every re-parented process that carries this child's mark in its environment (collected
   before anything is signalled), and reaps them. Processes of ours that are not the child's
   (another child, whatever started the supervisor in-process) are never touched.
+- Re-parented processes that exit while the child runs are reaped as they appear
+  (`reap_orphans`, on the supervisor's loop ticks). A `Child`'s own process is never
+  collected there: its Popen waits for it, and its exit status is the one that matters.
+- The supervisor is not dumpable (`make_undumpable`): the child, under the same uid,
+  cannot read its environment (tokens) or memory through /proc/<supervisor>/.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ log = logging.getLogger("nomadtf.task")
 
 STOP_GRACE_S = 8.0  # SIGTERM -> SIGKILL (below Nomad's kill_timeout of 20 s)
 _PR_SET_PDEATHSIG = 1
+_PR_SET_DUMPABLE = 4
 _PR_SET_CHILD_SUBREAPER = 36
 
 # argv: [python, -S, -c, WRAPPER, <expected parent pid>, command...]. If our parent died
@@ -54,6 +60,24 @@ def become_subreaper() -> bool:
         return False
 
 
+def make_undumpable() -> bool:
+    """PR_SET_DUMPABLE 0: /proc/<our pid>/environ, mem and maps become root's, so a process
+    of the same uid (our child) cannot read them; no core dumps. A program the child execs
+    is dumpable again (the kernel resets it at exec). Linux only; False elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+# The pids of our `Child` processes while their Popen may still wait for them: never reaped
+# by `reap_orphans`. The lock spans a Child's start, so no reaper sees its pid unregistered.
+_children_lock = threading.Lock()
+_children: set[int] = set()
+
+
 def with_parent_death(argv: list[str]) -> list[str]:
     return [sys.executable, "-S", "-c", PDEATH_WRAPPER, str(os.getpid()), *argv]
 
@@ -66,14 +90,18 @@ class Child:
         self.argv = argv
         self.mark = secrets.token_hex(8)
         env = {**env, wire.ENV_CHILD_MARK: self.mark}
-        self.proc = subprocess.Popen(with_parent_death(argv), env=env, cwd=cwd, process_group=0, close_fds=True, pass_fds=pass_fds)
-        self.pid = self.proc.pid
+        with _children_lock:
+            self.proc = subprocess.Popen(with_parent_death(argv), env=env, cwd=cwd, process_group=0, close_fds=True, pass_fds=pass_fds)
+            self.pid = self.proc.pid
+            _children.add(self.pid)
         self._stopping = False
         self._waiter = threading.Thread(target=self._wait, args=(on_exit,), name=f"child-{self.pid}", daemon=True)
         self._waiter.start()
 
     def _wait(self, on_exit: Callable[[int, int], None]) -> None:
         code = self.proc.wait()
+        with _children_lock:
+            _children.discard(self.pid)
         if not self._stopping:
             on_exit(self.pid, code)
 
@@ -162,21 +190,46 @@ def _reap(procs: list[psutil.Process]) -> None:
             continue
 
 
-def reap_orphans(keep: int | None = None) -> int:
-    """Collect exited descendants re-parented to us (never `keep`, our current child,
-    whose status its Popen owns). Returns how many were reaped."""
+def reap_orphans() -> int:
+    """Collect exited processes re-parented to us (subreaper), never a `Child`'s own process
+    (its Popen owns that exit status). Call it from the thread that starts any other
+    subprocess (the supervisor's loop: the environment build runs there, before the loop),
+    so that no Popen of ours loses its status. Returns how many were reaped.
+
+    waitid(WNOWAIT) peeks without collecting: the common case (nothing exited) is one
+    system call; only behind a Child's own exit are the zombies looked up one by one."""
     reaped = 0
-    try:
-        children = psutil.Process().children()
-    except psutil.Error:
-        return 0
-    for proc in children:
-        if proc.pid == keep:
-            continue
-        try:
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                os.waitpid(proc.pid, os.WNOHANG)
+    with _children_lock:
+        while True:
+            try:
+                found = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return reaped  # no children at all
+            if found is None:
+                return reaped  # none has exited
+            if found.si_pid in _children:
+                break  # a Child's own exit comes first: look past it
+            if _collect(found.si_pid):
                 reaped += 1
-        except (psutil.Error, ChildProcessError):
-            continue
+        try:
+            children = psutil.Process().children()
+        except psutil.Error:
+            return reaped
+        for proc in children:
+            if proc.pid not in _children and _is_zombie(proc) and _collect(proc.pid):
+                reaped += 1
     return reaped
+
+
+def _is_zombie(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _collect(pid: int) -> bool:
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] == pid
+    except ChildProcessError:
+        return False

@@ -29,11 +29,11 @@ from nomadtf import roles, wire
 from nomadtf.cluster import Member
 from nomadtf.discovery import ConsulDiscovery, consul_client, retrying
 from nomadtf.environment import EnvBuildError, EnvBuildStopped
-from nomadtf.errors import RendezvousTimeout, ServerError, TaskError
+from nomadtf.errors import CannotRecord, RendezvousTimeout, ServerError, TaskError, VaultError
 from nomadtf.outcome import DEADLINE_WHY
 from nomadtf.progress import read as read_progress
 from nomadtf.runtime import jobenv, launch, policy, warm
-from nomadtf.runtime.child import Child, become_subreaper, reap_orphans
+from nomadtf.runtime.child import Child, become_subreaper, make_undumpable, reap_orphans
 from nomadtf.runtime.loop import (
     CATALOG,
     CHILD_EXIT,
@@ -101,7 +101,9 @@ class Running:
 
 
 class Supervisor:
-    def __init__(self, spec: JobSpec, role: str, alloc: AllocInfo, discovery: ConsulDiscovery, loop: EventLoop | None = None):
+    def __init__(
+        self, spec: JobSpec, role: str, alloc: AllocInfo, discovery: ConsulDiscovery, loop: EventLoop | None = None, vault=None
+    ):
         self.spec = spec
         self.base_counts = dict(spec.counts)  # as submitted; `nomadtf scale` may change them
         self.role = role
@@ -124,7 +126,8 @@ class Supervisor:
         self.last_progress: dict | None = None
         self.published_at = 0.0
         self.secret_env: dict[str, str] = {}
-        self.renewer = None
+        self.vault = vault  # secrets.VaultSession: the task's one Vault login (None: no secrets, or not yet)
+        self.secrets_read = False
         self.succeeded_at: float | None = None
         self.failed_code = 0
         self.last_missing: list[str] = []
@@ -141,6 +144,7 @@ class Supervisor:
     def run(self) -> int:
         self.loop.install_signals()
         become_subreaper()
+        make_undumpable()  # our child cannot read our tokens in /proc/<pid>/environ
         # Nomad's service check; usually up already (nomadtf.__main__ starts it first thing).
         health = health_endpoint.serve(self.alloc.health_port)
         try:
@@ -148,9 +152,9 @@ class Supervisor:
         finally:
             self._stop_child()
             self.warm.close()
-            if self.renewer:
-                self.renewer.stop_event.set()
             self.membership.close()
+            if self.vault is not None:
+                self.vault.close()  # stops its renewers; revokes a token we logged in for
             health.shutdown()
             reap_orphans()
 
@@ -177,7 +181,10 @@ class Supervisor:
             ended = self._prepare_environment()
             if ended is not None:
                 return ended
-        self._retry(self.membership.open, "opening a Consul session")
+        self._open_session()
+        ended = self._check_code()
+        if ended is not None:
+            return ended
         self.membership.start_watches(self.loop.post)
         # The first rendezvous may wait for peers that still build the job's environment.
         building = self.spec.environment.timeout_s if self.spec.environment is not None else 0.0
@@ -190,6 +197,7 @@ class Supervisor:
         while True:
             event = self.loop.next()
             outcome = self._handle(event)
+            reap_orphans()  # re-parented processes that exited since the last event
             if outcome is not None:
                 return outcome
 
@@ -346,8 +354,10 @@ class Supervisor:
         self.loop.cancel("rendezvous-deadline")
         log.info("cluster complete after %.1fs: %s", time.monotonic() - self.rendezvous_started, describe(members) or "(nobody to wait for)")
         generation = self._bump(policy.fingerprint(members))
-        if roles.runs_user_code(self.spec.strategy, self.role) and self.spec.secrets and not self.secret_env:
-            self._fetch_secrets()
+        if roles.runs_user_code(self.spec.strategy, self.role) and self.spec.secrets and not self.secrets_read:
+            ended = self._fetch_secrets()
+            if ended is not None:
+                return ended
         self._start_child(members, generation)
         return None
 
@@ -637,22 +647,70 @@ class Supervisor:
         for attempt in retrying(deadline_s, give_up=lambda: self.loop.stop_requested):
             with attempt:
                 if attempt.retry_state.attempt_number > 1:
-                    log.warning("Consul: retrying %s (attempt %d)", what, attempt.retry_state.attempt_number)
+                    log.warning("Consul at %s: retrying %s (attempt %d)", self._consul_address(), what, attempt.retry_state.attempt_number)
                 return call()
         raise AssertionError("unreachable")  # tenacity re-raises the last error
 
-    def _fetch_secrets(self) -> None:
+    def _fetch_secrets(self) -> int | None:
+        """Read the job's secrets once per task (one login, its renewers kept until we exit).
+        A secret that cannot be had is a mistake a human must fix (or a Vault still away
+        after the retry budget): the job is marked failed, naming the path, and we exit 1."""
         from nomadtf import secrets as secrets_mod  # hvac only when the job has secrets
 
-        client = secrets_mod.login(self.spec.vault)
-        fetched = secrets_mod.fetch_secrets(client, list(self.spec.secrets), self.alloc.secrets_dir)
-        self.secret_env = fetched.env
-        log.info("read %d secret(s) for the training process (%s)", len(self.spec.secrets), ", ".join(
-            s.get("env") or f"file {s['file']}" for s in self.spec.secrets))
-        if fetched.leases:
-            self.renewer = secrets_mod.LeaseRenewer(client, fetched.leases, on_error=log.warning)
-            self.renewer.start()
+        if self.vault is None:
+            self.vault = secrets_mod.VaultSession(self.spec.vault, on_error=log.warning, budget_s=server_retry_s())
+        try:
+            fetched = self.vault.fetch(list(self.spec.secrets), self.alloc.secrets_dir)
+        except VaultError as exc:
+            log.error("secrets: %s", exc)
+            if roles.is_soft(self.role):
+                return 1  # a side role's failure is its own (reported as a warning)
+            self._record(policy.failed_state(self.role, self.me.index, 1, f"its secrets: {exc}"), "marking the job failed")
+            return 1
+        self.secret_env, self.secrets_read = fetched.env, True
+        log.info("read %d secret(s) for the training process (%s)%s", len(self.spec.secrets), ", ".join(
+            s.get("env") or f"file {s['file']}" for s in self.spec.secrets), "; leases renewed while we run" if fetched.leases else "")
+        return None
 
+    def _check_code(self) -> int | None:
+        """An entrypoint script that is not there is a mistake no restart fixes: the job is
+        marked failed naming the file (a side role only fails itself), and we exit 1."""
+        entry = self.spec.entrypoint
+        if entry.kind != "script" or self.role == "tensorboard" or not roles.runs_user_code(self.spec.strategy, self.role):
+            return None
+        workdir = Path(self.spec.entrypoint.workdir or self.alloc.task_dir)
+        if (workdir / entry.target).is_file():
+            return None
+        why = f"its code: entrypoint.script {entry.target} not found in {workdir} (entrypoint.workdir)"
+        log.error("%s", why)
+        if not roles.is_soft(self.role):
+            self._record(policy.failed_state(self.role, self.me.index, 1, why), "marking the job failed")
+        return 1
+
+    def _open_session(self) -> None:
+        """Our Consul session, retried for the server retry budget; a Consul still away after
+        it is a failure Consul cannot hold: CannotRecord (exit 78) names the address."""
+        budget = server_retry_s()
+        try:
+            self._retry(self.membership.open, "opening a Consul session", budget)
+        except ServerError as exc:
+            raise CannotRecord(
+                f"{exc}; tried Consul at {self._consul_address()} for {budget:.0f}s: check discovery.consul_address "
+                "(CONSUL_HTTP_ADDR), its scheme (https for a TLS-only port) and discovery.consul_ca_file"
+            ) from None
+
+    def _consul_address(self) -> str:
+        http = getattr(self.discovery.consul, "http", None)
+        return str(getattr(http, "base_uri", "")) or os.environ.get("CONSUL_HTTP_ADDR", "127.0.0.1:8500")
+
+
+def server_retry_s() -> float:
+    """How long a task retries a Consul or Vault it cannot reach (job.json `env`
+    NOMADTF_SERVER_RETRY_S; 120 s by default)."""
+    try:
+        return max(1.0, float(os.environ.get(wire.ENV_SERVER_RETRY_S, wire.DEFAULT_SERVER_RETRY_S)))
+    except ValueError:
+        return wire.DEFAULT_SERVER_RETRY_S
 
 def _incarnation() -> str:
     return uuid.uuid4().hex[:12]
@@ -677,16 +735,24 @@ def spec_path(environ: dict[str, str]) -> Path:
 def run_task(role: str) -> int:
     spec = for_task(read_spec_file(spec_path(dict(os.environ))), dict(os.environ))
     alloc = AllocInfo.from_environ(dict(os.environ))
-    grant = None
-    if spec.discovery.consul_token_path:
-        from nomadtf import secrets as secrets_mod  # hvac only when Vault hands out the Consul token
+    grant = vault = None
+    if spec.discovery.consul_token_path or spec.secrets:
+        from nomadtf import secrets as secrets_mod  # hvac only when the job reads Vault
 
-        grant = secrets_mod.ConsulToken.read(spec.vault, spec.discovery.consul_token_path, on_error=log.warning)
-        log.info("Consul token read from Vault (%s)%s", grant.path, "; renewed while we run" if grant.lease else "")
+        vault = secrets_mod.VaultSession(spec.vault, on_error=log.warning, budget_s=server_retry_s())  # one login per task
     try:
+        if spec.discovery.consul_token_path:
+            try:
+                grant = secrets_mod.ConsulToken.read(vault, spec.discovery.consul_token_path)
+            except ServerError as exc:
+                # Without its Consul token the task cannot record the failure in Consul.
+                raise CannotRecord(f"the tasks' Consul token ({spec.discovery.consul_token_path}): {exc}") from None
+            log.info("Consul token read from Vault (%s)%s", grant.path, "; renewed while we run" if grant.lease else "")
         client = consul_client(token=grant.token if grant else None)
         discovery = ConsulDiscovery(spec.name, spec.namespace, client=client, run_id=spec.run_id)
-        return Supervisor(spec, role, alloc, discovery).run()
+        return Supervisor(spec, role, alloc, discovery, vault=vault).run()
     finally:
         if grant is not None:
             grant.close()
+        if vault is not None:
+            vault.close()

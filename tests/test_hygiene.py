@@ -1,0 +1,252 @@
+"""Secrets hygiene and the small things of issue #20: what the training code and an
+environment build can reach, zombies, the health endpoint's address, `dev binaries --go`.
+
+Real processes throughout: the stand-in supervisor starts its child through `Child`, the
+environment build runs the real uv on a local source package, and one job runs on the
+single-node stack."""
+
+from __future__ import annotations
+
+import inspect
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from pathlib import Path
+
+import psutil
+import pytest
+
+from nomadtf import health, render, wire
+from nomadtf.devstack import binaries
+from nomadtf.environment import EnvCache
+from nomadtf.errors import BinaryError
+from nomadtf.runtime import supervisor
+from nomadtf.runtime.child import Child, become_subreaper, reap_orphans
+from nomadtf.spec import normalize, spec_file_text
+from tests.helpers import JOBS, all_logs, nomadtf, purge, unique, write_job
+
+HYGIENE = JOBS / "hygiene.py"
+# What lets root read a non-dumpable process's /proc files (see tests/jobs/hygiene.py).
+PTRACE_CAPS = "-sys_ptrace,-sys_admin,-perfmon"
+
+STAND_IN = """
+import os, sys, threading
+from nomadtf.runtime.child import Child, make_undumpable
+if sys.argv[1] == "undumpable":
+    assert make_undumpable()
+done = threading.Event()
+Child([sys.executable, sys.argv[2], "--parent-environ"], {**os.environ, "CANARY_TOKEN": "s.canary"}, ".", lambda pid, code: done.set())
+assert done.wait(30)
+"""
+
+
+def _stand_in(mode: str) -> str:
+    """A supervisor's stand-in, started as an ordinary process of this uid would be: as
+    root, without the capabilities that read any process's /proc files."""
+    argv = [sys.executable, "-c", STAND_IN, mode, str(HYGIENE)]
+    if os.geteuid() == 0:
+        assert shutil.which("setpriv"), "setpriv (util-linux) is needed to start the stand-in without CAP_SYS_PTRACE"
+        argv = ["setpriv", f"--bounding-set={PTRACE_CAPS}", *argv]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=str(Path(__file__).parent.parent))
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_the_child_cannot_read_its_supervisors_environment():
+    # The control: a dumpable parent's environment is readable by its child (same uid).
+    assert _stand_in("dumpable") == "supervisor_environ=readable"
+    assert _stand_in("undumpable") == "supervisor_environ=denied"
+    # ...and the supervisor makes itself undumpable before it holds any token of its own.
+    run = inspect.getsource(supervisor.Supervisor.run)
+    assert run.index("make_undumpable()") < run.index("self._main()")
+
+
+# ---- the environment build ------------------------------------------------------------------
+
+BACKEND = '''
+"""A PEP 517 backend without requirements: records the environment it builds in."""
+import json, os, zipfile
+
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    with open(os.environ["LEAK_RECORD"], "w") as fh:
+        json.dump(dict(os.environ), fh)
+    name, info = "nomadtfleak-1.0-py3-none-any.whl", "nomadtfleak-1.0.dist-info"
+    files = {
+        "nomadtfleak.py": "VERSION = '1.0'\\n",
+        f"{info}/METADATA": "Metadata-Version: 2.1\\nName: nomadtfleak\\nVersion: 1.0\\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\\nGenerator: test\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n",
+    }
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as zf:
+        for path, text in files.items():
+            zf.writestr(path, text)
+        zf.writestr(f"{info}/RECORD", "".join(f"{p},,\\n" for p in [*files, f"{info}/RECORD"]))
+    return name
+'''
+
+
+def test_a_source_build_of_the_jobs_environment_gets_no_credential(tmp_path):
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "pyproject.toml").write_text(
+        '[build-system]\nrequires = []\nbuild-backend = "leakbackend"\nbackend-path = ["."]\n\n'
+        '[project]\nname = "nomadtfleak"\nversion = "1.0"\n'
+    )
+    (source / "leakbackend.py").write_text(BACKEND)
+    record = tmp_path / "build-env.json"
+    task_env = {
+        **os.environ, "UV_OFFLINE": "1", "UV_NO_INDEX": "1", "UV_CACHE_DIR": str(tmp_path / "uv-cache"),
+        "LEAK_RECORD": str(record), "NOMADTF_HARMLESS": "kept",
+        **{name: f"canary-{name}" for name in wire.CREDENTIAL_ENV},
+    }
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    ready = EnvCache(tmp_path / "envs").prepare([f"nomadtfleak @ {source.as_uri()}"], python, timeout_s=120, environ=task_env)
+    ready.release()
+    seen = json.loads(record.read_text())
+    assert seen["NOMADTF_HARMLESS"] == "kept"  # the build did run with the task's environment
+    assert [name for name in wire.CREDENTIAL_ENV if name in seen] == []
+    assert not [k for k, v in seen.items() if v.startswith("canary-")]
+
+
+# ---- the spec file ------------------------------------------------------------------------------
+
+
+def test_approle_ids_reach_the_task_environment_but_not_the_spec_file():
+    spec = normalize({
+        "name": "approle-ids",
+        "entrypoint": {"script": "train.py"},
+        "env": {wire.ENV_VAULT_ROLE_ID: "role-canary", "KEEP": "1"},
+        "roles": {"chief": {"count": 1, "env": {wire.ENV_VAULT_SECRET_ID: "sid-canary"}}, "worker": {"count": 1}, "ps": {"count": 1}},
+        "vault": {"auth": "approle"},
+    })
+    text = spec_file_text(spec)
+    assert "role-canary" not in text and "sid-canary" not in text and '"KEEP":"1"' in text
+    job = render.render_job(spec)
+    chief = next(g for g in job["Job"]["TaskGroups"] if g["Name"] == "chief")["Tasks"][0]
+    assert chief["Env"][wire.ENV_VAULT_ROLE_ID] == "role-canary" and chief["Env"][wire.ENV_VAULT_SECRET_ID] == "sid-canary"
+    assert "role-canary" not in json.dumps(render.embedded_spec(chief))
+
+
+# ---- zombies ------------------------------------------------------------------------------------
+
+
+def test_reaping_orphans_never_takes_a_childs_own_exit_status(tmp_path):
+    assert become_subreaper()
+    codes: list[int] = []
+    done = threading.Event()
+    child = Child([sys.executable, "-c", "import time; time.sleep(0.3); raise SystemExit(7)"], dict(os.environ), str(tmp_path),
+                  lambda pid, code: (codes.append(code), done.set()))
+    # An orphan of ours exits meanwhile (double fork: re-parented to us, the subreaper).
+    script = "import os\nif os.fork() == 0:\n    os._exit(0)\n"
+    subprocess.run([sys.executable, "-c", script], check=True)
+    reaped = 0
+    deadline = time.monotonic() + 10
+    while not done.is_set() and time.monotonic() < deadline:
+        reaped += reap_orphans()
+        time.sleep(0.001)
+    assert done.is_set() and codes == [7] and child.returncode == 7
+    reaped += reap_orphans()
+    assert reaped >= 1
+    assert [p for p in psutil.Process().children() if p.status() == psutil.STATUS_ZOMBIE] == []
+
+
+# ---- the health endpoint ------------------------------------------------------------------------
+
+
+def test_the_health_endpoint_binds_the_tasks_own_address(monkeypatch):
+    assert health.bind_host({"NOMAD_IP_health": "127.0.0.7"}) == "127.0.0.7"
+    assert health.bind_host({}) == "0.0.0.0"
+    for host, expected in (("127.0.0.7", "127.0.0.7"), ("192.0.2.1", "0.0.0.0")):  # 192.0.2.1: not ours, the fallback
+        monkeypatch.setattr(health, "_server", None)
+        monkeypatch.setenv("NOMAD_IP_health", host)
+        server = health.serve(0)
+        try:
+            assert server.server_address[0] == expected
+        finally:
+            server.shutdown()
+            server.server_close()
+    monkeypatch.setattr(health, "_server", None)
+
+
+# ---- `nomadtf dev binaries --go` ------------------------------------------------------------------
+
+
+def _fake_go(root: Path, version: str) -> None:
+    (root / "bin").mkdir(parents=True)
+    go = root / "bin" / "go"
+    go.write_text(f"#!/bin/sh\necho 'go version {version} linux/amd64'\n")
+    go.chmod(0o755)
+
+
+@pytest.fixture
+def toolchain(monkeypatch):
+    """The module proxy and checksum database, answered locally with a fake go1.26.8."""
+    version = binaries.toolchain_version(binaries.GO_VERSION)
+    prefix = f"{binaries.TOOLCHAIN_MODULE}@{version}/"
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        zf.writestr(prefix + "bin/go", f"#!/bin/sh\necho 'go version {binaries.GO_VERSION} linux/amd64'\n")
+        zf.writestr(prefix + "VERSION", binaries.GO_VERSION)
+    archive = buffer.getvalue()
+    downloads: list[str] = []
+    monkeypatch.setattr(binaries, "proxy_get", lambda module, name: downloads.append(name) or archive)
+    monkeypatch.setattr(binaries, "checksum_db_h1", lambda module, v: binaries.module_zip_h1(archive))
+    return downloads
+
+
+def test_dev_binaries_never_deletes_a_go_it_did_not_install(tmp_path, toolchain):
+    root = tmp_path / "go"
+    _fake_go(root, "go1.20.1")
+    (root / "src-of-someone").write_text("keep me")
+    with pytest.raises(BinaryError, match="did not install"):
+        binaries.install_go(binaries.GO_VERSION, root, lambda _m: None)
+    assert (root / "src-of-someone").read_text() == "keep me" and "go1.20.1" in subprocess.run(
+        [str(root / "bin" / "go")], capture_output=True, text=True).stdout
+    assert toolchain == []  # refused before anything was downloaded
+
+
+def test_dev_binaries_installs_marks_and_replaces_only_its_own_go(tmp_path, toolchain):
+    root = tmp_path / "go"
+    go = binaries.install_go(binaries.GO_VERSION, root, lambda _m: None)
+    assert (root / binaries.GO_MARKER).is_file() and binaries.GO_VERSION in subprocess.run([str(go)], capture_output=True, text=True).stdout
+    # Ours, of another version: replaced.
+    shutil.rmtree(root / "bin")
+    _fake_go(root, "go1.22.0")
+    binaries.install_go(binaries.GO_VERSION, root, lambda _m: None)
+    assert binaries.GO_VERSION in subprocess.run([str(go)], capture_output=True, text=True).stdout and len(toolchain) == 2
+
+
+# ---- one job on the stack ---------------------------------------------------------------------
+
+
+@pytest.mark.stack
+def test_a_tasks_zombies_are_reaped_its_health_endpoint_is_on_its_address_and_its_spec_file_has_no_approle_id(stack, tmp_path):
+    name = unique("hygiene")
+    spec = {
+        "name": name,
+        "strategy": "multi_worker_mirrored",
+        "entrypoint": {"script": str(HYGIENE), "workdir": str(JOBS)},
+        "env": {wire.ENV_VAULT_ROLE_ID: "role-canary"},
+        "roles": {"worker": {"count": 1, "cpu": 200, "memory": 300}},
+        "recovery": {"restart_attempts": 0, "reschedule_attempts": 0},
+        "discovery": {"rendezvous_timeout": "2m"},
+    }
+    try:
+        result = nomadtf("run", str(write_job(tmp_path, spec)), "--timeout", "3m")
+        logs = all_logs(name)
+        assert result.returncode == 0, result.stderr + logs
+        assert "orphan=reaped" in logs, logs
+        bind = next(line for line in logs.splitlines() if line.startswith("health_bind="))
+        address, nomad_ip = (part.split("=", 1)[1] for part in bind.split())
+        assert nomad_ip and address == nomad_ip, bind
+        assert "spec_file_approle=False child_env_approle=False" in logs, logs
+    finally:
+        purge(name)
