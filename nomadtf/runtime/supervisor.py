@@ -684,7 +684,8 @@ class Supervisor:
         why = f"its code: entrypoint.script {entry.target} not found in {workdir} (entrypoint.workdir)"
         log.error("%s", why)
         if not roles.is_soft(self.role):
-            self._record(policy.failed_state(self.role, self.me.index, 1, why), "marking the job failed")
+            # Before the claim: our index is the one Nomad gave the allocation.
+            self._record(policy.failed_state(self.role, self.alloc.alloc_index, 1, why), "marking the job failed")
         return 1
 
     def _open_session(self) -> None:
