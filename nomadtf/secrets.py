@@ -297,11 +297,14 @@ class TokenRenewer(Renewer):
         ttl = int(data.get("ttl") or 0)
         if not data.get("renewable") or ttl <= 0:
             return  # a root or non-expiring token, or one Vault will not renew
-        wait = max(1.0, ttl / 2)
+        wait, warned = max(1.0, ttl / 2), False
         while not self.stop_event.wait(wait):
             try:
                 granted = int(self.client.auth.token.renew_self()["auth"]["lease_duration"])
                 wait = max(1.0, (granted or ttl) / 2)
+                if 0 < granted < ttl and not warned:
+                    warned = True  # capped by the role's token_max_ttl: it ends, and its leases with it
+                    self.on_error(f"the AppRole login token reaches its token_max_ttl in {granted}s; the leases it created end with it")
             except Exception as exc:  # noqa: BLE001 - keep trying until it expires
                 self.on_error(f"Vault at {self.client.url}: login token renewal failed ({exc.__class__.__name__}); will retry")
                 wait = 2.0

@@ -5,12 +5,15 @@ and OpenBao, with a real PostgreSQL behind OpenBao's database engine for leased 
 
 from __future__ import annotations
 
+import http.server
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -191,6 +194,44 @@ def test_a_consul_address_where_nothing_listens_fails_in_bounded_time_naming_it(
         assert out.returncode == 1, text
         assert f"tried Consul at http://{address} for 5s" in text, text
         assert "exited 78" in text, text
+        assert wall < FAST_S, f"took {wall:.0f}s"
+    finally:
+        purge(job)
+
+
+@pytest.fixture
+def tls_only_port(tmp_path) -> Iterator[int]:
+    """A port that speaks TLS only (a Consul HTTPS listener stands for many): a plain HTTP
+    request gets its connection closed."""
+    from nomadtf.devstack import tls
+
+    ca = tls.make_ca(tmp_path / "ca")
+    pair = tls.issue(ca, tmp_path, "server", ips=["127.0.0.1"])
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(pair.cert, pair.key)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    server.handle_error = lambda *_args: None  # every plain-HTTP request fails the handshake, on purpose
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_plain_http_to_a_tls_only_consul_port_fails_in_bounded_time_naming_it(stack, tmp_path, tls_only_port):
+    address = f"127.0.0.1:{tls_only_port}"
+    job = unique("tlsonly")
+    spec = _one_worker_job(job, env={"NOMADTF_SERVER_RETRY_S": "5"})
+    spec["discovery"]["consul_address"] = address
+    del spec["recovery"]
+    try:
+        out, wall = _run(tmp_path, spec)
+        text = out.stdout + out.stderr
+        assert out.returncode == 1, text
+        assert f"tried Consul at http://{address} for 5s" in text and "https for a TLS-only port" in text, text
         assert wall < FAST_S, f"took {wall:.0f}s"
     finally:
         purge(job)
