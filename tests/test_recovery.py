@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from nomadtf.follow import Follower
+from nomadtf.discovery import ConsulDiscovery
+from nomadtf.follow import Follower, run_of, versions_of_run
 from nomadtf.nomad import NomadAPI
 from tests import faults
 from tests.helpers import EXAMPLES, JOBS, allocations, nomadtf, purge, task_log, unique, wait_until, write_job
@@ -38,6 +39,19 @@ def _spec(name: str, strategy: str = "parameter_server", **context) -> dict:
     return spec
 
 
+def follow_detached(job_id: str, eval_prefix: str, reschedule_attempts: int, timeout: float) -> None:
+    """Follow a run started with --detach to its outcome, as `nomadtf run` would have:
+    its own run id, its recorded state in Consul. Raises the outcome's error unless it succeeded."""
+    api = NomadAPI.from_env()
+    evals = [e for e in api.evaluations(job_id) if e["ID"].startswith(eval_prefix)]
+    run_id = run_of(api.job(job_id) or {})
+    first = min(versions_of_run(api.versions(job_id), run_id), default=0)
+    Follower(
+        api, job_id, timeout, reschedule_attempts, lambda _v: None, lambda _e: None,
+        recorded_state=ConsulDiscovery(job_id, api.namespace, run_id=run_id).job_state, first_version=first, run_id=run_id,
+    ).follow(evals[0]["ID"])
+
+
 class Run:
     """A detached job plus the follower that decides its outcome."""
 
@@ -54,9 +68,7 @@ class Run:
         return wait_until(lambda: faults.step(self.job_id) >= target and faults.step(self.job_id), timeout, f"training step {target}")
 
     def finish(self, timeout: float = 420) -> str:
-        api = NomadAPI.from_env()
-        evals = [e for e in api.evaluations(self.job_id) if e["ID"].startswith(self.eval_id)]
-        Follower(api, self.job_id, timeout, self.spec["recovery"]["reschedule_attempts"], lambda _v: None, lambda _e: None).follow(evals[0]["ID"])
+        follow_detached(self.job_id, self.eval_id, self.spec["recovery"]["reschedule_attempts"], timeout)
         stdout = faults.chief_stdout(self.job_id)
         accuracy = float(re.findall(r"final_accuracy=([0-9.]+)", stdout)[-1])
         assert accuracy >= ACCURACY_FLOOR, accuracy
@@ -171,9 +183,7 @@ def test_mirrored_worker_killed_restarts_the_group_from_checkpoint(job):
     wait_until(lambda: re.search(r"step=(\d+)", "\n".join(task_log(a["ID"], "worker") for a in allocations(run.job_id))), 240, "a step")
     procs = faults.processes(run.job_id)
     os.kill(procs[("child", "worker", 1)], signal.SIGKILL)
-    api = NomadAPI.from_env()
-    evals = [e for e in api.evaluations(run.job_id) if e["ID"].startswith(run.eval_id)]
-    Follower(api, run.job_id, 420, 2, lambda _v: None, lambda _e: None).follow(evals[0]["ID"])
+    follow_detached(run.job_id, run.eval_id, 2, 420)
     logs = "\n".join(task_log(a["ID"], "worker") for a in allocations(run.job_id))
     assert float(re.findall(r"final_accuracy=([0-9.]+)", logs)[-1]) >= ACCURACY_FLOOR
     assert _resumed_from(logs), "the workers restarted from the checkpoint"

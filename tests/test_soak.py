@@ -125,8 +125,8 @@ def _settled(look, timeout: float):
 
 
 def test_parameter_server_soak(stack, tmp_path):
-    _soak(stack, tmp_path, "parameter_server", steps=16000, faults=10, extra=6, min_soak_s=180)
+    _soak(stack, tmp_path, "parameter_server", steps=19000, faults=10, extra=6, min_soak_s=180)
 
 
 def test_mirrored_soak(stack, tmp_path):
-    _soak(stack, tmp_path, "multi_worker_mirrored", steps=4000, faults=5, extra=3, min_soak_s=90)
+    _soak(stack, tmp_path, "multi_worker_mirrored", steps=6000, faults=5, extra=3, min_soak_s=90)

@@ -129,6 +129,7 @@ class Supervisor:
         self.vault = vault  # secrets.VaultSession: the task's one Vault login (None: no secrets, or not yet)
         self.secrets_read = False
         self.succeeded_at: float | None = None
+        self.start_for_peer_change = False  # the next child starts because a peer changed
         self.failed_code = 0
         self.last_missing: list[str] = []
         self.rendezvous_started = time.monotonic()
@@ -512,6 +513,10 @@ class Supervisor:
         self._stop_child()
         self._warm_up()
         self.phase = Phase.RENDEZVOUS
+        # A recovery for a peer's change starts a child that may fail again while that
+        # peer's new server comes up: the same peer's fault, not our code's (see
+        # _decide_after_peer_check), whichever way the restart came about.
+        self.start_for_peer_change = not own_crash
         self.rendezvous_started = time.monotonic()
         self.loop.call_at(self.rendezvous_started + self.spec.discovery.rendezvous_timeout_s, "rendezvous-deadline")
         return self._step()
@@ -527,7 +532,8 @@ class Supervisor:
         log.info("generation %d: starting %s with TF_CONFIG %s", generation, " ".join(argv[1:4]), env.get(wire.ENV_TF_CONFIG, "(none)"))
 
         child = self.warm.take(argv, env, cwd) or Child(argv, env, cwd, self._post_child_exit)
-        self.running = Running(child, members, generation, time.monotonic())
+        self.running = Running(child, members, generation, time.monotonic(), for_peer_change=self.start_for_peer_change)
+        self.start_for_peer_change = False
         self.phase = Phase.RUNNING
         self.hang.restart(time.monotonic())
         self.loop.call_at(time.monotonic() + PROGRESS_TICK_S, "progress")
