@@ -125,7 +125,7 @@ def _settled(look, timeout: float):
 
 
 def test_parameter_server_soak(stack, tmp_path):
-    _soak(stack, tmp_path, "parameter_server", steps=19000, faults=10, extra=6, min_soak_s=180)
+    _soak(stack, tmp_path, "parameter_server", steps=26000, faults=10, extra=6, min_soak_s=180)
 
 
 def test_mirrored_soak(stack, tmp_path):
