@@ -8,9 +8,9 @@ Waiting uses Nomad blocking queries (GET /v1/job/:id/allocations?index=&wait=), 
 change is seen as soon as Nomad knows it, with no polling sleep in between.
 
 Usage:
-    view = Follower(api, "digits", timeout=600, reschedule_attempts=2,
-                    on_view=show, on_event=log).follow(eval_id)
-    [(job, summarize(job, allocs)) for job, allocs in nomadtf_jobs_with_allocations(api)]
+    view = Follower(api, "digits", timeout=600, reschedule_attempts=2, on_view=show, on_event=log,
+                    recorded_state=discovery.job_state, run_id=run_id).follow(eval_id)
+    [(state.job, state.view) for state in nomadtf_jobs(api)]
 """
 
 from __future__ import annotations
@@ -156,7 +156,8 @@ class Follower:
     """Follows one run until its outcome (outcome.py) or the timeout.
 
     Usage:
-        view = Follower(api, "digits", 600, 2, on_view=show, on_event=log, run_id=run).follow(eval_id)
+        view = Follower(api, "digits", 600, 2, on_view=show, on_event=log,
+                        recorded_state=discovery.job_state, run_id=run).follow(eval_id)
     """
 
     def __init__(
@@ -167,8 +168,11 @@ class Follower:
         reschedule_attempts: int,
         on_view: Callable[[JobView], None],
         on_event: Callable[[str], None],
+        *,
+        # Required: success is only ever what the run recorded; a follower without the
+        # record would call every finished run "lost".
+        recorded_state: Callable[[], str | None],
         progress: Callable[[], dict[str, Any] | None] = lambda: None,
-        recorded_state: Callable[[], str | None] = lambda: None,
         first_version: int = 0,
         environments: Callable[[], dict[tuple[str, int], dict[str, Any]]] = lambda: {},
         run_id: str = "",
