@@ -33,7 +33,7 @@ import requests
 from nomadtf import acl, wire
 from nomadtf.discovery import consul_client
 from nomadtf.errors import AclConflict, ConsulError, VaultError
-from nomadtf.secrets import vault_address, vault_tls
+from nomadtf.vault import vault_address, vault_tls
 
 ENGINE_MOUNT = "consul"
 KV_MOUNT = "secret"

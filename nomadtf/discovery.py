@@ -25,8 +25,8 @@ import requests
 import tenacity
 
 from nomadtf import wire
-from nomadtf.cluster import RENDEZVOUS_ROLES, Member
 from nomadtf.errors import ConsulError, ServerError, UnreachableError
+from nomadtf.tfconfig import RENDEZVOUS_ROLES, Member
 
 SESSION_TTL_S = 15
 T = TypeVar("T")

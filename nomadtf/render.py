@@ -19,10 +19,10 @@ from typing import Any
 import jinja2
 
 from nomadtf import __version__, wire
-from nomadtf.cluster import runs_user_code
 from nomadtf.errors import RenderError
 from nomadtf.roles import ROLES
 from nomadtf.spec import RunInfo, duration_ns, gpu_request, spec_file_text, spec_sha256
+from nomadtf.tfconfig import runs_user_code
 
 TEMPLATE_FILES = ("job.json.j2", "group.json.j2", "cluster.ctmpl.j2")
 

@@ -1,4 +1,4 @@
-"""Seeded chaos for the soak tests (tests/test_soak.py): one seed gives the whole fault
+"""Seeded chaos for the soak tests (tests/stack/test_soak.py): one seed gives the whole fault
 schedule; `Soak` applies each fault to a job training on the local stack, waits until the
 job has recovered from it and measures what it cost.
 

@@ -2,7 +2,7 @@
 (parameter-server strategy, one chief, one worker, one parameter server) with the role under
 test kept off client 1 and every other role pinned to it, so the test knows which client to
 kill and the lost allocation has a client left to move to. Shared by
-tests/test_multiclient.py and bench/bench_node_loss.py.
+tests/stack/test_multiclient.py and bench/bench_node_loss.py.
 
 The chief's stdout is read from the clients' data directories (every client namespace shares
 this machine's filesystem): the log of a chief lost with its client stays on the dead

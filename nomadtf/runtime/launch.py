@@ -6,9 +6,9 @@ import json
 import os
 import sys
 
-from nomadtf import cluster, roles, wire
-from nomadtf.cluster import Member
+from nomadtf import roles, tfconfig, wire
 from nomadtf.spec import JobSpec
+from nomadtf.tfconfig import Member
 
 
 def child_argv(spec: JobSpec, role: str, tf_port: int, python: str = sys.executable, host: str = "") -> list[str]:
@@ -90,8 +90,8 @@ def child_env(
     NOMADTF_* names (wire.py) and the secrets under the names the job chose."""
     env = waiting_env(spec, role, index, environ, progress_file)
     if role != "tensorboard":
-        tf_config = cluster.build_tf_config(cluster.build_cluster_spec(spec.strategy, spec.counts, members), role, index)
-        env[wire.ENV_TF_CONFIG] = cluster.tf_config_json(tf_config)
+        tf_config = tfconfig.build_tf_config(tfconfig.build_cluster_spec(spec.strategy, spec.counts, members), role, index)
+        env[wire.ENV_TF_CONFIG] = tfconfig.tf_config_json(tf_config)
     env[wire.ENV_GENERATION] = str(generation)
     env.update(secret_env)
     return env

@@ -12,13 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from nomadtf import cluster, roles, wire
-from nomadtf.cluster import Member
+from nomadtf import roles, tfconfig, wire
 from nomadtf.discovery import ConsulDiscovery, Slot
 from nomadtf.errors import NomadtfError
 from nomadtf.runtime.loop import CATALOG, CLUSTER_FILE, CLUSTER_KV, Event
 from nomadtf.runtime.policy import SlotState, slot_state
 from nomadtf.spec import JobSpec
+from nomadtf.tfconfig import Member
 
 log = logging.getLogger("nomadtf.task")
 
@@ -115,7 +115,7 @@ class Membership:
     # the roles whose registrations matter to us
     @property
     def watched_roles(self) -> tuple[str, ...]:
-        return tuple(r for r in cluster.RENDEZVOUS_ROLES if self.spec.counts.get(r))
+        return tuple(r for r in tfconfig.RENDEZVOUS_ROLES if self.spec.counts.get(r))
 
     @property
     def wait_for(self) -> tuple[str, ...]:
@@ -199,7 +199,7 @@ class Membership:
         return True
 
     def missing(self, members: list[Member]) -> list[str]:
-        return cluster.missing_members(self.spec.counts, members, self.wait_for)
+        return tfconfig.missing_members(self.spec.counts, members, self.wait_for)
 
 
 def members_from_template(path: Path, slots: dict[tuple[str, int], Slot], counts: dict[str, int]) -> list[Member]:

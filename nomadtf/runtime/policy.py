@@ -1,6 +1,6 @@
 """Every decision the in-allocation runtime makes, as pure functions and small value
 objects. No I/O, no clock: callers pass `now`. Unit-tested exhaustively
-(tests/test_runtime_policy.py).
+(tests/unit/runtime/test_policy.py).
 
 What restarts when is the role table (nomadtf.roles); this module applies it:
     peer change              restart our child if roles.TABLE says so for that peer's
@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from nomadtf import roles
-from nomadtf.cluster import Member
+from nomadtf.tfconfig import Member
 
 STRAGGLER_GRACE_S = 30.0  # after success, how long user code that is still running gets
 PEER_FAULT_WINDOW_S = 60.0  # a child restarted for a peer change that fails within this: the peer's fault

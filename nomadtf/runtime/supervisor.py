@@ -26,7 +26,6 @@ from pathlib import Path
 
 from nomadtf import health as health_endpoint
 from nomadtf import roles, wire
-from nomadtf.cluster import Member
 from nomadtf.discovery import ConsulDiscovery, consul_client, retrying
 from nomadtf.environment import EnvBuildError, EnvBuildStopped
 from nomadtf.errors import CannotRecord, RendezvousTimeout, ServerError, TaskError, VaultError
@@ -47,6 +46,7 @@ from nomadtf.runtime.loop import (
 from nomadtf.runtime.membership import Identity, Membership, describe
 from nomadtf.runtime.policy import Act
 from nomadtf.spec import JobSpec, for_task, read_spec_file
+from nomadtf.tfconfig import Member
 
 log = logging.getLogger("nomadtf.task")
 
@@ -661,10 +661,10 @@ class Supervisor:
         """Read the job's secrets once per task (one login, its renewers kept until we exit).
         A secret that cannot be had is a mistake a human must fix (or a Vault still away
         after the retry budget): the job is marked failed, naming the path, and we exit 1."""
-        from nomadtf import secrets as secrets_mod  # hvac only when the job has secrets
+        from nomadtf import vault as vault_api  # hvac only when the job has secrets
 
         if self.vault is None:
-            self.vault = secrets_mod.VaultSession(self.spec.vault, on_error=log.warning, budget_s=server_retry_s())
+            self.vault = vault_api.VaultSession(self.spec.vault, on_error=log.warning, budget_s=server_retry_s())
         try:
             fetched = self.vault.fetch(list(self.spec.secrets), self.alloc.secrets_dir)
         except VaultError as exc:
@@ -744,13 +744,13 @@ def run_task(role: str) -> int:
     alloc = AllocInfo.from_environ(dict(os.environ))
     grant = vault = None
     if spec.discovery.consul_token_path or spec.secrets:
-        from nomadtf import secrets as secrets_mod  # hvac only when the job reads Vault
+        from nomadtf import vault as vault_api  # hvac only when the job reads Vault
 
-        vault = secrets_mod.VaultSession(spec.vault, on_error=log.warning, budget_s=server_retry_s())  # one login per task
+        vault = vault_api.VaultSession(spec.vault, on_error=log.warning, budget_s=server_retry_s())  # one login per task
     try:
         if spec.discovery.consul_token_path:
             try:
-                grant = secrets_mod.ConsulToken.read(vault, spec.discovery.consul_token_path)
+                grant = vault_api.ConsulToken.read(vault, spec.discovery.consul_token_path)
             except ServerError as exc:
                 # Without its Consul token the task cannot record the failure in Consul.
                 raise CannotRecord(f"the tasks' Consul token ({spec.discovery.consul_token_path}): {exc}") from None

@@ -1,4 +1,4 @@
-"""Training code that looks at what it should not reach (tests/test_hygiene.py). Prints
+"""Training code that looks at what it should not reach (tests/stack/test_hygiene.py). Prints
 one `name=value` line per check.
 
 With `--parent-environ` (its parent: a stand-in supervisor that runs it through `Child`):

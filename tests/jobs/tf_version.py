@@ -1,4 +1,4 @@
-"""Training code for tests/test_environments.py: says which TensorFlow and Python run it,
+"""Training code for tests/stack/test_environments.py: says which TensorFlow and Python run it,
 whether any of nomadtf's own dependencies leaked onto its path, then trains a tiny model
 for a few steps with the parameter-server strategy (the chief's side; the ps and worker
 run nomadtf's bare TensorFlow server in the same environment).

@@ -1,6 +1,6 @@
 """Placement options of a role (`distinct_hosts`, `spread`, `node_class`): what they
 render to, what the schema refuses, and how a placement they make impossible is explained.
-Pure: no servers. The scenarios on real clients are in tests/test_multiclient.py."""
+Pure: no servers. The scenarios on real clients are in tests/stack/test_multiclient.py."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from nomadtf import wire
 from nomadtf.discovery import ConsulDiscovery
 from nomadtf.spec import normalize
 from tests.helpers import probe_job, unique, wait_until
-from tests.test_runtime_consul import FakeAlloc
+from tests.stack.test_task import FakeAlloc
 
 pytestmark = pytest.mark.stack
 
@@ -133,7 +133,7 @@ def test_a_success_and_a_permanent_failure_decided_while_consul_is_away_are_reco
         assert (ConsulDiscovery(jobs["fails"]["name"]).job_state() or "").startswith("failed: worker[0] exited 2")
     finally:
         proxy.cut()
-        for spec, task in zip(jobs.values(), tasks.values()):
+        for spec, task in zip(jobs.values(), tasks.values(), strict=True):
             task.stop()
             ConsulDiscovery(spec["name"]).delete_job_keys()
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from nomadtf.cluster import (
+from nomadtf.tfconfig import (
     Member,
     all_tf_configs,
     build_cluster_spec,

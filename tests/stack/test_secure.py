@@ -328,7 +328,7 @@ def test_the_ps_example_trains_with_acls_and_tls_and_secrets_stay_where_they_bel
 def test_a_tasks_consul_token_is_renewed_while_it_runs_and_revoked_when_it_ends(secure_cluster, tmp_path, monkeypatch):
     """`ConsulToken` as `nomadtf task` uses it, against the real engine: a role whose tokens
     live 10 s, logged in with AppRole (whose own 10 s login token must be renewed too)."""
-    from nomadtf import secrets as secrets_mod
+    from nomadtf import vault as vault_api
 
     api, found = secure_cluster.api(), secure_cluster.urls()
     job = unique("renew")
@@ -347,7 +347,7 @@ def test_a_tasks_consul_token_is_renewed_while_it_runs_and_revoked_when_it_ends(
     monkeypatch.setenv("NOMADTF_VAULT_SECRET_ID", secret_id)
     monkeypatch.setenv("VAULT_CACERT", str(secure_cluster.secure_state.ca_file))
     errors: list[str] = []
-    grant = secrets_mod.ConsulToken.read(
+    grant = vault_api.ConsulToken.read(
         {"auth": "approle", "address": vault}, spec["discovery"]["consul_token_path"], on_error=errors.append
     )
     as_task = anonymous()

@@ -27,7 +27,7 @@ Traceback (most recent call last):
 RuntimeError: evaluator could not open its checkpoint
 """
 
-# An evaluator task's whole stderr from tests/test_side_roles.py: nomadtf's log, the code's
+# An evaluator task's whole stderr from tests/stack/test_side_roles.py: nomadtf's log, the code's
 # traceback under the warm start's bootstrap, one restart in place, then Nomad's restart.
 EVALUATOR_STDERR = """\
 00:51:20.325 nomadtf task evaluator: job side-9dceec (namespace default), alloc 7cab1635, multi_worker_mirrored strategy

@@ -1,5 +1,5 @@
 """The one outcome model (nomadtf/outcome.py): what a run's job, allocations and recorded
-state mean. Pure; the same decisions are made on the real stack in tests/test_outcomes.py."""
+state mean. Pure; the same decisions are made on the real stack in tests/stack/test_outcomes.py."""
 
 from __future__ import annotations
 

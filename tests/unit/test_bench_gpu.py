@@ -12,7 +12,7 @@ import pytest
 
 from bench import bench_gpu
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 UUIDS = ["GPU-0f3c9a2e-1111-4222-8333-444455556666", "GPU-8a21b7c4-aaaa-4bbb-8ccc-ddddeeeeffff"]
 SMI_OUTPUT = "".join(f"{uuid}, NVIDIA A100-SXM4-40GB, 40960 MiB\n" for uuid in UUIDS)
 

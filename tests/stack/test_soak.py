@@ -22,7 +22,7 @@ import pytest
 
 from tests import chaos
 from tests.helpers import all_logs, purge, unique, wait_until, write_job
-from tests.test_recovery import ACCURACY_FLOOR, _spec
+from tests.stack.test_recovery import ACCURACY_FLOOR, _spec
 
 pytestmark = [pytest.mark.stack, pytest.mark.tf, pytest.mark.soak]
 

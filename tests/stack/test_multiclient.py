@@ -35,8 +35,8 @@ from nomadtf.errors import DevStackError
 from nomadtf.spec import normalize
 from tests import chaos, cluster_access, node_loss
 from tests.helpers import nomadtf, probe_job, unique, wait_until, write_job
-from tests.test_recovery import ACCURACY_FLOOR
-from tests.test_runtime_consul import FakeAlloc
+from tests.stack.test_recovery import ACCURACY_FLOOR
+from tests.stack.test_task import FakeAlloc
 
 CLIENTS = 3
 META = "${meta.nomadtf_client}"
@@ -638,7 +638,7 @@ def test_a_partitioned_ps_is_replaced_and_two_never_serve_at_once(cluster, tmp_p
 
 
 class ClusterAlloc(FakeAlloc):
-    """tests/test_runtime_consul.py's allocation (Nomad's part played by the test), with the
+    """tests/stack/test_task.py's allocation (Nomad's part played by the test), with the
     task and its registration on the several-client stack's Consul server."""
 
     def __init__(self, *args, **kwargs):

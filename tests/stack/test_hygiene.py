@@ -53,7 +53,7 @@ def _stand_in(mode: str) -> str:
     if os.geteuid() == 0:
         assert shutil.which("setpriv"), "setpriv (util-linux) is needed to start the stand-in without CAP_SYS_PTRACE"
         argv = ["setpriv", f"--bounding-set={PTRACE_CAPS}", *argv]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=str(Path(__file__).parent.parent))
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=str(Path(__file__).resolve().parents[2]))
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 

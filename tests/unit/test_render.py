@@ -1,7 +1,7 @@
 """job.json -> Nomad job JSON. Golden files pin what every example renders to.
 
 After an intended change to the templates or the schema, rewrite the golden files with
-    NOMADTF_UPDATE_GOLDEN=1 python -m pytest tests/test_render.py
+    NOMADTF_UPDATE_GOLDEN=1 python -m pytest tests/unit/test_render.py
 and review the diff before committing it.
 """
 

@@ -10,7 +10,7 @@ import uuid
 import hvac
 import pytest
 
-from nomadtf import secrets as secrets_mod
+from nomadtf import vault as vault_api
 from nomadtf.devstack import stack as stack_mod
 from nomadtf.errors import VaultError
 
@@ -40,8 +40,8 @@ def test_approle_login_reads_a_kv2_secret_into_env_and_a_0600_file(root, stored,
     secret_id = root.auth.approle.generate_secret_id("nomadtf-unit")["data"]["secret_id"]
     monkeypatch.setenv("NOMADTF_VAULT_ROLE_ID", role_id)
     monkeypatch.setenv("NOMADTF_VAULT_SECRET_ID", secret_id)
-    client = secrets_mod.login({"auth": "approle", "address": stack_mod.VAULT_ADDR})
-    fetched = secrets_mod.fetch_secrets(
+    client = vault_api.login({"auth": "approle", "address": stack_mod.VAULT_ADDR})
+    fetched = vault_api.fetch_secrets(
         client, [{"path": path, "key": "k", "env": "MY_KEY"}, {"path": path, "key": "k", "file": "my.key"}], tmp_path
     )
     assert fetched.env == {"MY_KEY": value}
@@ -52,9 +52,9 @@ def test_approle_login_reads_a_kv2_secret_into_env_and_a_0600_file(root, stored,
 def test_a_missing_key_names_the_path_and_the_keys_not_the_values(root, stored, tmp_path, monkeypatch):
     path, value = stored
     monkeypatch.setenv("VAULT_TOKEN", root.token)
-    client = secrets_mod.login({"auth": "nomad", "address": stack_mod.VAULT_ADDR})
+    client = vault_api.login({"auth": "nomad", "address": stack_mod.VAULT_ADDR})
     with pytest.raises(VaultError) as err:
-        secrets_mod.fetch_secrets(client, [{"path": path, "key": "nope", "env": "X"}], tmp_path)
+        vault_api.fetch_secrets(client, [{"path": path, "key": "nope", "env": "X"}], tmp_path)
     assert path in str(err.value) and "'nope'" in str(err.value) and "k, other" in str(err.value)
     assert value not in str(err.value)
 
@@ -62,10 +62,10 @@ def test_a_missing_key_names_the_path_and_the_keys_not_the_values(root, stored, 
 def test_a_missing_path_fails_at_once_naming_it(root, tmp_path, monkeypatch):
     """A typo is a human's to fix: no retry (only an unreachable Vault is retried)."""
     monkeypatch.setenv("VAULT_TOKEN", root.token)
-    client = secrets_mod.login({"auth": "nomad", "address": stack_mod.VAULT_ADDR})
+    client = vault_api.login({"auth": "nomad", "address": stack_mod.VAULT_ADDR})
     started = time.monotonic()
     with pytest.raises(VaultError, match=r"no secret at secret/nomadtf-unit/absent"):
-        secrets_mod.fetch_secrets(client, [{"path": "secret/nomadtf-unit/absent", "key": "k", "env": "X"}], tmp_path, budget_s=30)
+        vault_api.fetch_secrets(client, [{"path": "secret/nomadtf-unit/absent", "key": "k", "env": "X"}], tmp_path, budget_s=30)
     assert time.monotonic() - started < 2
 
 
@@ -73,13 +73,13 @@ def test_permission_denied_points_at_the_policies(root, stored, tmp_path, monkey
     path, _ = stored
     token = root.auth.token.create(policies=["default"])["auth"]["client_token"]
     monkeypatch.setenv("VAULT_TOKEN", token)
-    client = secrets_mod.login({"auth": "nomad", "address": stack_mod.VAULT_ADDR})
+    client = vault_api.login({"auth": "nomad", "address": stack_mod.VAULT_ADDR})
     with pytest.raises(VaultError, match=r"permission denied reading secret .*vault.policies"):
-        secrets_mod.fetch_secrets(client, [{"path": path, "key": "k", "env": "X"}], tmp_path)
+        vault_api.fetch_secrets(client, [{"path": path, "key": "k", "env": "X"}], tmp_path)
 
 
 def test_unreachable_vault_fails_in_bounded_time(tmp_path, monkeypatch):
     monkeypatch.setenv("VAULT_TOKEN", "whatever")
-    client = secrets_mod.login({"auth": "nomad", "address": "http://127.0.0.1:1"})
+    client = vault_api.login({"auth": "nomad", "address": "http://127.0.0.1:1"})
     with pytest.raises(VaultError, match=r"Vault at http://127\.0\.0\.1:1 unreachable"):
-        secrets_mod.fetch_secrets(client, [{"path": "secret/a/b", "key": "k", "env": "X"}], tmp_path, budget_s=2)
+        vault_api.fetch_secrets(client, [{"path": "secret/a/b", "key": "k", "env": "X"}], tmp_path, budget_s=2)

@@ -101,7 +101,7 @@ def invoke(args: list[str], env: dict[str, str | None] | None = None) -> tuple[i
             code = exc.code
         finally:
             sys.argv = saved_argv
-            cli._state["debug"] = False
+            cli.state["debug"] = False
         return code, out.getvalue().decode(errors="replace"), err.getvalue().decode(errors="replace")
 
 
@@ -134,7 +134,7 @@ def assert_render_outcome(code: int, out: str, err: str, path: Path) -> None:
 
 
 def assert_job_shape(job: dict[str, Any]) -> None:
-    """What tests/test_render.py relies on and Nomad's Go decoder needs: a Job with groups of
+    """What tests/unit/test_render.py relies on and Nomad's Go decoder needs: a Job with groups of
     tasks, and every number an integer that fits Go's int64."""
     assert set(job) == {"Job"}
     body = job["Job"]

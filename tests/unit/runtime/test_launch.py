@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from nomadtf.cluster import Member
 from nomadtf.runtime import launch
 from nomadtf.spec import JobSpec, normalize
+from nomadtf.tfconfig import Member
 
 SPEC = JobSpec.from_normalized({
     **normalize({"name": "j", "entrypoint": {"module": "trainer.main", "args": ["--x"], "pythonpath": ["/code"]},

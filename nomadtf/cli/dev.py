@@ -1,0 +1,182 @@
+"""`nomadtf dev`: the local Nomad + Consul + OpenBao stack for trying nomadtf."""
+
+from __future__ import annotations
+
+import enum
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from nomadtf.cli.common import err, stamp
+from nomadtf.errors import NomadtfError
+
+dev_app = typer.Typer(no_args_is_help=True, help="The local Nomad + Consul + OpenBao stack for trying nomadtf.")
+
+
+@dev_app.command("up")
+def dev_up(
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for each server")] = 120.0,
+    gpus: Annotated[
+        Optional[int], typer.Option("--gpus", min=0, help="Fake NVIDIA GPUs per Nomad client (the project's device plugin); default none, or as the running stack has")
+    ] = None,
+    clients: Annotated[
+        int, typer.Option("--clients", min=1, help="Nomad clients; 2 or more: a cluster of network namespaces on 198.18.0.0/24")
+    ] = 1,
+    gpu_clients: Annotated[
+        Optional[str], typer.Option("--gpu-clients", help="With --clients N: only these clients get the --gpus (e.g. 3 or 2,3); default every client")
+    ] = None,
+    secure: Annotated[
+        bool, typer.Option("--secure", help="ACLs (default deny) and TLS on Nomad, Consul and OpenBao; runs as the several-client stack")
+    ] = False,
+) -> None:
+    """Build or find the binaries and start Consul, OpenBao and Nomad on 127.0.0.1
+    (--clients N or --secure: a server on 198.18.0.1 and N client namespaces)."""
+    if clients >= 2 or secure:
+        _dev_cluster_up(clients, gpus, gpu_clients, timeout, secure)
+        return
+    if gpu_clients is not None:
+        raise NomadtfError("--gpu-clients is for the several-client stack: add --clients N (2 or more)")
+    from nomadtf.devstack.stack import DevStack
+
+    stack = DevStack.default()
+    started = time.monotonic()
+    if not stack.up(progress=stamp, timeout=timeout, gpus=gpus):
+        err(f"the local stack is already up ({stack.state_dir})")
+        return
+    err(f"local stack up in {time.monotonic() - started:.1f}s; state in {stack.state_dir}")
+    err('use it from a shell with: eval "$(nomadtf dev env)"')
+
+
+def _dev_cluster_up(clients: int, gpus: int | None, gpu_clients: str | None, timeout: float, secure: bool) -> None:
+    from nomadtf.devstack.cluster import ClusterStack, parse_client_list
+
+    cluster = ClusterStack.default()
+    started = time.monotonic()
+    chosen = parse_client_list(gpu_clients) if gpu_clients is not None else None
+    if not cluster.up(progress=stamp, clients=clients, gpus=gpus, timeout=timeout, gpu_clients=chosen, secure=secure):
+        err(f"the several-client stack is already up ({cluster.state_dir})")
+        return
+    err(f"several-client stack up in {time.monotonic() - started:.1f}s; state in {cluster.state_dir}")
+    err('use it from a shell with: eval "$(nomadtf dev env --cluster)"')
+
+
+OnlyCluster = Annotated[bool, typer.Option("--cluster", help="Only the several-client stack (`dev up --clients N`)")]
+OnlySingle = Annotated[bool, typer.Option("--single", help="Only the single-node stack")]
+
+
+@dev_app.command("down")
+def dev_down(cluster: OnlyCluster = False, single: OnlySingle = False) -> None:
+    """Stop what `dev up` started and remove its state (every stack that runs, unless
+    --cluster or --single)."""
+    from nomadtf.devstack.cluster import ClusterStack
+    from nomadtf.devstack.stack import DevStack
+
+    if single or not cluster:
+        DevStack.default().down(progress=stamp)
+        err("local stack stopped")
+    several = ClusterStack.default()
+    if cluster or (not single and several.state_dir.exists()):
+        several.down(progress=stamp)
+        err("several-client stack stopped")
+
+
+@dev_app.command("status")
+def dev_status(cluster: OnlyCluster = False) -> None:
+    """What runs, where, and where its log is."""
+    from nomadtf.devstack.cluster import ClusterStack
+    from nomadtf.devstack.stack import DevStack
+
+    rows = [] if cluster else DevStack.default().status()
+    several = ClusterStack.default()
+    cluster_rows = several.status()
+    if not rows and not cluster_rows:
+        typer.echo("several-client stack: not running" if cluster else "local stack: not running")
+        raise typer.Exit(1)
+    for row in rows:
+        typer.echo(f"{row['component']:<8} {row['state']:<8} pid {row['pid']:<7} {row['address']:<24} log {row['log']}")
+    gpus = DevStack.default().recorded_gpus() if rows else 0
+    if gpus:
+        typer.echo(f"nomad client: {gpus} fake NVIDIA GPUs (device plugin nomadtf-fake-gpu)")
+    if cluster_rows:
+        typer.echo(f"several-client stack: {several.describe()}")
+    for row in cluster_rows:
+        node = f" node {row['node']}" if row["node"] else ""
+        typer.echo(f"{row['component']:<16} {row['state']:<8} pid {row['pid']:<7} {row['address']:<24}{node:<14} log {row['log']}")
+    broken = [r for r in rows + cluster_rows if r["state"] != "running" or r.get("node") not in ("", "ready", None)]
+    if broken:
+        raise typer.Exit(1)
+
+
+@dev_app.command("env")
+def dev_env(cluster: OnlyCluster = False) -> None:
+    """Print export lines for a shell: eval "$(nomadtf dev env)" (the single-node stack
+    when it runs, else the several-client one; --cluster: always that one)."""
+    import shlex
+
+    from nomadtf.devstack.cluster import ClusterStack
+    from nomadtf.devstack.stack import DevStack
+
+    single = DevStack.default()
+    if not cluster and (single.components() or not ClusterStack.default().components()):
+        for key, value in single.env().items():
+            typer.echo(f"export {key}={value}")
+        return
+    for key, value in ClusterStack.default().env().items():
+        typer.echo(f"export {key}={shlex.quote(value)}")
+
+
+@dev_app.command("binaries")
+def dev_binaries(
+    names: Annotated[Optional[list[str]], typer.Argument(help="consul, nomad, bao, gpu-plugin, consul-engine (default: the first three)", show_default=False)] = None,
+    go: Annotated[Optional[str], typer.Option("--go", help="First install this Go (e.g. go1.26.8) from the Go module proxy's toolchain module")] = None,
+    go_root: Annotated[Path, typer.Option("--go-root", help="Where --go puts it")] = Path("/usr/local/go"),
+) -> None:
+    """Find or build the stack's binaries (cached in ~/.cache/nomadtf) and print their paths."""
+    from nomadtf.devstack import binaries
+
+    started = time.monotonic()
+    found = binaries.ensure(names or ["consul", "nomad", "bao"], lambda m: err(f"    {m}"), go, go_root)
+    for name, path in found.items():
+        typer.echo(f"{name}: {path}")
+    err(f"binaries ready in {time.monotonic() - started:.0f}s")
+
+
+class MachineKind(str, enum.Enum):
+    server = "server"
+    client = "client"
+
+
+class Agent(str, enum.Enum):
+    nomad = "nomad"
+    consul = "consul"
+
+
+@dev_app.command("config")
+def dev_config(
+    kind: Annotated[MachineKind, typer.Argument(help="server (Consul and Nomad servers) or client (their client agents)")],
+    agent: Annotated[Agent, typer.Option("--agent", help="nomad: the Nomad agent's HCL; consul: the Consul agent's JSON")] = Agent.nomad,
+    index: Annotated[int, typer.Option("--index", min=1, help="client: its number (node client-N, node_class nomadtf-client-N)")] = 1,
+    address: Annotated[Optional[str], typer.Option("--address", help="The machine's address; default: the stack's (198.18.0.1, 198.18.0.(10+N))")] = None,
+    servers: Annotated[Optional[str], typer.Option("--servers", help="client: the server machine's address(es), comma-separated; default 198.18.0.1")] = None,
+    interface: Annotated[str, typer.Option("--interface", help="client: the network interface its allocations advertise")] = "eth0",
+    state_dir: Annotated[Optional[Path], typer.Option("--state-dir", help="Holds <machine>/nomad-data and consul-data; default: the stack's")] = None,
+    gpus: Annotated[int, typer.Option("--gpus", min=0, help="client: fake NVIDIA GPUs (the project's device plugin)")] = 0,
+    no_vault: Annotated[bool, typer.Option("--no-vault", help="No vault block (a cluster without Vault)")] = False,
+) -> None:
+    """Print one machine's agent configuration, as `dev up --clients N` writes it (with no
+    option: exactly the stack's file). vagrant/provision.sh writes the VMs' files with it."""
+    from nomadtf.devstack import cluster, wiring
+
+    machine = cluster.machine(
+        kind.value,
+        index,
+        state_dir=state_dir,
+        address=address,
+        servers=[s.strip() for s in servers.split(",") if s.strip()] if servers else (),
+        network_interface=interface,
+        vault=not no_vault,
+        gpus=gpus,
+    )
+    typer.echo(wiring.nomad_config(machine) if agent is Agent.nomad else wiring.consul_config(machine), nl=False)

@@ -1,0 +1,258 @@
+"""The job commands: run, status, logs, scale, stop, render, validate, plan, convert-dcos,
+and `task` (what every allocation runs)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from nomadtf.cli.common import JobFile, Namespace, Region, TemplatesDir, Vars, err, stamp, state
+from nomadtf.cli.display import Display
+from nomadtf.errors import NomadtfError
+
+
+def register(app: typer.Typer) -> None:
+    """The job commands sit at the top level (`nomadtf run`, not `nomadtf jobs run`)."""
+    for command in (task, run, status, logs, scale, stop, render, validate, plan):
+        hidden = command is task
+        app.command(hidden=hidden)(command)
+    app.command("convert-dcos")(convert_dcos)
+
+
+def task(role: Annotated[str, typer.Option("--role", help="chief, worker, ps, evaluator or tensorboard")]) -> None:
+    """The supervisor inside every allocation of a rendered job (not for interactive use)."""
+    from nomadtf.runtime import main as task_main
+
+    raise typer.Exit(task_main(role))
+
+
+def run(
+    job_file: JobFile,
+    var: Vars = None,
+    detach: Annotated[bool, typer.Option("--detach", help="Return once Nomad accepted the job")] = False,
+    timeout: Annotated[Optional[str], typer.Option("--timeout", help="Give up following after this long (e.g. 30m); exit 3, the run goes on")] = None,
+    templates: TemplatesDir = None,
+    replace: Annotated[bool, typer.Option("--replace", help="Stop a run of this job that is still going, then start this one")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from the latest checkpoint of the job's previous run")] = False,
+) -> None:
+    """Validate, render, submit a new run, and follow it to its outcome.
+
+    Exit codes: 0 succeeded, 1 failed, 2 bad job.json, 3 --timeout passed (the run goes on),
+    4 stopped from outside, 5 past recovery.deadline, 6 lost, 130 interrupted (the run goes on).
+    """
+    from nomadtf.run import Run
+    from nomadtf.spec import duration_seconds
+
+    timeout_s = duration_seconds(timeout) if timeout else None
+    job_run = Run.prepare(job_file, var or [], templates)
+    submitted = job_run.submit(replace=replace, resume=resume)
+    for note in submitted.notes:
+        stamp(note)
+    stamp(f"submitted {submitted.job_id} run {submitted.run_id} (evaluation {submitted.eval_id[:8]}); Nomad UI: {submitted.ui_url}")
+    job_id = submitted.job_id
+    where = "" if submitted.namespace == "default" else f" --namespace {submitted.namespace}"
+    if detach:
+        typer.echo(f"follow it with: nomadtf status {job_id}{where}  |  nomadtf logs {job_id}{where} --role chief --follow")
+        return
+    display = Display()
+    try:
+        outcome = job_run.follow(submitted, timeout_s, on_view=display.view, on_event=display.event)
+    except KeyboardInterrupt:
+        display.close()
+        err(f"stopped following; {job_id} keeps running (nomadtf status {job_id}{where}, nomadtf stop {job_id}{where})")
+        raise typer.Exit(130) from None
+    finally:
+        display.close()
+    for line in outcome.final_lines:
+        typer.echo(line)
+    stamp(f"{job_id} succeeded in {outcome.view.elapsed:.0f}s")
+
+
+def status(
+    job_id: Annotated[Optional[str], typer.Argument(help="One job in detail")] = None,
+    namespace: Namespace = None,
+    region: Region = None,
+) -> None:
+    """The jobs nomadtf started (matched by their Meta), or one of them in detail."""
+    from nomadtf.discovery import ConsulDiscovery
+    from nomadtf.follow import alloc_slot, job_report, nomadtf_jobs, restarts_of
+    from nomadtf.nomad import NomadAPI
+
+    api = NomadAPI.from_env(namespace=namespace, region=region)
+    if job_id is None:
+        states = nomadtf_jobs(api)
+        if not states:
+            typer.echo("no nomadtf jobs")
+            return
+        for state in states:
+            job, view = state.job, state.view
+            age = time.time() - job["SubmitTime"] / 1e9
+            roles = ", ".join(f"{r} {v.running}/{v.wanted}" + (f" ({v.restarts} restarts)" if v.restarts else "") for r, v in view.roles.items())
+            name = job["ID"] if job.get("Namespace", "default") == "default" else f"{job['ID']}@{job['Namespace']}"
+            typer.echo(f"{name:<24} {job['Status']:<8} {age / 60:6.1f}m  {roles}")
+        return
+    report = job_report(api, job_id, lambda run_id: ConsulDiscovery(job_id, api.namespace, run_id=run_id))
+    state, job = report.state, report.state.job
+    meta = job.get("Meta") or {}
+    typer.echo(
+        f"{job_id}: {job['Status']}  run {state.run_id or '-'}  {report.elapsed_s:.0f}s  "
+        f"strategy {meta.get('nomadtf.strategy', '?')}  nomadtf {meta.get('nomadtf.version', '?')}"
+    )
+    if report.outcome:
+        typer.echo(f"  outcome: {report.outcome}")
+    elif report.recorded:
+        typer.echo(f"  recorded: {report.recorded} (its tasks are still stopping)")
+    if report.progress:
+        metrics = "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in (report.progress.get("metrics") or {}).items())
+        typer.echo(f"  step {report.progress.get('step')}  {metrics}".rstrip())
+    if report.consul_error:
+        typer.echo(f"  (no outcome or progress: {report.consul_error})")
+    for role, rv in state.view.roles.items():
+        typer.echo(f"  {role:<11} wanted {rv.wanted}  running {rv.running}  complete {rv.complete}  failed {rv.failed}  restarts {rv.restarts}")
+    for alloc in sorted(state.allocs, key=lambda a: a.get("CreateIndex", 0)):
+        role, index = alloc_slot(alloc)
+        typer.echo(f"    {role}[{index}] {alloc['ID'][:8]} {alloc['ClientStatus']:<9} restarts {restarts_of(alloc)}")
+
+
+def logs(
+    job_id: Annotated[str, typer.Argument(help="Job ID")],
+    role: Annotated[str, typer.Option("--role", help="Role whose task logs to show")] = "chief",
+    index: Annotated[Optional[int], typer.Option("--index", help="Task index within the role")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep streaming")] = False,
+    stderr: Annotated[bool, typer.Option("--stderr", help="stderr instead of stdout")] = False,
+    namespace: Namespace = None,
+    region: Region = None,
+) -> None:
+    """A task's logs through Nomad's API (also after the job finished, until Nomad's GC)."""
+    from nomadtf.follow import log_allocations
+    from nomadtf.nomad import NomadAPI
+
+    api = NomadAPI.from_env(namespace=namespace, region=region)
+    # Every attempt of the slot in the current run (a replacement never hides the one that
+    # trained); following streams the newest.
+    allocs = log_allocations(api, job_id, role, index, newest_only=follow)
+    stream = "stderr" if stderr else "stdout"
+    for alloc in allocs:
+        if len(allocs) > 1:
+            typer.echo(f"==> {alloc['Name']} ({alloc['ID'][:8]}, {alloc.get('ClientStatus')})")
+        if follow:
+            for chunk in api.follow_logs(alloc["ID"], role, stream):
+                typer.echo(chunk, nl=False)
+        else:
+            typer.echo(api.logs(alloc["ID"], role, stream), nl=False)
+
+
+def scale(
+    job_id: Annotated[str, typer.Argument(help="Job ID")],
+    targets: Annotated[list[str], typer.Argument(help="ROLE=COUNT, e.g. worker=3", show_default=False)],
+    namespace: Namespace = None,
+    region: Region = None,
+) -> None:
+    """Resize the workers of a running job; the chief restarts once from its checkpoint."""
+    from nomadtf.nomad import NomadAPI
+    from nomadtf.run import parse_scale, scale_job
+
+    counts = parse_scale(targets)
+    before = scale_job(NomadAPI.from_env(namespace=namespace, region=region), job_id, counts)
+    for role, count in counts.items():
+        typer.echo(f"{job_id}: {role} {before[role]} -> {count}")
+
+
+def stop(
+    job_id: Annotated[str, typer.Argument(help="Job ID")],
+    purge: Annotated[bool, typer.Option("--purge", help="Also remove it from Nomad and its keys from Consul")] = False,
+    namespace: Namespace = None,
+    region: Region = None,
+) -> None:
+    """Stop a nomadtf job; nothing else is touched."""
+    from nomadtf.nomad import NomadAPI
+    from nomadtf.run import stop_job
+
+    stop_job(NomadAPI.from_env(namespace=namespace, region=region), job_id, purge=purge)
+    typer.echo(f"stopped {job_id}" + (" and purged it" if purge else ""))
+
+
+def render(
+    job_file: JobFile,
+    var: Vars = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write to this file instead of stdout")] = None,
+    tf_config: Annotated[bool, typer.Option("--tf-config", help="Show every task's TF_CONFIG instead")] = False,
+    templates: TemplatesDir = None,
+) -> None:
+    """Render job.json into the Nomad job (API JSON). Offline."""
+    from nomadtf import render as render_mod
+    from nomadtf import spec as spec_mod
+    from nomadtf import tfconfig
+
+    spec = spec_mod.load_spec(job_file, var or [])
+    if tf_config:
+        configs = tfconfig.all_tf_configs(spec["name"], spec["strategy"], spec_mod.role_counts(spec))
+        text = json.dumps(configs, indent=2, sort_keys=True) + "\n"
+    else:
+        text = render_mod.job_json(render_mod.render_job(spec, templates))
+    if out:
+        out.write_text(text)
+        err(f"wrote {out}")
+    else:
+        typer.echo(text, nl=False)
+
+
+def validate(job_file: JobFile, var: Vars = None, templates: TemplatesDir = None) -> None:
+    """Check job.json (schema, cross-field rules), then Nomad's own validation if reachable."""
+    from nomadtf.environment import docker_image_needs
+    from nomadtf.errors import UnreachableError
+    from nomadtf.run import Run
+    from nomadtf.spec import role_counts
+
+    job_run = Run.prepare(job_file, var or [], templates)
+    typer.echo(f"{job_file}: valid ({job_run.spec['strategy']}, roles {role_counts(job_run.spec)})")
+    for line in docker_image_needs(job_run.spec):
+        typer.echo(line)
+    try:
+        warnings = job_run.api.validate(job_run.job)
+    except UnreachableError as exc:
+        typer.echo(f"Nomad validation skipped: {exc}")
+        return
+    for warning in warnings:
+        typer.echo(f"Nomad warning: {warning}")
+    typer.echo(f"Nomad at {job_run.api.address}: valid")
+
+
+def plan(job_file: JobFile, var: Vars = None, templates: TemplatesDir = None) -> None:
+    """Nomad's plan for the job. Exit 0: no change; 1: changes or placement problems; 255: error."""
+    from nomadtf import plan as plan_mod
+    from nomadtf.run import Run
+
+    try:
+        job_run = Run.prepare(job_file, var or [], templates)
+        result = job_run.api.plan(job_run.job)
+    except NomadtfError as exc:
+        err(str(exc) if not state["debug"] else repr(exc))
+        raise typer.Exit(255) from exc
+    summary = plan_mod.describe_plan(result, job_run.job["Job"])
+    typer.echo("\n".join(summary.lines))
+    raise typer.Exit(1 if summary.changes or summary.failures else 0)
+
+
+def convert_dcos(
+    options_file: Annotated[Path, typer.Argument(help="options.json of the DC/OS beta-tensorflow package", show_default=False)],
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write to this file instead of stdout")] = None,
+) -> None:
+    """Convert a DC/OS beta-tensorflow options file into a nomadtf job.json. Offline."""
+    from nomadtf import dcos
+    from nomadtf import spec as spec_mod
+
+    conversion = dcos.convert_options(spec_mod.read_options(options_file))
+    for note in conversion.notes:
+        err(f"not carried over: {note}")
+    spec_mod.normalize(conversion.job)
+    text = json.dumps(conversion.job, indent=2) + "\n"
+    if out:
+        out.write_text(text)
+        err(f"wrote {out}")
+    else:
+        typer.echo(text, nl=False)
