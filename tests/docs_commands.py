@@ -1,0 +1,229 @@
+"""Typer's rule for these docs: every `nomadtf` command shown in a code block of README.md or
+docs/ is run by a test.
+
+`shown_commands()` finds them: each `nomadtf …` invocation on a line of a shell code block
+(continuations joined, comments dropped; inside `eval "$(…)"` and `ssh -c '…'` too). Each
+must match exactly one pattern below:
+
+- OFFLINE: needs no server; tests/unit/test_docs.py runs it in process.
+- ON_STACK: needs the shared local stack and changes nothing on it; tests/stack/test_docs.py
+  runs it in process.
+- RUN_BY: starts or stops jobs, stacks or VMs, or needs the several-client stack; the named
+  test (`path::function`) runs it, so it is not run twice.
+
+A command that matches none, a pattern that matches no command, and a named test that does
+not exist all fail tests/unit/test_docs.py.
+
+Usage:
+    for shown in shown_commands():
+        kind, target = classify(shown)     # ("offline", None) / ("on_stack", None) / ("run_by", "tests/…::test_…")
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib.util
+import io
+import os
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from tests.helpers import EXAMPLES, REPO
+
+DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+SHELL_FENCES = {"bash", "sh", "shell", "console"}
+
+# The exit codes a shown command may end with (default: 0 only).
+OFFLINE: dict[str, set[int]] = {
+    r"nomadtf( [a-z-]+)* --help": {0},
+    r"nomadtf render examples/\S+( --var \S+| --tf-config)*": {0},
+    r"nomadtf validate examples/\S+": {0},  # with Nomad out of reach: the schema and the cross-field rules
+    r"nomadtf convert-dcos examples/dcos/options.json( --out \S+)?": {0},
+    r"nomadtf acl policies examples/\S+": {0},
+    r"nomadtf dev config (server|client)( --\S+( [^-]\S*)?)*": {0},
+}
+ON_STACK: dict[str, set[int]] = {
+    r"nomadtf status": {0},
+    r"nomadtf plan examples/\S+": {0, 1},  # 1: the job would change (it is new); placement is asserted apart
+    r"nomadtf dev status": {0},
+    r"nomadtf dev env": {0},
+}
+# Each shown command that starts or stops something, and the existing test that runs it.
+RUN_BY: dict[str, str] = {
+    # `bash scripts/example` runs these three as written (and `--var name=digits-<time>`).
+    r"nomadtf dev up": "tests/stack/test_docs.py::test_the_readme_example_command_trains_the_example",
+    r"nomadtf run examples/digits/job.json --var entrypoint.workdir=\$PWD/examples/digits":
+        "tests/stack/test_docs.py::test_the_readme_example_command_trains_the_example",
+    r"nomadtf run examples/digits/job-mwms.json --var entrypoint.workdir=\$PWD/examples/digits":
+        "tests/stack/test_run.py::test_multi_worker_mirrored_example_trains_and_completes",
+    r"nomadtf run examples/legacy/job.json --var entrypoint.workdir=\$PWD/examples/digits":
+        "tests/stack/test_run.py::test_legacy_server_main_gets_the_server_and_context",
+    # The session fixture starts the test bed with DevStack.up(gpus=TEST_GPUS), what the command calls.
+    r"nomadtf dev up --gpus 6": "tests/conftest.py::stack",
+    r"nomadtf dev down": "tests/stack/test_devstack.py::test_down_leaves_no_process_and_up_comes_back",
+    r"nomadtf dev binaries": "tests/unit/devstack/test_vagrant.py::test_dev_binaries_finds_what_dev_up_uses",
+    r"nomadtf status digits": "tests/stack/test_run.py::test_parameter_server_example_trains_to_the_end",
+    r"nomadtf logs digits --role chief": "tests/stack/test_run.py::test_parameter_server_example_trains_to_the_end",
+    r"nomadtf logs digits --role chief --follow": "tests/stack/test_run.py::test_logs_follow_streams_until_the_task_ends",
+    r"nomadtf logs digits --role worker --index 1 --stderr": "tests/stack/test_runs.py::test_all_workers_success_waits_for_the_last_worker",
+    r"nomadtf scale digits worker=3": "tests/stack/test_runs.py::test_scale_resizes_the_workers_and_restarts_the_chief_once_per_change",
+    r"nomadtf stop digits": "tests/stack/test_run.py::test_detach_returns_at_once_and_stop_stops_only_that_job",
+    r"nomadtf stop digits --purge": "tests/stack/test_run.py::test_moving_a_parameter_server_rebuilds_the_chiefs_tf_config",
+    r"nomadtf dev up --clients 3 --gpus 2 --gpu-clients 3 --secure":
+        "tests/stack/test_multiclient.py::test_dev_cli_up_with_gpu_clients_finds_the_cluster_and_status_shows_its_gpus",
+    r"nomadtf dev status --cluster":
+        "tests/stack/test_multiclient.py::test_dev_cli_up_with_gpu_clients_finds_the_cluster_and_status_shows_its_gpus",
+    r"nomadtf dev up --clients 3 --secure": "tests/stack/test_multiclient.py::test_dev_cli_sees_the_cluster",
+    r"nomadtf dev env --cluster": "tests/stack/test_multiclient.py::test_dev_cli_sees_the_cluster",
+    # The secure stack's steps (acl apply, then run with what it printed), on the secrets example.
+    r"nomadtf acl apply examples/digits/job.json":
+        "tests/stack/test_secure.py::test_the_ps_example_trains_with_acls_and_tls_and_secrets_stay_where_they_belong",
+    r"nomadtf run examples/digits/job.json --var entrypoint.workdir=\$PWD/examples/digits( --var \S+)+":
+        "tests/stack/test_secure.py::test_the_ps_example_trains_with_acls_and_tls_and_secrets_stay_where_they_belong",
+    # Inside a Vagrant VM. No VM can run here (no hypervisor): the test validates the
+    # Vagrantfile, and its neighbours the configs the VMs are provisioned with.
+    r"/opt/nomadtf/venv/bin/nomadtf run examples/digits/job.json( --var \S+)+":
+        "tests/unit/devstack/test_vagrant.py::test_vagrant_validates_the_vagrantfile",
+}
+
+SHELL_OPERATORS = {"&&", "||", ";", "|"}
+
+
+@dataclass(frozen=True)
+class Shown:
+    """One `nomadtf` invocation as a doc shows it."""
+
+    argv: tuple[str, ...]  # from `nomadtf` on, shell quoting removed, `$VARS` kept as written
+    where: str  # "docs/guide/runs.md:12"
+
+    @property
+    def text(self) -> str:
+        return " ".join(self.argv)
+
+
+def shell_lines(text: str) -> list[tuple[int, str]]:
+    """(line number, logical line) of every shell code block: continuations joined,
+    blank lines and whole-line comments left out."""
+    out: list[tuple[int, str]] = []
+    fence = None
+    pending, start = "", 0
+    for number, line in enumerate(text.splitlines(), 1):
+        marker = re.match(r"^\s*(```+|~~~+)\s*([\w-]*)", line)
+        if marker and fence is None:
+            fence = (marker.group(1), marker.group(2).lower())
+            continue
+        if marker and fence is not None and line.strip().startswith(fence[0]):
+            fence = None
+            continue
+        if fence is None or fence[1] not in SHELL_FENCES:
+            continue
+        if not pending:
+            start = number
+        body = re.sub(r"^\s*\$ ", "", line) if not pending else line
+        if body.rstrip().endswith("\\"):
+            pending += body.rstrip()[:-1] + " "
+            continue
+        logical = (pending + body).strip()
+        pending = ""
+        if logical and not logical.startswith("#"):
+            out.append((start, logical))
+    return out
+
+
+def invocations(tokens: list[str]) -> list[tuple[str, ...]]:
+    """The `nomadtf` invocations in one shell line's tokens, also those inside `$(…)` and
+    inside a quoted command string (`ssh -c '…'`, `bash -c "…"`)."""
+    found: list[tuple[str, ...]] = []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        at_command = i == 0 or tokens[i - 1] in SHELL_OPERATORS
+        if at_command and Path(token).name == "nomadtf":
+            end = i + 1
+            while end < len(tokens) and tokens[end] not in SHELL_OPERATORS:
+                end += 1
+            found.append(tuple(tokens[i:end]))
+            i = end
+            continue
+        inner = re.fullmatch(r"\$\((.*)\)", token, flags=re.S)
+        if inner:
+            found += invocations(shlex.split(inner.group(1)))
+        elif " " in token and "nomadtf " in token:
+            found += invocations(shlex.split(token))
+        i += 1
+    return found
+
+
+def shown_commands(files: list[Path] = DOC_FILES, root: Path = REPO) -> list[Shown]:
+    shown = []
+    for path in files:
+        for number, line in shell_lines(path.read_text()):
+            for argv in invocations(shlex.split(line, comments=True)):
+                shown.append(Shown(argv, f"{path.relative_to(root)}:{number}"))
+    return shown
+
+
+def classify(shown: Shown) -> list[tuple[str, str | None]]:
+    """Every table entry that matches: ("offline" | "on_stack", pattern) or ("run_by", test id)."""
+    matches: list[tuple[str, str | None]] = []
+    for kind, table in (("offline", OFFLINE), ("on_stack", ON_STACK)):
+        matches += [(kind, pattern) for pattern in table if re.fullmatch(pattern, shown.text)]
+    matches += [("run_by", test) for pattern, test in RUN_BY.items() if re.fullmatch(pattern, shown.text)]
+    return matches
+
+
+def defined(test_id: str) -> bool:
+    """Whether `path::function` names a function at the top level of that file (a test, or
+    the fixture that runs the command)."""
+    path, _, name = test_id.partition("::")
+    file = REPO / path
+    if not file.is_file() or not name:
+        return False
+    tree = ast.parse(file.read_text())
+    return any(isinstance(node, ast.FunctionDef) and node.name == name.split("[")[0] for node in tree.body)
+
+
+def run_shown(shown: Shown, workdir: Path, monkeypatch) -> tuple[int, str, str]:
+    """Run a shown command in process, as the console script runs it (`nomadtf.cli.main`),
+    from `workdir`, which gets `examples/` linked in so that the docs' relative paths and
+    `$PWD/examples/…` work there. Returns (exit code, stdout, stderr)."""
+    from nomadtf import cli
+
+    link = workdir / "examples"
+    if not link.exists():
+        link.symlink_to(EXAMPLES)
+    monkeypatch.chdir(workdir)
+    monkeypatch.setenv("PWD", str(workdir))
+    monkeypatch.setattr(sys, "argv", ["nomadtf", *(os.path.expandvars(arg) for arg in shown.argv[1:])])
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            cli.main()
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    return code, out.getvalue(), err.getvalue()
+
+
+EXAMPLES_PAGE = REPO / "docs" / "guide" / "examples.md"
+
+
+def example_stacks(page: Path = EXAMPLES_PAGE) -> dict[str, str]:
+    """Each example's path → the stack its row in the examples page names
+    (`| `examples/…json` | what | `nomadtf dev up …` | … |`)."""
+    rows = re.findall(r"^\| `(examples/[^`]+\.json)` \|[^|]*\| `(nomadtf dev up[^`]*)` \|", page.read_text(), flags=re.M)
+    return dict(rows)
+
+
+def load_reference_generator() -> ModuleType:
+    """scripts/docs_reference.py as a module (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("docs_reference", REPO / "scripts" / "docs_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
