@@ -1,5 +1,7 @@
-"""The README stays true: its example command works, and its job.json reference names every
-field of the schema."""
+"""The docs stay true on the real stack: the README's example command trains the example,
+and every shown `nomadtf` command that needs the local stack (and changes nothing on it)
+runs, in process (tests/docs_commands.py says which; the offline ones run in
+tests/unit/test_docs.py)."""
 
 from __future__ import annotations
 
@@ -9,31 +11,29 @@ import subprocess
 
 import pytest
 
-from nomadtf.spec import schema
+from tests.docs_commands import ON_STACK, classify, run_shown, shown_commands
 from tests.helpers import REPO
 
 README = (REPO / "README.md").read_text()
 
-
-SPANS = set(re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", README, flags=re.S)))
-
-
-def _documented(section: str, key: str) -> bool:
-    """`section.key`, or the README's short forms in the same row: `.key`, `_suffix`."""
-    full = f"{section}.{key}" if section else key
-    suffix = "_" + key.split("_", 1)[1] if "_" in key else None
-    if not section and any(span.startswith(f"{key}.") for span in SPANS):
-        return True  # an object documented through its fields
-    return full in SPANS or f"{full}[]" in SPANS or f".{key}" in SPANS or (suffix in SPANS if suffix else False)
+ON_STACK_SHOWN = [s for s in shown_commands() if [kind for kind, _ in classify(s)] == ["on_stack"]]
 
 
-def test_reference_documents_every_field():
-    top = schema()["properties"]
-    missing = [key for key in top if not _documented("", key)]
-    for section in ("source", "entrypoint", "driver", "vault", "recovery", "discovery"):
-        missing += [f"{section}.{key}" for key in top[section].get("properties", {}) if not _documented(section, key)]
-    missing += [f"roles.<role>.{key}" for key in schema()["$defs"]["role"]["properties"] if not _documented("roles.<role>", key)]
-    assert not missing, f"README's job.json reference lacks: {missing}"
+@pytest.mark.stack
+@pytest.mark.parametrize("shown", ON_STACK_SHOWN, ids=lambda s: f"{s.where} {s.text}")
+def test_the_commands_shown_for_the_local_stack_run(stack, shown, tmp_path, monkeypatch):
+    code, out, err = run_shown(shown, tmp_path, monkeypatch)
+    (_, pattern), = classify(shown)
+    assert code in ON_STACK[pattern], f"{shown.where}: {shown.text} exited {code}\n{out[-2000:]}\n{err[-2000:]}"
+    assert out.strip() or err.strip()
+    if shown.argv[1:] == ("dev", "env"):
+        assert f"export NOMAD_ADDR={os.environ['NOMAD_ADDR']}" in out
+    if shown.argv[1] == "plan":
+        assert "job diff" in out or "cannot be placed" in out, out
+
+
+def test_there_are_commands_for_the_local_stack():
+    assert {s.text for s in ON_STACK_SHOWN} >= {"nomadtf status", "nomadtf dev status", "nomadtf dev env"}
 
 
 @pytest.mark.stack

@@ -1,7 +1,9 @@
-"""Every rendered example is accepted by the real Nomad, and `plan` explains what it cannot place."""
+"""Every rendered example is accepted by the real Nomad and placed on the stack its page
+names, and `plan` explains what it cannot place."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -11,7 +13,8 @@ from nomadtf.devstack import binaries
 from nomadtf.nomad import NomadAPI
 from nomadtf.render import job_json, render_job
 from nomadtf.spec import load_spec
-from tests.helpers import EXAMPLES, nomadtf
+from tests.docs_commands import example_stacks
+from tests.helpers import EXAMPLES, REPO, nomad, nomadtf, unique
 
 pytestmark = pytest.mark.stack
 
@@ -29,6 +32,54 @@ def test_rendered_example_passes_nomads_validation(stack, path: Path, tmp_path):
     assert cli.returncode == 0, cli.stdout + cli.stderr
     assert "Job validation successful" in cli.stdout
     assert nomadtf("validate", str(path)).returncode == 0
+
+
+def _asks(job: dict) -> dict[str, int]:
+    """What a rendered job reserves in all: MHz, MB and devices of every task of every group."""
+    total = {"cpu": 0, "memory": 0, "gpus": 0}
+    for group in job["Job"]["TaskGroups"]:
+        for task in group["Tasks"]:
+            resources = task.get("Resources") or {}
+            total["cpu"] += group["Count"] * resources.get("CPU", 0)
+            total["memory"] += group["Count"] * resources.get("MemoryMB", 0)
+            total["gpus"] += group["Count"] * sum(d.get("Count", 1) for d in resources.get("Devices") or [])
+    return total
+
+
+def _named_gpus(command: str) -> int:
+    """The fake GPUs a single-node `nomadtf dev up …` command gives; another shape fails, so
+    that an example naming one is checked against that stack once this test knows it."""
+    shape = re.fullmatch(r"nomadtf dev up( --gpus (\d+))?", command)
+    assert shape, f"{command!r}: this test places examples on the single-node stack only"
+    return int(shape[2] or 0)
+
+
+@pytest.mark.parametrize("path", JOB_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_each_example_is_placed_on_the_stack_its_page_names(stack, path: Path):
+    # The page (docs/guide/examples.md) names the stack: its capacity must hold the whole job
+    # (one client: this machine's CPU and memory, and the GPUs the command asks for), and
+    # Nomad's plan must place it there. Other tests' jobs may hold some of that capacity at
+    # the moment, so the plan may only fail for room taken now, never for a constraint or a
+    # device nobody offers.
+    command = example_stacks()[str(path.relative_to(REPO))]
+    gpus = _named_gpus(command)
+    assert gpus <= stack.recorded_gpus(), f"{command!r} offers more GPUs than the test bed has ({stack.recorded_gpus()})"
+    job = render_job(load_spec(path, [f"name={unique(path.parent.name)}"]))
+    asks = _asks(job)
+    (listed,) = nomad("nodes")
+    node = nomad(f"node/{listed['ID']}")
+    resources, reserved = node["NodeResources"], node.get("ReservedResources") or {}
+    capacity = {
+        "cpu": resources["Cpu"]["CpuShares"] - (reserved.get("Cpu") or {}).get("CpuShares", 0),
+        "memory": resources["Memory"]["MemoryMB"] - (reserved.get("Memory") or {}).get("MemoryMB", 0),
+        "gpus": gpus,
+    }
+    assert all(asks[k] <= capacity[k] for k in asks), f"{path.name} asks {asks}; `{command}` offers {capacity}"
+    plan = NomadAPI.from_env().plan(job)
+    for group, metric in (plan.get("FailedTGAllocs") or {}).items():
+        assert not metric.get("ConstraintFiltered") and not metric.get("NodesFiltered"), (group, metric)
+        exhausted = set(metric.get("DimensionExhausted") or {})
+        assert all(d in ("cpu", "memory") or "device" in d for d in exhausted), (group, metric)
 
 
 def test_validate_reports_nomads_own_objections(stack, tmp_path):
