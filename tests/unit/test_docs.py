@@ -133,3 +133,9 @@ def test_every_example_names_its_stack_and_tests_that_exist():
     assert sorted(stacks) == sorted(str(p.relative_to(REPO)) for p in EXAMPLES.glob("*/job*.json"))
     named = re.findall(r"`(tests/[\w/]+\.py::\w+)`", docs_commands.EXAMPLES_PAGE.read_text())
     assert named and [t for t in named if not defined(t)] == []
+
+
+def test_no_link_is_empty():
+    # An empty target renders as a link to the page itself: a moved cross-reference gone wrong.
+    empty = [f"{p.relative_to(REPO)}: {m}" for p in DOC_FILES for m in re.findall(r"\[[^\]]+\]\(\)", p.read_text())]
+    assert not empty, empty
