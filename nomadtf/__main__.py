@@ -32,18 +32,10 @@ def _task_role(argv: list[str]) -> str | None:
 role = _task_role(sys.argv[1:])
 if role is not None:
     # Inside an allocation: straight to the runtime, without the command line's imports
-    # (typer and rich); errors end the task as `nomadtf.cli.main` would end it.
-    from nomadtf.errors import NomadtfError
-    from nomadtf.runtime import main as task_main
+    # (typer and rich); run_task ends the task as `nomadtf.cli.main` would end it.
+    from nomadtf.runtime import run_task
 
-    try:
-        sys.exit(task_main(role))
-    except NomadtfError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
-    except Exception as exc:  # noqa: BLE001 - one line, as the command line prints it
-        print(f"unexpected error: {exc.__class__.__name__}: {exc}", file=sys.stderr)
-        sys.exit(70)
+    sys.exit(run_task(role))
 
 from nomadtf.cli import main  # noqa: E402 - after the signal disposition, on purpose
 

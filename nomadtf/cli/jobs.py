@@ -25,9 +25,9 @@ def register(app: typer.Typer) -> None:
 
 def task(role: Annotated[str, typer.Option("--role", help="chief, worker, ps, evaluator or tensorboard")]) -> None:
     """The supervisor inside every allocation of a rendered job (not for interactive use)."""
-    from nomadtf.runtime import main as task_main
+    from nomadtf.runtime import run_task
 
-    raise typer.Exit(task_main(role))
+    raise typer.Exit(run_task(role, debug=state["debug"]))
 
 
 def run(

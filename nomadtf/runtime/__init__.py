@@ -1,30 +1,25 @@
 """`nomadtf task`: the runtime inside every allocation, one concern per module.
 
-    loop.py        one event queue: watch events, signals, child exits, timers
-    policy.py      pure decisions: who restarts on which event, budgets, exit classes, hang
-    launch.py      pure: the child's command line and environment (TF_CONFIG, GPUs, paths)
-    child.py       the TensorFlow process: start, stop, process group, parent death, reaping
-    warm.py        the child started during the rendezvous, so `import tensorflow` overlaps it
-    jobenv.py      the job's own Python environment: reused or built, held while the task runs
-    membership.py  index claim, rendezvous, the watches (Consul and the template file)
-    supervisor.py  the task's life: reads events, asks the policy, acts
+    task.py           the entry, `run_task(role)`: log format, spec, Vault login, clients, exit codes
+    alloc.py          pure: what Nomad tells the task about itself (NOMAD_* variables, the spec file)
+    supervisor.py     the phase machine: claim, rendezvous, run, check; reads events, asks the policy, acts
+    startup.py        what a task does once before the phase machine (job ended? budget, environment, session, script)
+    loop.py           one event queue: watch events, signals, child exits, timers
+    policy.py         pure decisions: who restarts on which event, budgets, exit classes, hang
+    membership.py     who we are among our peers, and every Consul step of it: session, index claim,
+                      the cluster, the generation, role counts, the recorded outcome (retried writes)
+    watches.py        Consul blocking queries and the template's cluster file turned into loop events
+    deadline.py       pure: time limits (recovery.deadline, how long a decision or a login is retried)
+    budget.py         the allocation's restart budget, kept in the task directory across Nomad's restarts
+    secretenv.py      the job's secrets read from Vault once, for the child's environment and files
+    progresswatch.py  the child's progress file: hang detection, and progress published to Consul
+    starter.py        how our child starts: command, environment, the job's interpreter, warm or cold
+    launch.py         pure: the child's command line and environment (TF_CONFIG, GPUs, paths)
+    child.py          the TensorFlow process: start, stop, process group, parent death, reaping
+    warm.py           the child started during the rendezvous, so `import tensorflow` overlaps it
+    jobenv.py         the job's own Python environment: reused or built, held while the task runs
 """
 
-import logging
-import sys
+from nomadtf.runtime.task import run_task
 
-from nomadtf.runtime.supervisor import run_task
-
-__all__ = ["main", "run_task"]
-
-
-def main(role: str) -> int:
-    """`nomadtf task --role ROLE`: log setup, then the task's whole life; its exit code."""
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=logging.INFO,
-        # Milliseconds: how fast a peer's move is seen and acted on is read from these lines.
-        format=f"%(asctime)s.%(msecs)03d nomadtf task {role}: %(message)s",
-        datefmt="%H:%M:%S",
-    )
-    return run_task(role)
+__all__ = ["run_task"]

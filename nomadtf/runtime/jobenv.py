@@ -61,7 +61,7 @@ def install_child_modules(task_dir: Path) -> Path:
     return lib
 
 
-def prepare(spec: JobSpec, role: str, index: int, task_dir: Path, discovery: ConsulDiscovery, should_stop) -> Ready:
+def reuse_or_build(spec: JobSpec, role: str, index: int, task_dir: Path, discovery: ConsulDiscovery, should_stop) -> Ready:
     """Reuse or build the job's environment; EnvBuildError / EnvBuildStopped otherwise.
 
     PUT /v1/kv/nomadtf/<ns>/<job>/<run>/environment/<role>/<index> (best effort)

@@ -1,97 +1,50 @@
-"""Who this task is and who its peers are: the index claim, the cluster as Consul (or
-the template-rendered file) sees it, and the watches that turn changes into loop events. Every call here is one non-blocking step; waiting is
-the event loop's job, so a SIGTERM is handled at once, in any phase.
+"""Who this task is among its peers, and every Consul step that says so: our session and
+index claim, the cluster as Consul (or the template-rendered file) sees it, the generation,
+the role counts `nomadtf scale` sets, and the run's recorded outcome.
+
+A read is one non-blocking step (waiting is the event loop's job, so a SIGTERM is handled
+at once, in any phase). A write that a decision depends on is retried here with bounded
+backoff (discovery.retrying) and given up early only on a stop signal: the outcome until
+recovery.deadline (at least a minute), the session for the server retry budget (deadline.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-import threading
+import os
+import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from nomadtf import roles, tfconfig, wire
-from nomadtf.discovery import ConsulDiscovery, Slot
-from nomadtf.errors import NomadtfError
+from nomadtf.discovery import ConsulDiscovery, Slot, retrying
+from nomadtf.errors import CannotRecord, ServerError
+from nomadtf.runtime import deadline
 from nomadtf.runtime.loop import CATALOG, CLUSTER_FILE, CLUSTER_KV, Event
-from nomadtf.runtime.policy import SlotState, slot_state
+from nomadtf.runtime.policy import Debounce, SlotState, failed_state, fingerprint, slot_state
+from nomadtf.runtime.watches import FileWatch, Watch
 from nomadtf.spec import JobSpec
 from nomadtf.tfconfig import Member
 
 log = logging.getLogger("nomadtf.task")
 
-WATCH_WAIT_S = 30.0  # a blocking query's wait; answered at once on a change
-WATCH_RETRY_S = 1.0  # after a failed query (Consul restarting)
-WRITES = frozenset({"created", "modified", "moved", "closed", "deleted"})  # watchdog's event types
+
+def new_incarnation() -> str:
+    """A new id for our TensorFlow process's state: peers that depend on it see it change."""
+    return uuid.uuid4().hex[:12]
 
 
-# ---- watches -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Settled:
+    """Where a complete cluster stands against the run's generation."""
 
-
-class Watch:
-    """One Consul blocking query turned into loop events, on its own thread, for ever.
-    An index that goes backwards means Consul restarted: start over from 0."""
-
-    def __init__(self, kind: str, query: Callable[[int, float], int], post: Callable[[Event], None]):
-        self.kind = kind
-        self.query = query
-        self.post = post
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name=f"watch-{kind}", daemon=True)
-
-    def start(self) -> Watch:
-        self.thread.start()
-        return self
-
-    def _run(self) -> None:
-        index = 0
-        while not self.stop.is_set():
-            try:
-                new_index = self.query(index, WATCH_WAIT_S)
-            except NomadtfError:
-                index = 0
-                self.stop.wait(WATCH_RETRY_S)
-                continue
-            if new_index != index:
-                self.post(Event(self.kind, new_index))
-            index = new_index if new_index >= index else 0
-
-
-class FileWatch:
-    """A loop event whenever `path` is (re)written (reconfigure=template): Nomad's
-    consul-template renders the cluster file a few milliseconds after the catalog changes,
-    often after our own catalog watch fired, and nothing else would tell us. watchdog uses
-    inotify on Linux (a blocking read on its own thread: no polling). The directory is
-    watched, not the file: consul-template replaces the file by a rename."""
-
-    def __init__(self, path: Path, kind: str, post: Callable[[Event], None]):
-        from watchdog.events import FileSystemEventHandler  # only in template mode
-        from watchdog.observers import Observer
-
-        target = str(path)
-
-        class _Handler(FileSystemEventHandler):
-            def on_any_event(self, event) -> None:
-                # Written, replaced or removed; never our own reads (opened, closed_no_write).
-                if event.event_type in WRITES and target in (event.src_path, event.dest_path):
-                    post(Event(kind))
-
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.observer = Observer()
-        self.observer.daemon = True
-        self.observer.schedule(_Handler(), str(path.parent), recursive=False)
-
-    def start(self) -> FileWatch:
-        self.observer.start()
-        return self
-
-    def close(self) -> None:
-        self.observer.stop()
-
-
-# ---- membership ----------------------------------------------------------------------------
+    generation: int  # the generation Consul holds now
+    ours: bool  # it was made for exactly these members
+    look_again_at: float | None = None  # a change that has not held for discovery.debounce yet
 
 
 @dataclass
@@ -100,15 +53,34 @@ class Identity:
     alloc_id: str
     alloc_index: int
     incarnation: str
-    index: int = -1
+    index: int = -1  # the index we hold; -1 until claimed
+
+    @property
+    def recorded_index(self) -> int:
+        """The index a failure is recorded against: ours once claimed, Nomad's before."""
+        return self.index if self.index >= 0 else self.alloc_index
 
 
 class Membership:
-    def __init__(self, spec: JobSpec, identity: Identity, discovery: ConsulDiscovery, cluster_file: Path):
+    """Usage (the supervisor's loop, one thread):
+    membership = Membership(spec, identity, discovery, cluster_file, should_stop=lambda: loop.stop_requested)
+    membership.open_session(); membership.start_watches(loop.post)
+    membership.try_claim(); members = membership.members(); membership.missing(members)
+    membership.record(wire.STATE_SUCCEEDED, "marking the job succeeded")
+    membership.close()
+    """
+
+    def __init__(
+        self, spec: JobSpec, identity: Identity, discovery: ConsulDiscovery, cluster_file: Path,
+        should_stop: Callable[[], bool] = lambda: False,
+    ):
         self.spec = spec
+        self.base_counts = dict(spec.counts)  # as submitted; `nomadtf scale` may change them
         self.me = identity
         self.discovery = discovery
         self.cluster_file = cluster_file
+        self.should_stop = should_stop  # a retry gives up once it says so (a stop signal)
+        self.debounce = Debounce(spec.discovery.debounce_s)
         self.watches: list[Watch] = []
         self.file_watch: FileWatch | None = None
 
@@ -118,11 +90,25 @@ class Membership:
         return tuple(r for r in tfconfig.RENDEZVOUS_ROLES if self.spec.counts.get(r))
 
     @property
-    def wait_for(self) -> tuple[str, ...]:
+    def awaited_roles(self) -> tuple[str, ...]:
+        """The roles our rendezvous waits for (every task of each), from the strategy's table."""
         return roles.rendezvous_roles(self.spec.strategy, self.me.role)
 
-    def open(self) -> None:
-        self.discovery.open_session(wire.session_name(self.spec.name, self.me.role, self.me.alloc_id))
+    def open_session(self) -> None:
+        """Our Consul session, retried for the server retry budget; a Consul still away after
+        it is a failure Consul cannot hold: CannotRecord (exit 78) names the address.
+
+        PUT /v1/session/create
+        """
+        budget = deadline.server_retry_s()
+        name = wire.session_name(self.spec.name, self.me.role, self.me.alloc_id)
+        try:
+            self.retry(lambda: self.discovery.open_session(name), "opening a Consul session", budget)
+        except ServerError as exc:
+            raise CannotRecord(
+                f"{exc}; tried Consul at {self.consul_address()} for {budget:.0f}s: check discovery.consul_address "
+                "(CONSUL_HTTP_ADDR), its scheme (https for a TLS-only port) and discovery.consul_ca_file"
+            ) from None
 
     def start_watches(self, post: Callable[[Event], None]) -> None:
         # One blocking query per role we may depend on (each wakes only on its own service),
@@ -167,6 +153,28 @@ class Membership:
         slot = slots.get((self.me.role, self.me.index))
         return slot.alloc_id if slot else ""
 
+    def held_members(self, read_again: bool) -> list[Member] | SlotState:
+        """The cluster while we hold our index. SlotState.TAKEN: another allocation holds it
+        now (Nomad placed a replacement of ours while our node was cut off, and our session
+        lapsed meanwhile; two tasks of one index must never run). SlotState.LOST: Consul
+        forgot our slot (restarted), which we claimed back; the claim's write wakes us again,
+        unless `read_again` asks for the cluster at once.
+
+        GET .../cluster/slots/?recurse (+ the catalog, or the template's file)
+        """
+        slots = self.discovery.slots()
+        state = self.slot_state(slots)
+        if state is SlotState.TAKEN:
+            log.error("%s[%d] is held by allocation %s now, a replacement of ours (we were cut off); stopping our child",
+                      self.me.role, self.me.index, self.holder(slots)[:8])
+            return state
+        if state is SlotState.LOST:
+            self.reclaim()
+            if not read_again:
+                return state
+            slots = self.discovery.slots()
+        return self.members(slots)
+
     def reclaim(self) -> bool:
         """After Consul forgot us (a dev agent restarted): a new session, our index again."""
         log.warning("our slot %s[%d] is gone (Consul restarted?); claiming it again", self.me.role, self.me.index)
@@ -174,11 +182,32 @@ class Membership:
         self.me.alloc_index = self.me.index
         return self.try_claim()
 
-    def announce_incarnation(self, incarnation: str) -> None:
-        self.me.incarnation = incarnation
-        self.discovery.update_incarnation(self.me.role, self.me.index, self.me.alloc_id, incarnation)
+    def announce_restart(self) -> None:
+        """A new incarnation in our slot, so that peers that depend on our state restart too;
+        retried for a minute.
+
+        PUT .../cluster/slots/<role>/<i>?acquire=<session>
+        """
+        incarnation = new_incarnation()
+
+        def announce() -> None:
+            self.me.incarnation = incarnation
+            self.discovery.update_incarnation(self.me.role, self.me.index, self.me.alloc_id, incarnation)
+
+        self.retry(announce, "telling peers we restarted")
 
     # ---- the cluster ------------------------------------------------------------------------
+
+    def rescale(self) -> JobSpec:
+        """The spec with the role counts `nomadtf scale` wrote under the watched prefix: from
+        then on the cluster has that many tasks of the role (the change of members does the
+        rest). GET .../cluster/counts"""
+        scaled = self.discovery.counts()
+        counts = {role: scaled.get(role, n) if n else 0 for role, n in self.base_counts.items()}
+        if counts != self.spec.counts:
+            log.info("role counts are now %s (nomadtf scale)", counts)
+            self.spec = dataclasses.replace(self.spec, counts=counts)
+        return self.spec
 
     def members(self, slots: dict[tuple[str, int], Slot] | None = None) -> list[Member]:
         slots = self.discovery.slots() if slots is None else slots
@@ -192,14 +221,99 @@ class Membership:
         Costs none itself. (Template mode reads a file: always worth a look.)"""
         if self.spec.discovery.reconfigure == "template":
             return True
-        for role in self.wait_for:
+        for role in self.awaited_roles:
             seen = self.discovery.watched_instances(role)
             if seen is not None and len(seen) < self.spec.counts.get(role, 0):
                 return False
         return True
 
     def missing(self, members: list[Member]) -> list[str]:
-        return tfconfig.missing_members(self.spec.counts, members, self.wait_for)
+        return tfconfig.missing_members(self.spec.counts, members, self.awaited_roles)
+
+    def missing_peers(self) -> list[str]:
+        """Who we wait for and is not there now, ourselves left out: our own slot lapsing (our
+        session expired while Consul was away) is no peer's change."""
+        me = f"{self.me.role}[{self.me.index}]"
+        return [m for m in self.missing(self.members()) if m != me]
+
+    def bump(self, members: list[Member]) -> int:
+        """The generation of the complete cluster `members` (a new one when it changed), retried
+        for a minute.
+
+        GET .../cluster/generation ; PUT .../cluster/generation?cas=<index>
+        """
+        generation = self.retry(lambda: self.discovery.bump_generation(fingerprint(members)), "moving to a new generation")
+        return int(generation.get("generation", 1))
+
+    def settle(self, members: list[Member], now: float) -> Settled | None:
+        """Where the cluster of `members` stands against the run's generation; None while a
+        peer is missing (a change counts once it is back, and only if it changed). A change of
+        the complete cluster moves the run to a new generation once it has held for
+        discovery.debounce (consul-template's wait), one step of each task that sees it.
+
+        GET .../cluster/generation ; PUT .../cluster/generation?cas=<index>
+        """
+        if self.missing(members):
+            self.debounce.reset()
+            return None
+        current = fingerprint(members)
+        generation, _ = self.discovery.generation()
+        if generation.get("fingerprint") != current:
+            if self.debounce.value != current:
+                log.info("peers changed: %s; acting once this holds for %.1fs", describe(members), self.debounce.hold_s)
+            if not self.debounce.observe(current, now):
+                return Settled(0, False, self.debounce.due() or now)
+            self.debounce.reset()
+            generation = self.discovery.bump_generation(current)
+            log.info("cluster changed: generation %d: %s", generation["generation"], describe(members))
+        else:
+            self.debounce.reset()
+        return Settled(int(generation.get("generation", 0)), generation.get("fingerprint") == current)
+
+    # ---- the run's outcome ------------------------------------------------------------------
+
+    def recorded_state(self) -> str | None:
+        """The run's recorded state ("succeeded", "failed: <why>", None), retried for 10 s;
+        None also when Consul stays away that long. GET .../cluster/state"""
+        try:
+            return self.retry(self.discovery.job_state, "reading the job state", deadline_s=10.0)
+        except ServerError:
+            return None
+
+    def record(self, state: str, what: str, deadline_s: float | None = None) -> None:
+        """Record the run's outcome. A decision is never dropped: while Consul is away it is
+        retried until the job's deadline (at least a minute), and only then given up.
+
+        PUT .../cluster/state
+        """
+        budget = deadline_s or deadline.decision_retry_s(self.spec, time.time())
+        self.retry(lambda: self.discovery.set_job_state(state), what, budget)
+
+    def record_failure(self, code: int, why: str) -> None:
+        """Mark the job failed by our task (`failed: <role>[<i>] exited <code>, <why>`). PUT .../cluster/state"""
+        self.record(failed_state(self.me.role, self.me.recorded_index, code, why), "marking the job failed")
+
+    def mark_done(self) -> set[tuple[str, int]]:
+        """Record that our code finished (success = all_workers); every task finished so far.
+        Retried until the job's deadline.
+
+        PUT .../cluster/done/<role>/<i> ; GET .../cluster/done/?recurse
+        """
+        return self.retry(lambda: self.discovery.mark_done(self.me.role, self.me.index), "recording that we finished",
+                          deadline.decision_retry_s(self.spec, time.time()))
+
+    def retry(self, call, what: str, deadline_s: float = 60.0):
+        """`call()`, retried on a Consul error with bounded backoff for `deadline_s`."""
+        for attempt in retrying(deadline_s, give_up=self.should_stop):
+            with attempt:
+                if attempt.retry_state.attempt_number > 1:
+                    log.warning("Consul at %s: retrying %s (attempt %d)", self.consul_address(), what, attempt.retry_state.attempt_number)
+                return call()
+        raise AssertionError("unreachable")  # tenacity re-raises the last error
+
+    def consul_address(self) -> str:
+        http = getattr(self.discovery.consul, "http", None)
+        return str(getattr(http, "base_uri", "")) or os.environ.get("CONSUL_HTTP_ADDR", "127.0.0.1:8500")
 
 
 def members_from_template(path: Path, slots: dict[tuple[str, int], Slot], counts: dict[str, int]) -> list[Member]:

@@ -1,7 +1,7 @@
 """The child started while the rendezvous still runs, so that the interpreter's start and
 `import tensorflow` (seconds on a small machine) overlap the wait for the cluster.
 
-The supervisor starts one as soon as it holds its slot, and again when it recovers through
+The task starts one (starter.py) as soon as it holds its slot, and again when it recovers through
 a new rendezvous; none is kept in reserve while training runs (it would take memory and
 CPU from the training). The waiting process (`nomadtf.warmstart`) has everything the child
 needs before TensorFlow initialises (the job's interpreter and paths, CUDA_VISIBLE_DEVICES,
@@ -135,7 +135,7 @@ class Waiting:
 class WarmStart:
     """Usage (supervisor, one thread):
     warm = WarmStart()
-    warm.prepare(argv, env_without_cluster, cwd, on_exit)   # when the rendezvous begins
+    warm.start_ahead(role, argv, env_without_cluster, cwd, on_exit)   # when the rendezvous begins
     child = warm.take(argv, final_env, cwd) or Child(...)   # when the cluster is complete
     warm.died(pid)   # on a child's exit: True when it was the waiting one (replaced)
     warm.close()
@@ -146,7 +146,9 @@ class WarmStart:
         self.deaths = 0  # in a row, before a handoff
         self._last: tuple | None = None  # (argv, env, cwd, modules, on_exit) to replace one
 
-    def prepare(self, role: str, argv: list[str], env: dict[str, str], cwd: str, on_exit: Callable[[int, int], None]) -> None:
+    def start_ahead(self, role: str, argv: list[str], env: dict[str, str], cwd: str, on_exit: Callable[[int, int], None]) -> None:
+        """Start a process that waits for its handoff, unless one for the same command waits
+        already, the role wants none, or too many died before their handoff."""
         modules = preimports(role, argv, cwd, env.get("PYTHONPATH", ""))
         if modules is None or waiting_argv(argv, 0, modules) is None or self.deaths >= WARM_ATTEMPTS:
             return

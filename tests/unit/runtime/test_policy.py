@@ -9,8 +9,8 @@ import pytest
 from nomadtf import roles
 from nomadtf.errors import TaskError
 from nomadtf.runtime import policy
+from nomadtf.runtime.alloc import AllocInfo
 from nomadtf.runtime.policy import Act, Debounce, ExitClass, HangClock, RestartBudget
-from nomadtf.runtime.supervisor import AllocInfo
 from nomadtf.tfconfig import Member
 
 ADDRESSES = {"chief": "10.0.0.1", "worker": "10.0.0.2", "ps": "10.0.0.4", "evaluator": "10.0.0.5"}

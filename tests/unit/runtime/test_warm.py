@@ -123,7 +123,7 @@ def test_the_waiting_child_runs_the_code_with_the_newest_env_and_no_secret_befor
     starter = warm.WarmStart()
     argv = [sys.executable, "-u", "probe.py"]
     base = {"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    starter.prepare("worker", argv, base, str(code), on_exit)
+    starter.start_ahead("worker", argv, base, str(code), on_exit)
     assert starter.waiting is not None
     pid = starter.waiting.child.pid
     environ = open(f"/proc/{pid}/environ", "rb").read()
@@ -138,7 +138,7 @@ def test_a_waiting_child_that_dies_is_replaced_then_cold(tmp_path):
     exits, _done, on_exit = _posted()
     starter = warm.WarmStart()
     argv = [sys.executable, "-u", "probe.py"]
-    starter.prepare("worker", argv, {"PATH": os.environ["PATH"]}, str(tmp_path), on_exit)
+    starter.start_ahead("worker", argv, {"PATH": os.environ["PATH"]}, str(tmp_path), on_exit)
     for death in range(1, warm.WARM_ATTEMPTS + 1):
         assert starter.waiting is not None
         pid = starter.waiting.child.pid
@@ -157,12 +157,12 @@ def test_a_waiting_child_that_dies_is_replaced_then_cold(tmp_path):
 def test_a_waiting_child_for_another_command_is_not_used(tmp_path):
     _exits, _done, on_exit = _posted()
     starter = warm.WarmStart()
-    starter.prepare("worker", [sys.executable, "-u", "a.py"], {"PATH": os.environ["PATH"]}, str(tmp_path), on_exit)
+    starter.start_ahead("worker", [sys.executable, "-u", "a.py"], {"PATH": os.environ["PATH"]}, str(tmp_path), on_exit)
     waiting = starter.waiting
     assert waiting is not None
     assert starter.take([sys.executable, "-u", "b.py"], {}, str(tmp_path)) is None
     assert waiting.child.returncode is not None  # stopped
-    starter.prepare("tensorboard", [sys.executable, "-m", "tensorboard.main"], {}, str(tmp_path), on_exit)
+    starter.start_ahead("tensorboard", [sys.executable, "-m", "tensorboard.main"], {}, str(tmp_path), on_exit)
     assert starter.waiting is None
     starter.close()
 

@@ -7,7 +7,7 @@ import os
 import queue
 
 from nomadtf.runtime.loop import CLUSTER_FILE
-from nomadtf.runtime.membership import FileWatch
+from nomadtf.runtime.watches import FileWatch
 
 
 def test_a_rename_into_place_is_an_event_and_a_read_is_not(tmp_path):

@@ -1,0 +1,62 @@
+"""Progress and hang detection for the running child.
+
+Our child's code may report its step (`nomadtf.progress.report`), which writes a small file
+in the task directory. While the child runs, the supervisor reads that file every
+`TICK_S` (a local read, no request); a new step resets the hang clock (policy.HangClock:
+recovery.hang_timeout without a new step is a hang), and a changed report is published to
+Consul at most every `PUBLISH_S`, for `nomadtf run` and `nomadtf status`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nomadtf.discovery import ConsulDiscovery
+from nomadtf.errors import ServerError
+from nomadtf.progress import read as read_progress
+from nomadtf.runtime.membership import Identity
+from nomadtf.runtime.policy import HangClock
+
+TICK_S = 1.0  # the local progress file is read this often (no Consul read)
+PUBLISH_S = 2.0  # and published at most this often
+
+
+class ProgressWatch:
+    """Usage (the supervisor's loop, one thread):
+    watch = ProgressWatch(path, spec.recovery.hang_timeout_s, discovery, identity)
+    watch.restart(now)          # a child (re)started: the whole timeout again
+    if watch.tick(now): ...     # every TICK_S while it runs; True: it hangs
+    """
+
+    def __init__(self, path: Path, hang_timeout_s: float, discovery: ConsulDiscovery, me: Identity):
+        self.path = path
+        self.hang = HangClock(hang_timeout_s)
+        self.discovery = discovery
+        self.me = me  # whose report it is (its index is the one we hold when it is published)
+        self.last: dict | None = None
+        self.published_at = 0.0
+
+    @property
+    def timeout_s(self) -> float:
+        return self.hang.timeout_s
+
+    def restart(self, now: float) -> None:
+        self.hang.restart(now)
+
+    def tick(self, now: float) -> bool:
+        """Read the progress file; feed a new step to the hang clock; publish a changed report
+        (best effort); True when the child hangs.
+
+        PUT /v1/kv/nomadtf/<ns>/<job>/<run>/progress (outside the watched prefix)
+        """
+        progress = read_progress(str(self.path))
+        if progress and progress != self.last:
+            self.hang.observe(progress.get("step"), now)
+            self.last = progress
+            if now - self.published_at >= PUBLISH_S:
+                self.published_at = now
+                try:
+                    self.discovery.publish_progress({**progress, "role": self.me.role, "index": self.me.index})
+                except ServerError:
+                    pass  # progress is best effort
+        return self.hang.hung(now)
