@@ -185,7 +185,7 @@ class Supervisor:
             # Nomad is restarting it) explains our failure as much as a changed one: wait
             # for it in a new rendezvous, bounded by the rendezvous timeout. The decision
             # waits for Consul, never for a wake that may not come.
-            return self._guard(lambda: self._decide_after_peer_check(bool(self.membership.missing_peers()), []),
+            return self._guard(lambda: self._decide_after_peer_check(bool(self.membership.missing_peers())),
                                timer="peer-settle", then="deciding about our child's exit")
         if name == "job-deadline":
             return self._on_deadline()
@@ -340,10 +340,10 @@ class Supervisor:
         missing = self.membership.missing(members)
         self.last_missing = missing
         if not missing and policy.fingerprint(members) != policy.fingerprint(self.running.members):
-            return self._decide_after_peer_check(True, members)
+            return self._decide_after_peer_check(changed=True)
         return None
 
-    def _decide_after_peer_check(self, changed: bool, members: list[Member]) -> int | None:
+    def _decide_after_peer_check(self, changed: bool) -> int | None:
         self.loop.cancel("peer-settle")
         self.loop.cancel("rendezvous-deadline")
         code = self.failed_code

@@ -7,9 +7,7 @@ import itertools
 import pytest
 
 from nomadtf import roles
-from nomadtf.errors import TaskError
 from nomadtf.runtime import policy
-from nomadtf.runtime.alloc import AllocInfo
 from nomadtf.runtime.policy import Act, Debounce, ExitClass, HangClock, RestartBudget
 from nomadtf.tfconfig import Member
 
@@ -225,15 +223,6 @@ def test_the_table_covers_every_strategy_and_role():
         rule = roles.rule(strategy, role)
         assert not (rule.required and not rule.allowed)
         assert not (rule.in_cluster and role in ("evaluator", "tensorboard"))
-
-
-def test_alloc_info_needs_nomads_environment():
-    with pytest.raises(TaskError, match="NOMAD_JOB_ID is not set"):
-        AllocInfo.from_environ({})
-    info = AllocInfo.from_environ(
-        {"NOMAD_JOB_ID": "j", "NOMAD_ALLOC_ID": "a", "NOMAD_ALLOC_INDEX": "2", "NOMAD_PORT_tf": "1", "NOMAD_PORT_health": "2"}
-    )
-    assert info.alloc_index == 2 and info.tf_port == 1
 
 
 # ---- scaling (nomadtf scale) ------------------------------------------------------------------

@@ -1,0 +1,55 @@
+"""The task's time limits (nomadtf.runtime.deadline, pure)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from nomadtf import outcome
+from nomadtf.runtime import deadline
+from nomadtf.spec import JobSpec, normalize
+
+ROLES = {"chief": {"count": 1}, "worker": {"count": 2}, "ps": {"count": 1}}
+
+
+def _spec(submitted_at: float | None = 1000.0, deadline_s: str = "10m", **changes) -> JobSpec:
+    normalized = normalize({"name": "j", "entrypoint": {"script": "t.py"}, "roles": ROLES, "recovery": {"deadline": deadline_s}, **changes})
+    run = {"id": "r1", "submitted_at": submitted_at} if submitted_at is not None else None
+    return JobSpec.from_normalized({**normalized, "run": run} if run else normalized)
+
+
+def test_the_deadline_counts_from_the_submission_not_from_our_start():
+    spec = _spec(submitted_at=1000.0, deadline_s="10m")
+    assert deadline.seconds_left(spec, now=1000.0) == 600.0
+    assert deadline.seconds_left(spec, now=1500.0) == 100.0
+    assert deadline.seconds_left(spec, now=9999.0) == 0.0  # passed: at once, never negative
+    assert deadline.seconds_left(_spec(submitted_at=None), now=1000.0) is None  # nothing to count from
+
+
+def test_a_decision_is_retried_until_the_deadline_and_at_least_a_minute():
+    spec = _spec(submitted_at=1000.0, deadline_s="10m")
+    assert deadline.decision_retry_s(spec, now=1100.0) == 500.0
+    assert deadline.decision_retry_s(spec, now=1590.0) == deadline.MIN_DECISION_RETRY_S
+    assert deadline.decision_retry_s(_spec(submitted_at=None, deadline_s="2h"), now=5.0) == 7200.0
+
+
+def test_the_deadlines_failure_is_the_deciding_tasks_and_reads_as_timed_out():
+    spec = _spec()
+    assert deadline.deciding_task(spec) == ("chief", 0)
+    why = deadline.passed_why(spec)
+    assert why == f"{outcome.DEADLINE_WHY} (600s after submission)"
+    assert outcome.DEADLINE_WHY in why  # what nomadtf.outcome reads as timed out
+
+
+def test_under_all_workers_the_first_worker_answers_and_with_no_task_left_none_does():
+    spec = _spec(strategy="multi_worker_mirrored", roles={"worker": {"count": 2}}, success="all_workers")
+    assert deadline.deciding_task(spec) == ("worker", 0)
+    # `nomadtf scale` to no worker: nobody decides (each task then answers for itself).
+    assert deadline.deciding_task(dataclasses.replace(spec, counts={"worker": 0})) is None
+
+
+@pytest.mark.parametrize("value, seconds", [(None, 120.0), ("5", 5.0), ("0", 1.0), ("soon", 120.0)])
+def test_the_server_retry_budget_comes_from_the_jobs_env(value, seconds):
+    environ = {} if value is None else {"NOMADTF_SERVER_RETRY_S": value}
+    assert deadline.server_retry_s(environ) == seconds

@@ -1,0 +1,65 @@
+"""The running child's progress (nomadtf.runtime.progresswatch): what the child writes with
+nomadtf.progress.report is read each tick, judged for a hang, and published at most every
+PUBLISH_S, as the child's own process would write it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from nomadtf.errors import ConsulError
+from nomadtf.runtime import progresswatch
+from nomadtf.runtime.membership import Identity
+from nomadtf.runtime.progresswatch import ProgressWatch
+
+
+class Discovery:
+    def __init__(self, fail: bool = False):
+        self.published: list[dict] = []
+        self.fail = fail
+
+    def publish_progress(self, progress):
+        if self.fail:
+            raise ConsulError("Consul answered 500")
+        self.published.append(progress)
+
+
+def _report(path, step: int, **metrics: float) -> None:
+    """One report from a child process of its own, the way training code makes it."""
+    code = f"from nomadtf import progress; progress.report(step={step}, **{metrics!r})"
+    subprocess.run([sys.executable, "-c", code], env={"NOMADTF_PROGRESS_FILE": str(path), "PYTHONPATH": ":".join(sys.path)}, check=True)
+
+
+def _watch(tmp_path, discovery, timeout_s: float = 10.0) -> ProgressWatch:
+    me = Identity("worker", "alloc", 0, "inc", index=1)
+    return ProgressWatch(tmp_path / "nomadtf-progress.json", timeout_s, discovery, me)  # type: ignore[arg-type]
+
+
+def test_a_new_step_is_published_tagged_with_whose_it_is_and_at_most_every_publish_interval(tmp_path):
+    discovery = Discovery()
+    watch = _watch(tmp_path, discovery)
+    watch.restart(now=100.0)
+    assert watch.tick(now=101.0) is False and discovery.published == []  # nothing reported yet
+    _report(watch.path, 1, loss=0.5)
+    watch.tick(now=102.0)
+    assert [(p["step"], p["metrics"], p["role"], p["index"]) for p in discovery.published] == [(1, {"loss": 0.5}, "worker", 1)]
+    _report(watch.path, 2)
+    watch.tick(now=102.0 + progresswatch.PUBLISH_S / 2)  # too soon: read, not published
+    assert len(discovery.published) == 1
+    watch.tick(now=102.0 + progresswatch.PUBLISH_S)  # the same report again: nothing new to say
+    assert len(discovery.published) == 1
+    _report(watch.path, 3)
+    watch.tick(now=110.0)
+    assert [p["step"] for p in discovery.published] == [1, 3]
+
+
+def test_no_new_step_for_the_hang_timeout_is_a_hang_and_a_restart_forgives_it(tmp_path):
+    watch = _watch(tmp_path, Discovery(fail=True), timeout_s=3.0)  # Consul away: progress is best effort
+    watch.restart(now=0.0)
+    assert watch.tick(now=100.0) is False  # silent from the start: never judged
+    _report(watch.path, 5)
+    assert watch.tick(now=100.0) is False
+    assert watch.tick(now=103.5) is True  # step 5 for 3.5 s
+    watch.restart(now=104.0)  # a new child: it must report before it is judged
+    assert watch.tick(now=200.0) is False
+    assert watch.timeout_s == 3.0
