@@ -4,8 +4,10 @@ Costs microseconds: a call writes its values to a small file (NOMADTF_PROGRESS_F
 when the last write is a second old or more; calls in between are dropped, not kept, so
 the file can lag the latest call by up to a second, and the steps reported in the last
 second before the code stops reporting may never reach it. The surrounding `nomadtf task`
-reads that file every second, its hang detection watching the step, and publishes it at
-most every two seconds to Consul KV (nomadtf/<namespace>/<job>/<run id>/progress), where
+reads that file every second, its hang detection watching the step
+(nomadtf.runtime.progresswatch), and publishes a changed report at most every two seconds
+to the run's one Consul KV key, nomadtf/<namespace>/<job>/<run id>/progress, tagged with the
+reporting task's role and index (the latest report of any task is the one kept there), where
 `nomadtf run` and `nomadtf status` show it. Outside nomadtf (no NOMADTF_PROGRESS_FILE) it
 does nothing.
 """
@@ -21,6 +23,8 @@ _last_write = 0.0
 
 
 def report(step: int, **metrics: float) -> None:
+    """Write {"step", "metrics", "time"} to the progress file, unless the last write is less
+    than a second old (then this call is dropped)."""
     global _last_write
     path = os.environ.get("NOMADTF_PROGRESS_FILE")
     if not path:
@@ -37,6 +41,7 @@ def report(step: int, **metrics: float) -> None:
 
 
 def read(path: str) -> dict | None:
+    """The last report written to `path`; None when there is none (yet) or it cannot be read."""
     try:
         with open(path) as fh:
             return json.load(fh)

@@ -90,6 +90,11 @@ class Membership:
         return tuple(r for r in tfconfig.RENDEZVOUS_ROLES if self.spec.counts.get(r))
 
     @property
+    def completes_job(self) -> bool:
+        """Whether our clean exit decides that the training is done (job.json `success`)."""
+        return roles.completes_job(self.spec.strategy, self.me.role, self.me.index, self.spec.counts, self.spec.success)
+
+    @property
     def awaited_roles(self) -> tuple[str, ...]:
         """The roles our rendezvous waits for (every task of each), from the strategy's table."""
         return roles.rendezvous_roles(self.spec.strategy, self.me.role)

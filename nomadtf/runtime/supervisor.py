@@ -68,6 +68,9 @@ class Running:
 
 
 class Supervisor:
+    """Usage: `Supervisor(spec, role, alloc, discovery, vault=vault).run()` -> the task's exit code
+    (nomadtf.runtime.task.run_task builds its arguments)."""
+
     def __init__(
         self, spec: JobSpec, role: str, alloc: AllocInfo, discovery: ConsulDiscovery, loop: EventLoop | None = None, vault=None
     ):
@@ -90,10 +93,6 @@ class Supervisor:
         self.failed_code = 0
         self.last_missing: list[str] = []
         self.rendezvous_started = time.monotonic()
-
-    @property
-    def completes_job(self) -> bool:
-        return roles.completes_job(self.spec.strategy, self.role, self.me.index, self.spec.counts, self.spec.success)
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -239,7 +238,10 @@ class Supervisor:
             return ended
         members = self.membership.held_members(read_again=True)
         if members is policy.SlotState.TAKEN:
-            return self._replaced()
+            # A replacement of ours holds our index: exit 0, this task did nothing wrong, and
+            # Nomad stops its allocation anyway once it hears from our node again.
+            self._stop_child()
+            return 0
         missing = self.membership.missing(members)
         if missing:
             if missing != self.last_missing:
@@ -272,7 +274,7 @@ class Supervisor:
         if state == "succeeded" and self.succeeded_at is None:
             self.succeeded_at = time.monotonic()
         since = time.monotonic() - self.succeeded_at if self.succeeded_at else 0.0
-        act = policy.on_job_state(state, self.spec.strategy, self.role, self.completes_job, since)
+        act = policy.on_job_state(state, self.spec.strategy, self.role, self.membership.completes_job, since)
         if act is Act.STOP_NOW:
             log.info("the job succeeded; stopping our %s", "TensorFlow server" if not roles.runs_user_code(self.spec.strategy, self.role) else "child")
             self._stop_child()
@@ -286,7 +288,8 @@ class Supervisor:
             return None
         members = self.membership.held_members(read_again=False)
         if members is policy.SlotState.TAKEN:
-            return self._replaced()
+            self._stop_child()  # a replacement of ours holds our index (see _rendezvous)
+            return 0
         if members is policy.SlotState.LOST:
             return None  # the claim's KV write wakes us again
         settled = self.membership.settle(members, time.monotonic())
@@ -302,15 +305,9 @@ class Supervisor:
             self.running.generation, self.running.members = number, members
         return None
 
-    def _replaced(self) -> int:
-        """A replacement of ours holds our index: we stop our child and end. Exit 0: this task
-        did nothing wrong, and Nomad stops its allocation anyway once it hears from our node."""
-        self._stop_child()
-        return 0
-
     def _on_child_exit(self, code: int) -> int | None:
         state = self.membership.recorded_state()
-        act = policy.on_child_exit(code, self.spec.recovery.permanent_exit_codes, state, self.completes_job, roles.is_soft(self.role))
+        act = policy.on_child_exit(code, self.spec.recovery.permanent_exit_codes, state, self.membership.completes_job, roles.is_soft(self.role))
         if act is Act.SUCCEED_JOB and self.spec.success == "all_workers":
             done = self.membership.mark_done()
             left = [i for i in range(self.spec.counts.get("worker", 0)) if ("worker", i) not in done]
