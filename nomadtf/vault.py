@@ -10,8 +10,8 @@ the path or the role; only transient errors (connection refused, timeouts, 5xx, 
 or standby Vault) are retried, for `budget_s`, and then fail naming Vault's address.
 
 Usage:
-    vault = VaultSession(spec["vault"], on_error=log.warning)   # logs in on first use
-    fetched = vault.fetch(spec["secrets"], secrets_dir)          # renews its leases
+    vault = VaultSession(spec.vault, on_error=log.warning)      # logs in on first use
+    fetched = vault.fetch(list(spec.secrets), secrets_dir)      # renews its leases
     ...
     vault.close()          # stops every renewer; revokes a token nomadtf logged in for
 """
@@ -30,6 +30,7 @@ from typing import Any
 import hvac
 import hvac.exceptions
 import requests
+import tenacity
 
 from nomadtf import wire
 from nomadtf.errors import VaultError
@@ -117,29 +118,46 @@ def _read_identity_token() -> str:
 
 
 def _transient_retry(client: hvac.Client, call: Callable[[], Any], what: str, budget_s: float) -> Any:
-    """`call()`, retried with backoff for `budget_s` on transient errors only; then a
-    VaultError naming Vault's address and what was tried. Anything else is raised as is."""
+    """`call()`, retried with backoff (0.5 s, doubling to 8 s) for `budget_s` on transient
+    errors only; then a VaultError naming Vault's address and what was tried. A TLS failure
+    is said at once (a retry cannot fix a CA); anything else is raised as is."""
+    attempts = 0
     started = time.monotonic()
-    delay, attempts = 0.5, 0
-    while True:
+
+    def attempt() -> Any:
+        nonlocal attempts
         attempts += 1
-        try:
-            return call()
-        except requests.exceptions.SSLError as exc:
-            raise VaultError(
-                f"TLS with Vault at {client.url} failed {what} ({_tls_reason(exc)}); set vault.ca_file to the CA "
-                "bundle on the clients that signed Vault's certificate"
-            ) from None
-        except RETRYABLE as exc:
-            waited = time.monotonic() - started
-            if waited + delay > budget_s:
-                raise VaultError(
-                    f"Vault at {client.url} unreachable {what}: {exc.__class__.__name__} on each of {attempts} attempts "
-                    f"over {waited:.0f}s; check vault.address (or VAULT_ADDR) and that Vault is up and unsealed"
-                ) from None
-            log.warning("Vault at %s unreachable %s (%s); retrying in %.1fs", client.url, what, exc.__class__.__name__, delay)
-        time.sleep(delay)
-        delay = min(delay * 2, 8.0)
+        return call()
+
+    def say_retry(state: tenacity.RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        delay = state.next_action.sleep if state.next_action else 0.0
+        log.warning("Vault at %s unreachable %s (%s); retrying in %.1fs", client.url, what, error.__class__.__name__, delay)
+
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception(_is_transient),
+        wait=tenacity.wait_exponential(multiplier=0.5, max=8.0),
+        stop=tenacity.stop_before_delay(budget_s),
+        before_sleep=say_retry,
+        reraise=True,
+    )
+    try:
+        return retrying(attempt)
+    except requests.exceptions.SSLError as exc:
+        raise VaultError(
+            f"TLS with Vault at {client.url} failed {what} ({_tls_reason(exc)}); set vault.ca_file to the CA "
+            "bundle on the clients that signed Vault's certificate"
+        ) from None
+    except RETRYABLE as exc:
+        raise VaultError(
+            f"Vault at {client.url} unreachable {what}: {exc.__class__.__name__} on each of {attempts} attempts "
+            f"over {time.monotonic() - started:.0f}s; check vault.address (or VAULT_ADDR) and that Vault is up and unsealed"
+        ) from None
+
+
+def _is_transient(exc: BaseException) -> bool:
+    # requests' SSLError is a ConnectionError, and not transient.
+    return isinstance(exc, RETRYABLE) and not isinstance(exc, requests.exceptions.SSLError)
 
 
 def _vault_reason(exc: Exception) -> str:
