@@ -14,6 +14,8 @@ Vault policy's first line); a policy of that name that another job owns is never
     `secret/nomadtf/consul-tokens/<namespace>/<job>` (`apply` again rotates it);
 - the Vault policy of the job's tasks: read on that path and on the job's secrets.
 
+Consul's failures are mapped where every Consul call's are (discovery.consul_call).
+
 Usage:
     applied = apply(spec)       # -> Applied(token_path=..., vault_policy=..., mode=...)
     revoke(spec)
@@ -28,15 +30,16 @@ from typing import Any
 import consul
 import hvac
 import hvac.exceptions
-import requests
 
 from nomadtf import acl, wire
-from nomadtf.discovery import consul_client
-from nomadtf.errors import AclConflict, ConsulError, VaultError
+from nomadtf.discovery import consul_call, consul_client
+from nomadtf.errors import AclConflict, VaultError
 from nomadtf.vault import vault_address, vault_tls
 
 ENGINE_MOUNT = "consul"
 KV_MOUNT = "secret"
+# What a denial means here: an operator's token is needed (the job's own never may).
+OPERATOR_TOKEN = "`nomadtf acl apply` needs a token with acl = \"write\""
 
 
 @dataclass(frozen=True)
@@ -100,26 +103,18 @@ def check_owner(spec: dict[str, Any], consul_description: str | None, vault_poli
         raise AclConflict(f"Vault policy {name} exists and is not this job's (its first line is not '# {mark}'); nothing changed")
 
 
-def _consul_call(what: str, fn, *args, **kwargs):
-    try:
-        return fn(*args, **kwargs)
-    except consul.ACLPermissionDenied:
-        raise ConsulError(f"Consul denied {what} to CONSUL_HTTP_TOKEN: `nomadtf acl apply` needs a token with acl = \"write\"") from None
-    except (requests.ConnectionError, consul.ConsulException) as exc:
-        raise ConsulError(f"Consul refused {what}: {exc.__class__.__name__}") from None
-
-
 def apply(spec: dict[str, Any], token_ttl: str = acl.CONSUL_TOKEN_ROLE_TTL) -> Applied:
     name = acl.policy_name(spec)
     where = f"{spec.get('namespace', wire.DEFAULT_NAMESPACE)}/{spec['name']}"
     cons = consul_client()
     vault = _vault(spec)
-    existing = _consul_call("listing policies", _consul_policy, cons, name)
+    existing = consul_call("listing policies", _consul_policy, cons, name, needs=OPERATOR_TOKEN)
     try:
         check_owner(spec, existing.get("Description", "") if existing else None, _vault_policy_text(vault, name))
     except hvac.exceptions.Forbidden:
         raise VaultError("Vault denied reading the job's policy to VAULT_TOKEN; use an operator's token") from None
-    _consul_call("writing the tasks' policy", _upsert_consul_policy, cons, existing, name, acl.consul_tasks_rules(spec), acl.owner(spec))
+    consul_call("writing the tasks' policy", _upsert_consul_policy, cons, existing, name, acl.consul_tasks_rules(spec), acl.owner(spec),
+                needs=OPERATOR_TOKEN)
     try:
         if _engine_mounted(vault):
             # POST /v1/consul/roles/:name
@@ -143,7 +138,8 @@ def _rotate_kv_token(cons: consul.Consul, vault: hvac.Client, path: str, name: s
         old = vault.secrets.kv.v2.read_secret_version(path=rest, mount_point=mount, raise_on_deleted_version=True)["data"]["data"]
     except hvac.exceptions.InvalidPath:
         pass
-    token = _consul_call("creating the tasks' token", cons.acl.token.create, policies_name=[name], description=f"nomadtf {where} tasks")
+    token = consul_call("creating the tasks' token", cons.acl.token.create, policies_name=[name], description=f"nomadtf {where} tasks",
+                        needs=OPERATOR_TOKEN)
     vault.secrets.kv.v2.create_or_update_secret(
         path=rest, mount_point=mount, secret={"token": token["SecretID"], "accessor": token["AccessorID"]}
     )
@@ -160,13 +156,13 @@ def revoke(spec: dict[str, Any]) -> None:
     name = acl.policy_name(spec)
     cons = consul_client()
     vault = _vault(spec)
-    existing = _consul_call("listing policies", _consul_policy, cons, name)
+    existing = consul_call("listing policies", _consul_policy, cons, name, needs=OPERATOR_TOKEN)
     check_owner(spec, existing.get("Description", "") if existing else None, _vault_policy_text(vault, name))
     path = kv_token_path(spec)
     mount, _, rest = path.partition("/")
     try:
         stored = vault.secrets.kv.v2.read_secret_version(path=rest, mount_point=mount, raise_on_deleted_version=True)["data"]["data"]
-        _consul_call("deleting the tasks' token", cons.acl.token.delete, stored["accessor"])
+        consul_call("deleting the tasks' token", cons.acl.token.delete, stored["accessor"], needs=OPERATOR_TOKEN)
         vault.secrets.kv.v2.delete_metadata_and_all_versions(path=rest, mount_point=mount)
     except (hvac.exceptions.InvalidPath, KeyError):
         pass
@@ -174,4 +170,4 @@ def revoke(spec: dict[str, Any]) -> None:
         vault.delete(f"{ENGINE_MOUNT}/roles/{name}")
     vault.sys.delete_policy(name)
     if existing:
-        _consul_call("deleting the tasks' policy", cons.acl.policy.delete, existing["ID"])
+        consul_call("deleting the tasks' policy", cons.acl.policy.delete, existing["ID"], needs=OPERATOR_TOKEN)

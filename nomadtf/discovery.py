@@ -39,15 +39,17 @@ class Slot:
     session: str | None
 
 
-def _call(what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run a py-consul call; map its failures to ours (one place)."""
+def consul_call(what: str, fn: Callable[..., T], *args: Any, needs: str = "", **kwargs: Any) -> T:
+    """Run a py-consul call; map its failures to ours (the one place, for every caller).
+    `needs`: what the token must allow, when a denial has a better fix than `nomadtf acl`."""
     try:
         return fn(*args, **kwargs)
     except (requests.ConnectionError, requests.Timeout, consul.Timeout) as exc:
         raise UnreachableError(f"cannot reach Consul ({what}): {exc.__class__.__name__}") from exc
     except consul.ACLPermissionDenied as exc:
         token = "CONSUL_HTTP_TOKEN" if os.environ.get("CONSUL_HTTP_TOKEN") else "the anonymous token (CONSUL_HTTP_TOKEN is not set)"
-        raise ConsulError(f"Consul denied {what} to {token}: its policy lacks the capability; see `nomadtf acl`") from exc
+        fix = needs or "its policy lacks the capability; see `nomadtf acl`"
+        raise ConsulError(f"Consul denied {what} to {token}: {fix}") from exc
     except consul.ConsulException as exc:
         raise ConsulError(f"Consul refused {what}: {exc}") from exc
 
@@ -134,7 +136,7 @@ class ConsulDiscovery:
         GET /v1/health/service/<service>?passing=1&index=&wait=
         """
         try:
-            new_index, entries = _call(
+            new_index, entries = consul_call(
                 f"a blocking query on service {self.service_name(role)}",
                 self.consul.health.service,
                 self.service_name(role),
@@ -154,7 +156,7 @@ class ConsulDiscovery:
 
         GET /v1/kv/nomadtf/<ns>/<job>/<run>/cluster/?recurse&keys&index=&wait=
         """
-        new_index, _ = _call(
+        new_index, _ = consul_call(
             "a blocking KV query",
             self.consul.kv.get,
             wire.kv_cluster_prefix(*self._kv, self.run_id),
@@ -179,7 +181,7 @@ class ConsulDiscovery:
         watched = self.watched_instances(role)
         if watched is not None:
             return watched
-        _, entries = _call(f"service {self.service_name(role)}", self.consul.health.service, self.service_name(role), passing=True)
+        _, entries = consul_call(f"service {self.service_name(role)}", self.consul.health.service, self.service_name(role), passing=True)
         return _instances(entries)
 
     def members(self, counts: dict[str, int], slots: dict[tuple[str, int], Slot] | None = None) -> list[Member]:
@@ -206,7 +208,7 @@ class ConsulDiscovery:
         PUT /v1/session/create
         """
         self._session_name = name
-        self.session = _call(
+        self.session = consul_call(
             "creating a session",
             self.consul.session.create,
             name=name,
@@ -265,7 +267,7 @@ class ConsulDiscovery:
 
         GET /v1/kv/nomadtf/<ns>/<job>/<run>/cluster/?recurse
         """
-        _, items = _call("reading the cluster keys", self.consul.kv.get, wire.kv_cluster_prefix(*self._kv, self.run_id), recurse=True)
+        _, items = consul_call("reading the cluster keys", self.consul.kv.get, wire.kv_cluster_prefix(*self._kv, self.run_id), recurse=True)
         self._view = {item["Key"]: item for item in items or []}
         try:
             yield
@@ -275,18 +277,18 @@ class ConsulDiscovery:
     def _read(self, what: str, key: str) -> dict[str, Any] | None:
         if self._view is not None:
             return self._view.get(key)
-        _, item = _call(what, self.consul.kv.get, key)
+        _, item = consul_call(what, self.consul.kv.get, key)
         return item
 
     def _read_prefix(self, what: str, prefix: str) -> list[dict[str, Any]]:
         if self._view is not None:
             return [item for key, item in sorted(self._view.items()) if key.startswith(prefix)]
-        _, items = _call(what, self.consul.kv.get, prefix, recurse=True)
+        _, items = consul_call(what, self.consul.kv.get, prefix, recurse=True)
         return items or []
 
     def _write(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         self._view = None
-        return _call(what, fn, *args, **kwargs)
+        return consul_call(what, fn, *args, **kwargs)
 
     # ---- slots: a stable, unique index per task -------------------------------------------
 
@@ -353,7 +355,7 @@ class ConsulDiscovery:
         """
         prefix = wire.kv_done_prefix(*self._kv, self.run_id)
         self._write("recording that we finished", self.consul.kv.put, f"{prefix}{role}/{index}", "done")
-        _, items = _call("reading who finished", self.consul.kv.get, prefix, recurse=True)
+        _, items = consul_call("reading who finished", self.consul.kv.get, prefix, recurse=True)
         done = set()
         for item in items or []:
             role_, _, index_ = item["Key"][len(prefix):].partition("/")
@@ -399,22 +401,22 @@ class ConsulDiscovery:
 
     def publish_progress(self, progress: dict[str, Any]) -> None:
         """PUT .../progress (outside the watched prefix)"""
-        _call("publishing progress", self.consul.kv.put, wire.kv_progress(*self._kv, self.run_id), json.dumps(progress, sort_keys=True))
+        consul_call("publishing progress", self.consul.kv.put, wire.kv_progress(*self._kv, self.run_id), json.dumps(progress, sort_keys=True))
 
     def progress(self) -> dict[str, Any] | None:
         """GET .../progress"""
-        _, item = _call("reading progress", self.consul.kv.get, wire.kv_progress(*self._kv, self.run_id))
+        _, item = consul_call("reading progress", self.consul.kv.get, wire.kv_progress(*self._kv, self.run_id))
         return json.loads(item["Value"]) if item and item.get("Value") else None
 
     def publish_environment(self, role: str, index: int, status: dict[str, Any]) -> None:
         """PUT .../environment/<role>/<index> (outside the watched prefix)"""
         key = wire.kv_environment(self.namespace, self.job_id, role, index, self.run_id)
-        _call("publishing the environment's state", self.consul.kv.put, key, json.dumps(status, sort_keys=True))
+        consul_call("publishing the environment's state", self.consul.kv.put, key, json.dumps(status, sort_keys=True))
 
     def environments(self) -> dict[tuple[str, int], dict[str, Any]]:
         """Every task's environment state.  GET .../environment/?recurse"""
         prefix = wire.kv_environment_prefix(*self._kv, self.run_id)
-        _, items = _call("reading the environments' state", self.consul.kv.get, prefix, recurse=True)
+        _, items = consul_call("reading the environments' state", self.consul.kv.get, prefix, recurse=True)
         out = {}
         for item in items or []:
             role, _, index = item["Key"][len(prefix):].partition("/")
@@ -424,7 +426,7 @@ class ConsulDiscovery:
 
     def sessions(self) -> list[dict[str, Any]]:
         """This job's live sessions (by name).  GET /v1/session/list"""
-        _, items = _call("listing sessions", self.consul.session.list)
+        _, items = consul_call("listing sessions", self.consul.session.list)
         return [s for s in items if s.get("Name", "").startswith(f"nomadtf {self.job_id} ")]
 
     def delete_job_keys(self, keep_run: str = "") -> None:
@@ -433,9 +435,9 @@ class ConsulDiscovery:
         GET .../?keys&separator=/ and DELETE .../<run>/?recurse per other run"""
         prefix = wire.kv_job_prefix(*self._kv)
         if not keep_run:
-            _call("deleting job keys", self.consul.kv.delete, prefix, recurse=True)
+            consul_call("deleting job keys", self.consul.kv.delete, prefix, recurse=True)
             return
-        _, keys = _call("listing the job's runs", self.consul.kv.get, prefix, keys=True, separator="/")
+        _, keys = consul_call("listing the job's runs", self.consul.kv.get, prefix, keys=True, separator="/")
         for key in keys or []:
             if key != f"{prefix}{keep_run}/":
-                _call("deleting an earlier run's keys", self.consul.kv.delete, key, recurse=key.endswith("/"))
+                consul_call("deleting an earlier run's keys", self.consul.kv.delete, key, recurse=key.endswith("/"))
