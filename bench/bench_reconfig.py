@@ -262,14 +262,14 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--debounce", default="1500ms", help="discovery.debounce of the job (its default: 1500ms)")
     args = parser.parse_args()
-    from nomadtf.spec import duration_seconds
+    from nomadtf.durations import parse_seconds
 
     with tempfile.TemporaryDirectory() as tmp:
         by_mode = {}
         for mode in args.modes.split(","):
             print(f"{mode}: {args.moves} moves of worker[{args.workers - 1}] ...", file=sys.stderr, flush=True)
             by_mode[mode] = measure_mode(mode, args.moves, args.workers, args.debounce, Path(tmp))
-    report(by_mode, duration_seconds(args.debounce))
+    report(by_mode, parse_seconds(args.debounce))
 
 
 if __name__ == "__main__":

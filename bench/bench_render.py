@@ -2,9 +2,9 @@
 
 For 10, 100 and 1,000 workers (the digits example with roles.worker.count overridden, as
 `--var roles.worker.count=N` does) this times, per job: schema validation with defaults
-(`normalize`), rendering through the Jinja2 templates (`render_job`), the part of that spent
-building the Jinja2 environment and compiling the templates (`render_job` does it on every
-call), and validation plus rendering together; and compares the whole to `json.dumps` of the
+and typing (`parse_spec`), rendering through the Jinja2 templates (`render_job`), the part of
+that spent building the template set and compiling the templates (cached after the first
+call: `render.template_set`), and validation plus rendering together; and compares the whole to `json.dumps` of the
 same rendered job, the floor any renderer pays.
 
     python bench/bench_render.py [--repeat 7]
@@ -23,8 +23,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from nomadtf.render import TEMPLATE_FILES, environment, job_json, render_job
-from nomadtf.spec import apply_overrides, normalize, read_options
+from nomadtf.render import TEMPLATE_FILES, job_json, render_job, template_set
+from nomadtf.spec import apply_overrides, parse_spec, read_options
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -41,13 +41,13 @@ def median_seconds(work: Callable[[], Any], repeat: int) -> float:
 
 
 def compile_templates() -> None:
-    env = environment()
+    templates = template_set()
     for name in TEMPLATE_FILES:
-        env.get_template(name)
+        templates.get_template(name)
 
 
 def validate_and_render(data: dict[str, Any]) -> dict[str, Any]:
-    return render_job(normalize(data))
+    return render_job(parse_spec(data))
 
 
 def main() -> None:
@@ -63,12 +63,12 @@ def main() -> None:
     )
     for workers in SIZES:
         data = apply_overrides(options, [f"roles.worker.count={workers}"])
-        spec = normalize(data)
+        spec = parse_spec(data)
         job = render_job(spec)
         assert next(g for g in job["Job"]["TaskGroups"] if g["Name"] == "worker")["Count"] == workers
-        render_job(normalize(data))  # warm-up: imports, first-call caches
+        render_job(parse_spec(data))  # warm-up: imports, first-call caches
 
-        validate = median_seconds(partial(normalize, data), repeat)
+        validate = median_seconds(partial(parse_spec, data), repeat)
         render = median_seconds(partial(render_job, spec), repeat)
         compile_ = median_seconds(compile_templates, repeat)
         total = median_seconds(partial(validate_and_render, data), repeat)

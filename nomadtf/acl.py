@@ -16,7 +16,7 @@ Consul scopes sessions by node, not by owner: a task can create (and destroy) se
 the nodes it may write sessions for. README's Security section says what that allows.
 
 Usage:
-    policies = job_policies(normalised_spec)
+    policies = job_policies(load_spec(Path("job.json")))
     policies.nomad_submitter, policies.consul_tasks, ...
     policy_name(spec)      # "nomadtf-<namespace>-<job>-<digest>" (wire.acl_name), what `acl apply` names them
 """
@@ -27,8 +27,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from nomadtf import roles as role_table
 from nomadtf import wire
+from nomadtf.spec import JobSpec
 
 # What `run`, `status`, `logs`, `scale`, `stop` and `plan` call (nomad.py names each call's
 # capability in its 403 message).
@@ -45,17 +45,17 @@ NOMAD_SUBMITTER_CAPABILITIES = (
 CONSUL_TOKEN_ROLE_TTL = "1h"
 CONSUL_TOKEN_ROLE_MAX_TTL = "24h"
 
-def policy_name(spec: dict[str, Any]) -> str:
+def policy_name(spec: JobSpec) -> str:
     """The name of the job's policies in Consul and Vault (and of its Consul engine role)."""
-    return wire.acl_name(spec.get("namespace", wire.DEFAULT_NAMESPACE), spec["name"])
+    return wire.acl_name(spec.namespace, spec.name)
 
 
-def owner(spec: dict[str, Any]) -> str:
+def owner(spec: JobSpec) -> str:
     """Whose policies these are (wire.acl_owner): `acl apply` overwrites nothing without it."""
-    return wire.acl_owner(spec.get("namespace", wire.DEFAULT_NAMESPACE), spec["name"])
+    return wire.acl_owner(spec.namespace, spec.name)
 
 
-def consul_token_path(spec: dict[str, Any], mount: str = "consul") -> str:
+def consul_token_path(spec: JobSpec, mount: str = "consul") -> str:
     """Where the tasks read their Consul token: the job's role of a Consul secrets engine."""
     return f"{mount}/creds/{policy_name(spec)}"
 
@@ -97,17 +97,12 @@ def consul_submitter_rules(namespace: str) -> dict[str, Any]:
     }
 
 
-def consul_tasks_rules(spec: dict[str, Any]) -> dict[str, Any]:
+def consul_tasks_rules(spec: JobSpec) -> dict[str, Any]:
     """The job's own KV prefix, read on its own services, sessions for the slot locks and
     node reads (health queries return nodes). No service writes: Nomad registers them."""
-    namespace = spec.get("namespace", wire.DEFAULT_NAMESPACE)
-    services = {
-        wire.service_name(namespace, spec["name"], role): {"policy": "read"}
-        for role in role_table.ROLES
-        if spec["roles"].get(role, {}).get("count", 0) > 0
-    }
+    services = {wire.service_name(spec.namespace, spec.name, role): {"policy": "read"} for role in spec.roles}
     return {
-        "key_prefix": {wire.kv_job_prefix(namespace, spec["name"]): {"policy": "write"}},
+        "key_prefix": {wire.kv_job_prefix(spec.namespace, spec.name): {"policy": "write"}},
         "service": services,
         "session_prefix": {"": {"policy": "write"}},
         "node_prefix": {"": {"policy": "read"}},
@@ -118,16 +113,17 @@ def _vault_read_path(path: str) -> str:
     return f"path {_q(path)} {{\n  capabilities = [\"read\"]\n}}\n"
 
 
-def vault_tasks_policy(spec: dict[str, Any], kv_v2_mounts: tuple[str, ...] = ("secret",)) -> str:
-    """Read on the Consul token path and on every secret the job names (KV v2 paths get
-    their `data/` segment). The first line, a comment, names the job (`owner`)."""
+def vault_tasks_policy(spec: JobSpec, token_path: str = "", kv_v2_mounts: tuple[str, ...] = ("secret",)) -> str:
+    """Read on the Consul token path (`token_path`, else the job's discovery.consul_token_path,
+    else its engine role's) and on every secret the job names (KV v2 paths get their `data/`
+    segment). The first line, a comment, names the job (`owner`)."""
     def api_path(path: str) -> str:
         mount, _, rest = path.partition("/")
         return f"{mount}/data/{rest}" if mount in kv_v2_mounts else path
 
     blocks = [f"# {owner(spec)}\n"]
-    token_path = spec.get("discovery", {}).get("consul_token_path") or consul_token_path(spec)
-    for path in [token_path, *(ref["path"] for ref in spec.get("secrets", []))]:
+    token_path = token_path or spec.discovery.consul_token_path or consul_token_path(spec)
+    for path in [token_path, *(ref["path"] for ref in spec.secrets)]:
         block = _vault_read_path(api_path(path))
         if block not in blocks:
             blocks.append(block)
@@ -137,12 +133,11 @@ def vault_tasks_policy(spec: dict[str, Any], kv_v2_mounts: tuple[str, ...] = ("s
     return blocks[0] + "\n".join(blocks[1:])
 
 
-def job_policies(spec: dict[str, Any]) -> JobPolicies:
-    namespace = spec.get("namespace", wire.DEFAULT_NAMESPACE)
+def job_policies(spec: JobSpec) -> JobPolicies:
     return JobPolicies(
         name=policy_name(spec),
-        nomad_submitter=nomad_submitter_policy(namespace),
-        consul_submitter=consul_hcl(consul_submitter_rules(namespace)),
+        nomad_submitter=nomad_submitter_policy(spec.namespace),
+        consul_submitter=consul_hcl(consul_submitter_rules(spec.namespace)),
         consul_tasks=consul_hcl(consul_tasks_rules(spec)),
         vault_tasks=vault_tasks_policy(spec),
     )

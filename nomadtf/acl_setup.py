@@ -17,7 +17,7 @@ Vault policy's first line); a policy of that name that another job owns is never
 Consul's failures are mapped where every Consul call's are (discovery.consul_call).
 
 Usage:
-    applied = apply(spec)       # -> Applied(token_path=..., vault_policy=..., mode=...)
+    applied = apply(spec)       # spec: a JobSpec -> Applied(name=..., token_path=..., mode=...)
     revoke(spec)
 """
 
@@ -31,15 +31,14 @@ import consul
 import hvac
 import hvac.exceptions
 
-from nomadtf import acl, wire
+from nomadtf import acl
 from nomadtf.discovery import consul_call, consul_client
 from nomadtf.errors import AclConflict, VaultError
+from nomadtf.spec import JobSpec
 from nomadtf.vault import vault_address, vault_tls
 
 ENGINE_MOUNT = "consul"
 KV_MOUNT = "secret"
-# What a denial means here: an operator's token is needed (the job's own never may).
-OPERATOR_TOKEN = "`nomadtf acl apply` needs a token with acl = \"write\""
 
 
 @dataclass(frozen=True)
@@ -49,12 +48,16 @@ class Applied:
     mode: str  # "engine" (a Consul secrets engine role) or "kv" (one token kept in KV)
 
 
-def kv_token_path(spec: dict[str, Any]) -> str:
-    return f"{KV_MOUNT}/nomadtf/consul-tokens/{spec.get('namespace', wire.DEFAULT_NAMESPACE)}/{spec['name']}"
+# What a denial means here: an operator's token is needed (the job's own never may).
+OPERATOR_TOKEN = "`nomadtf acl apply` needs a token with acl = \"write\""
 
 
-def _vault(spec: dict[str, Any]) -> hvac.Client:
-    client = hvac.Client(url=vault_address(spec.get("vault", {})), **vault_tls())
+def kv_token_path(spec: JobSpec) -> str:
+    return f"{KV_MOUNT}/nomadtf/consul-tokens/{spec.namespace}/{spec.name}"
+
+
+def _vault(spec: JobSpec) -> hvac.Client:
+    client = hvac.Client(url=vault_address(spec.vault), **vault_tls())
     client.token = os.environ.get("VAULT_TOKEN", "")
     if not client.token:
         raise VaultError("`nomadtf acl` writes Vault policies: set VAULT_TOKEN to an operator's token")
@@ -93,7 +96,7 @@ def _vault_policy_text(vault: hvac.Client, name: str) -> str | None:
     return data.get("rules") or data.get("policy") or ""
 
 
-def check_owner(spec: dict[str, Any], consul_description: str | None, vault_policy: str | None) -> None:
+def check_owner(spec: JobSpec, consul_description: str | None, vault_policy: str | None) -> None:
     """Refuse (AclConflict) when a policy named like the job's belongs to someone else: a
     Consul policy with another description, a Vault policy whose first line is not ours."""
     name, mark = acl.policy_name(spec), acl.owner(spec)
@@ -103,9 +106,15 @@ def check_owner(spec: dict[str, Any], consul_description: str | None, vault_poli
         raise AclConflict(f"Vault policy {name} exists and is not this job's (its first line is not '# {mark}'); nothing changed")
 
 
-def apply(spec: dict[str, Any], token_ttl: str = acl.CONSUL_TOKEN_ROLE_TTL) -> Applied:
+def apply(spec: JobSpec, token_ttl: str = acl.CONSUL_TOKEN_ROLE_TTL) -> Applied:
+    """Create or update the job's task policies and its tasks' Consul token source.
+
+    GET /v1/acl/policies ; GET /v1/sys/policy/:name ; PUT /v1/acl/policy[/:id] ;
+    GET /v1/sys/mounts ; POST /v1/consul/roles/:name or (KV) GET+POST /v1/secret/data/...,
+    PUT /v1/acl/token, DELETE /v1/acl/token/:accessor ; PUT /v1/sys/policy/:name
+    """
     name = acl.policy_name(spec)
-    where = f"{spec.get('namespace', wire.DEFAULT_NAMESPACE)}/{spec['name']}"
+    where = f"{spec.namespace}/{spec.name}"
     cons = consul_client()
     vault = _vault(spec)
     existing = consul_call("listing policies", _consul_policy, cons, name, needs=OPERATOR_TOKEN)
@@ -123,8 +132,7 @@ def apply(spec: dict[str, Any], token_ttl: str = acl.CONSUL_TOKEN_ROLE_TTL) -> A
         else:
             applied = Applied(name, kv_token_path(spec), "kv")
             _rotate_kv_token(cons, vault, applied.token_path, name, where)
-        with_path = {**spec, "discovery": {**spec.get("discovery", {}), "consul_token_path": applied.token_path}}
-        vault.sys.create_or_update_policy(name, acl.vault_tasks_policy(with_path))
+        vault.sys.create_or_update_policy(name, acl.vault_tasks_policy(spec, token_path=applied.token_path))
     except hvac.exceptions.Forbidden:
         raise VaultError("Vault denied writing the job's policy or token source to VAULT_TOKEN; use an operator's token") from None
     return applied
@@ -150,9 +158,14 @@ def _rotate_kv_token(cons: consul.Consul, vault: hvac.Client, path: str, name: s
             pass  # already gone
 
 
-def revoke(spec: dict[str, Any]) -> None:
+def revoke(spec: JobSpec) -> None:
     """Delete what `apply` created (a running job's tasks lose Consul at their next call);
-    nothing when a policy of that name is another job's."""
+    nothing when a policy of that name is another job's.
+
+    GET /v1/acl/policies ; GET /v1/sys/policy/:name ; GET+DELETE /v1/secret/metadata/... ;
+    DELETE /v1/acl/token/:accessor ; GET /v1/sys/mounts ; DELETE /v1/consul/roles/:name ;
+    DELETE /v1/sys/policy/:name ; DELETE /v1/acl/policy/:id
+    """
     name = acl.policy_name(spec)
     cons = consul_client()
     vault = _vault(spec)

@@ -1,7 +1,10 @@
-"""Normalised spec -> Nomad job (API JSON) through the Jinja2 templates. Pure and offline.
+"""JobSpec -> Nomad job (API JSON) through the Jinja2 templates. Pure and offline.
+
+The templates read the JobSpec's attributes (`spec.recovery.restart_delay_ns`,
+`spec.roles[role].gpus`); durations are already nanoseconds, as the API takes them.
 
 Usage:
-    job = render_job(spec)                 # {"Job": {...}}
+    job = render_job(load_spec(Path("job.json")))   # {"Job": {...}}
     text = job_json(job)                   # the bytes `nomadtf render` prints
     render_job(spec, templates_dir=Path("my-templates"))
 """
@@ -19,9 +22,10 @@ from typing import Any
 import jinja2
 
 from nomadtf import __version__, wire
+from nomadtf.durations import parse_ns
 from nomadtf.errors import RenderError
 from nomadtf.roles import ROLES
-from nomadtf.spec import RunInfo, duration_ns, gpu_request, spec_file_text, spec_sha256
+from nomadtf.spec import JobSpec, Role, RunInfo, spec_file_text
 from nomadtf.tfconfig import runs_user_code
 
 TEMPLATE_FILES = ("job.json.j2", "group.json.j2", "cluster.ctmpl.j2")
@@ -35,22 +39,18 @@ def default_templates_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "templates"
 
 
-def _ns(duration: str) -> int:
-    return duration_ns(duration)
-
-
 def _constraints(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"LTarget": c["attribute"], "RTarget": c["value"], "Operand": c["operator"]} for c in items]
 
 
-def _placement_constraints(cfg: dict[str, Any]) -> list[dict[str, Any]]:
+def _placement_constraints(role: Role) -> list[dict[str, Any]]:
     """A role's own placement options as Nomad group constraints: `node_class` is a
     constraint on ${node.class}; `distinct_hosts` is Nomad's operator of that name, which
     compares nothing (no LTarget) and keeps two allocations of the group off one node."""
     out = []
-    if cfg.get("node_class"):
-        out.append({"LTarget": "${node.class}", "RTarget": cfg["node_class"], "Operand": "="})
-    if cfg.get("distinct_hosts"):
+    if role.node_class:
+        out.append({"LTarget": "${node.class}", "RTarget": role.node_class, "Operand": "="})
+    if role.distinct_hosts:
         out.append({"LTarget": "", "RTarget": "true", "Operand": "distinct_hosts"})
     return out
 
@@ -93,65 +93,60 @@ def _undefined_json(value: Any) -> Any:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-def environment(templates_dir: Path | None = None) -> jinja2.Environment:
-    return _environment(str(templates_dir or default_templates_dir()))
+def template_set(templates_dir: Path | None = None) -> jinja2.Environment:
+    """The templates of `templates_dir` (default: nomadtf's) with nomadtf's filters, compiled."""
+    return _compiled_template_set(str(templates_dir or default_templates_dir()))
 
 
 @functools.lru_cache(maxsize=8)
-def _environment(templates_dir: str) -> jinja2.Environment:
+def _compiled_template_set(templates_dir: str) -> jinja2.Environment:
     # Cached: compiling the templates is ~95% of a render (bench/bench_render.py).
-    env = jinja2.Environment(
+    templates = jinja2.Environment(
         loader=jinja2.FileSystemLoader(templates_dir),
         undefined=jinja2.StrictUndefined,  # a missing value fails loudly (Levant #393)
         autoescape=False,
         keep_trailing_newline=True,
     )
-    env.filters.update(
-        ns=_ns,
+    templates.filters.update(
+        ns=parse_ns,  # the templates' own durations ("20s"); the job's are nanoseconds already
         constraints=_constraints,
         placement_constraints=_placement_constraints,
         spreads=_spreads,
         affinities=_affinities,
-        gpu_request=gpu_request,
         device_constraints=_device_constraints,
     )
+    templates.globals["runs_user_code"] = runs_user_code
+    templates.globals["needs_vault_token"] = needs_vault_token
     # Sorted keys make the output byte-identical for the same input.
-    env.globals["runs_user_code"] = runs_user_code
-    env.globals["needs_vault_token"] = needs_vault_token
-    env.policies["json.dumps_kwargs"] = {"sort_keys": True, "default": _undefined_json}
-    return env
+    templates.policies["json.dumps_kwargs"] = {"sort_keys": True, "default": _undefined_json}
+    return templates
 
 
-def present_roles(spec: dict[str, Any]) -> list[str]:
-    return [role for role in ROLES if spec["roles"].get(role, {}).get("count", 0) > 0]
-
-
-def task_env(spec: dict[str, Any], role: str) -> dict[str, str]:
+def task_env(spec: JobSpec, role: str) -> dict[str, str]:
     """The environment of one role's task: the user's env, then what `nomadtf task` reads."""
-    cfg = spec["roles"][role]
-    env = {**spec["env"], **cfg["env"]}
-    env.update({wire.ENV_TASK_ROLE: role, "CONSUL_HTTP_ADDR": spec["discovery"]["consul_address"]})
-    if spec["discovery"].get("consul_ca_file"):
-        env["CONSUL_CACERT"] = spec["discovery"]["consul_ca_file"]
-    if spec["vault"].get("address"):
-        env["VAULT_ADDR"] = spec["vault"]["address"]
-    if spec["vault"].get("ca_file"):
-        env["VAULT_CACERT"] = spec["vault"]["ca_file"]
+    env = {**spec.env, **spec.roles[role].env}
+    env.update({wire.ENV_TASK_ROLE: role, "CONSUL_HTTP_ADDR": spec.discovery.consul_address})
+    if spec.discovery.consul_ca_file:
+        env["CONSUL_CACERT"] = spec.discovery.consul_ca_file
+    if spec.vault.get("address"):
+        env["VAULT_ADDR"] = spec.vault["address"]
+    if spec.vault.get("ca_file"):
+        env["VAULT_CACERT"] = spec.vault["ca_file"]
     return env
 
 
-def needs_vault_token(spec: dict[str, Any], role: str) -> bool:
+def needs_vault_token(spec: JobSpec, role: str) -> bool:
     """Whether Nomad derives a Vault token for `role`'s task: for the secrets of the roles
     that run user code (parameter servers never see one), and for every task when the
     tasks' Consul token comes from Vault."""
-    if spec["vault"]["auth"] != "nomad":
+    if spec.vault["auth"] != "nomad":
         return False
-    if spec["discovery"].get("consul_token_path"):
+    if spec.discovery.consul_token_path:
         return True
-    return bool(spec["secrets"]) and runs_user_code(spec["strategy"], role)
+    return bool(spec.secrets) and runs_user_code(spec.strategy, role)
 
 
-def spec_template(spec: dict[str, Any], run: RunInfo | None = None) -> str:
+def spec_template(spec: JobSpec, run: RunInfo | None = None) -> str:
     """consul-template source that writes the spec file every task reads (wire.SPEC_FILE).
     Base64 keeps the JSON out of reach of both template languages (no `{{`, no `${`)."""
     encoded = base64.b64encode(spec_file_text(spec, run).encode()).decode()
@@ -159,7 +154,7 @@ def spec_template(spec: dict[str, Any], run: RunInfo | None = None) -> str:
 
 
 def embedded_spec(task: dict[str, Any]) -> dict[str, Any]:
-    """The normalised spec a rendered task carries (the inverse of `spec_template`)."""
+    """The normalised document a rendered task carries (the inverse of `spec_template`)."""
     for template in task.get("Templates") or []:
         if template.get("DestPath") == f"local/{wire.SPEC_FILE}":
             encoded = template["EmbeddedTmpl"].split('"')[1]
@@ -167,12 +162,12 @@ def embedded_spec(task: dict[str, Any]) -> dict[str, Any]:
     raise RenderError(f"task {task.get('Name')!r} carries no {wire.SPEC_FILE} template")
 
 
-def job_meta(spec: dict[str, Any], run: RunInfo | None = None) -> dict[str, str]:
+def job_meta(spec: JobSpec, run: RunInfo | None = None) -> dict[str, str]:
     meta = {
-        **spec["meta"],
+        **spec.meta,
         wire.META_VERSION: __version__,
-        wire.META_SPEC_SHA256: spec_sha256(spec),
-        wire.META_STRATEGY: spec["strategy"],
+        wire.META_SPEC_SHA256: spec.sha256(),
+        wire.META_STRATEGY: spec.strategy,
     }
     if run:
         meta[wire.META_RUN] = run.id
@@ -181,21 +176,21 @@ def job_meta(spec: dict[str, Any], run: RunInfo | None = None) -> dict[str, str]
     return meta
 
 
-def render_job(spec: dict[str, Any], templates_dir: Path | None = None, run: RunInfo | None = None) -> dict[str, Any]:
+def render_job(spec: JobSpec, templates_dir: Path | None = None, run: RunInfo | None = None) -> dict[str, Any]:
     """The Nomad job for `spec`; `run` (from `nomadtf run`) goes into the job's Meta and the
     tasks' spec file. Without one the job is the same for the same spec, byte for byte."""
-    env = environment(templates_dir)
-    roles = present_roles(spec)
+    templates = template_set(templates_dir)
+    roles = list(spec.roles)
     context = {
         "spec": spec,
         "roles": roles,
-        "service_names": {role: wire.service_name(spec["namespace"], spec["name"], role) for role in ROLES},
+        "service_names": {role: wire.service_name(spec.namespace, spec.name, role) for role in ROLES},
         "service_tags": {role: wire.service_tags(role) for role in ROLES},
         "wire": wire,
     }
     try:
-        cluster_template = env.get_template("cluster.ctmpl.j2").render(context)
-        text = env.get_template("job.json.j2").render(
+        cluster_template = templates.get_template("cluster.ctmpl.j2").render(context)
+        text = templates.get_template("job.json.j2").render(
             **context,
             meta=job_meta(spec, run),
             task_env={role: task_env(spec, role) for role in roles},
@@ -213,6 +208,27 @@ def render_job(spec: dict[str, Any], templates_dir: Path | None = None, run: Run
     except json.JSONDecodeError as exc:
         line = text.splitlines()[exc.lineno - 1] if exc.lineno <= len(text.splitlines()) else ""
         raise RenderError(f"templates produced invalid JSON at line {exc.lineno}: {exc.msg}: {line.strip()}") from exc
+
+
+def docker_image_needs(spec: JobSpec) -> list[str]:
+    """What driver.image must contain: with docker the image is the job's environment
+    (job.json `environment` is refused there), and the task the templates render runs
+    nomadtf inside it."""
+    driver = spec.driver
+    if driver.name != "docker":
+        return []
+    images = " and ".join(dict.fromkeys(i for i in (driver.image, driver.gpu_image) if i))
+    needs = [
+        f"docker: {images} must contain:",
+        "  - python3 and nohup on PATH (the task runs `nohup python3 -m nomadtf task --role <role>`)",
+        "  - nomadtf with its dependencies for that python3 (pip install nomadtf)",
+        "  - TensorFlow in the version the code needs (a CUDA build in driver.gpu_image for GPU roles)",
+    ]
+    if "tensorboard" in spec.roles:
+        needs.append("  - tensorboard (the tensorboard role runs `python3 -m tensorboard.main`)")
+    if spec.source is None:
+        needs.append(f"  - the code at {spec.entrypoint.workdir or 'the task directory'} (or fetch it with source.url)")
+    return needs
 
 
 def job_json(job: dict[str, Any]) -> str:

@@ -8,7 +8,7 @@ the namespace and region its job.json names. Nothing here prints: what happens i
 to the caller's callbacks, and failures are raised.
 
 Usage:
-    run = Run.prepare(Path("job.json"), ["roles.worker.count=4"])
+    run = Run.from_job_file(Path("job.json"), ["roles.worker.count=4"])
     submitted = run.submit(replace=False, resume=False)
     submitted.notes          # ["resuming run 3f2a9c1e's model_dir (checkpoint at step 600)"]
     outcome = run.follow(submitted, timeout_s=None, on_view=show, on_event=log)
@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nomadtf import render, spec, wire
+from nomadtf import render, wire
 from nomadtf.discovery import ConsulDiscovery
 from nomadtf.errors import FollowTimeout, JobFailed, JobStopped, NomadError, NomadtfError, ServerError
 from nomadtf.follow import Follower, JobView, final_lines, require_nomadtf_job, run_of, versions_of_run
 from nomadtf.nomad import NomadAPI
+from nomadtf.spec import JobSpec, RunInfo, expand_task_vars, load_spec
 
 REPLACE_WAIT_S = 60.0  # how long --replace waits for the running run's allocations to stop
 
@@ -67,13 +68,12 @@ def checkpoint_step(model_dir: Path) -> int | None:
     return int(match[1]) if match else None
 
 
-def client_model_dir(normalised: dict[str, Any], namespace: str, run_dir: str) -> Path | None:
+def client_model_dir(spec: JobSpec, namespace: str, run_dir: str) -> Path | None:
     """model_dir as the submitting machine would see it (the local stack, or a shared
     filesystem mounted at the same path); None when it names task-only variables."""
-    text = spec.expand_task_vars(
-        normalised["model_dir"],
-        {"NOMAD_NAMESPACE": namespace, "NOMAD_JOB_ID": normalised["name"], "NOMAD_JOB_NAME": normalised["name"],
-         "NOMADTF_RUN_ID": run_dir},
+    text = expand_task_vars(
+        spec.model_dir,
+        {"NOMAD_NAMESPACE": namespace, "NOMAD_JOB_ID": spec.name, "NOMAD_JOB_NAME": spec.name, "NOMADTF_RUN_ID": run_dir},
     )
     return None if "${" in text else Path(text)
 
@@ -81,22 +81,21 @@ def client_model_dir(normalised: dict[str, Any], namespace: str, run_dir: str) -
 class Run:
     """One run of one job.json, from the options file to the training's outcome."""
 
-    def __init__(self, spec: dict[str, Any], api: NomadAPI, templates: Path | None = None):
+    def __init__(self, spec: JobSpec, api: NomadAPI, templates: Path | None = None):
         self.spec = spec
         self.api = api
         self.templates = templates
-        self.job_id: str = spec["name"]
+        self.job_id: str = spec.name
         self.discovery: ConsulDiscovery | None = None
         # The job as `validate` and `plan` see it; `submit` renders it again with its run.
         self.job: dict[str, Any] = render.render_job(spec, templates)
 
     @classmethod
-    def prepare(cls, job_file: Path, variables: list[str], templates: Path | None = None) -> Run:
+    def from_job_file(cls, job_file: Path, variables: list[str], templates: Path | None = None) -> Run:
         """Load and check the spec and that it renders (offline); the client speaks to the
         job's namespace and region."""
-        normalised = spec.load_spec(job_file, variables)
-        api = NomadAPI.from_env(namespace=normalised["namespace"], region=normalised["region"])
-        return cls(normalised, api, templates)
+        spec = load_spec(job_file, variables)
+        return cls(spec, NomadAPI.from_env(namespace=spec.namespace, region=spec.region), templates)
 
     def submit(self, replace: bool = False, resume: bool = False) -> Submitted:
         """Validate with Nomad, handle a run of the same job that is still going (refused
@@ -122,7 +121,7 @@ class Run:
                 "pick another name (nomadtf never replaces a job it did not start)"
             )
         model_run = self._model_run(existing, run_id, resume, notes)
-        job = render.render_job(self.spec, self.templates, spec.RunInfo(run_id, time.time(), model_run))
+        job = render.render_job(self.spec, self.templates, RunInfo(run_id, time.time(), model_run))
         self.api.validate(job)
         discovery = ConsulDiscovery(self.job_id, self.api.namespace, run_id=run_id)
         try:
@@ -162,7 +161,7 @@ class Run:
     def _model_run(self, existing: dict[str, Any] | None, run_id: str, resume: bool, notes: list[str]) -> str:
         """Whose model_dir this run trains in: its own (fresh), or with `resume` the
         previous run's; a note says which checkpoint, when this machine can see it."""
-        uses_run_dir = "${NOMADTF_RUN_ID}" in self.spec["model_dir"]
+        uses_run_dir = "${NOMADTF_RUN_ID}" in self.spec.model_dir
         if resume:
             previous = run_of(existing or {})
             if not previous:
@@ -171,14 +170,14 @@ class Run:
                 )
             model_run = (existing.get("Meta") or {}).get(wire.META_MODEL_RUN) or previous
             if not uses_run_dir:
-                notes.append(f"--resume: model_dir {self.spec['model_dir']} is the same for every run")
+                notes.append(f"--resume: model_dir {self.spec.model_dir} is the same for every run")
         else:
             model_run = run_id
         directory = client_model_dir(self.spec, self.api.namespace, model_run)
         step = checkpoint_step(directory) if directory else None
         if resume:
             where = f"from its checkpoint at step {step}" if step is not None else "from its latest checkpoint"
-            notes.append(f"resuming run {model_run}: training continues in {directory or self.spec['model_dir']} {where}")
+            notes.append(f"resuming run {model_run}: training continues in {directory or self.spec.model_dir} {where}")
         elif step is not None:
             notes.append(f"model_dir {directory} already holds a checkpoint at step {step}: training resumes from it")
         return model_run
@@ -212,14 +211,14 @@ class Run:
         follower = Follower(
             self.api,
             self.job_id,
-            timeout=timeout_s or spec.duration_seconds(self.spec["recovery"]["deadline"]),
-            reschedule_attempts=self.spec["recovery"]["reschedule_attempts"],
+            timeout=timeout_s or self.spec.recovery.deadline_s,
+            reschedule_attempts=self.spec.recovery.reschedule_attempts,
             on_view=on_view,
             on_event=on_event,
             progress=discovery.progress,
             recorded_state=discovery.job_state,
             first_version=submitted.first_version,
-            environments=discovery.environments if self.spec.get("environment") else lambda: {},
+            environments=discovery.environments if self.spec.environment is not None else lambda: {},
             run_id=submitted.run_id,
         )
         try:

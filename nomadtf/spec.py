@@ -1,15 +1,19 @@
-"""The options file: load JSON or YAML, apply `--var` overrides, validate, fill defaults.
+"""The options file: load JSON or YAML, apply `--var` overrides, validate, fill defaults,
+and the one typed `JobSpec` every command and every task works from.
 
-Pure: no network, no client libraries. `load_spec` gives the normalised dict the templates
-render from; `JobSpec.from_normalized` turns it into the typed spec the in-allocation
-runtime uses (durations in seconds, counts, GPUs, every default already there). The
-normalised dict reaches every task as a file Nomad writes into the task directory
-(wire.SPEC_FILE), never as an environment variable.
+Pure: no network, no client libraries. The raw mapping exists in one step only
+(`load_options`: the file, its `--var` overrides, the namespace); validation fills the
+schema's defaults once (`normalize`), and `JobSpec.from_normalized` types the result once,
+durations parsed (nomadtf.durations). The normalised document reaches every task as a file
+Nomad writes into the task directory (wire.SPEC_FILE, `spec_file_text`), never as an
+environment variable; the task reads it back into a JobSpec (`read_spec_file`).
 
 Usage:
     spec = load_spec(Path("job.json"), overrides=["roles.worker.count=4"])
-    spec["roles"]["worker"]["count"]  # 4, every default filled in
-    JobSpec.from_normalized(spec).recovery.hang_timeout_s  # 600.0
+    spec.roles["worker"].count             # 4, every default filled in
+    spec.recovery.hang_timeout_s           # 600.0
+    spec.recovery.restart_interval_ns      # 300000000000, what Nomad takes
+    parse_spec({"name": "j", ...})         # the same from a mapping
 """
 
 from __future__ import annotations
@@ -22,14 +26,15 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nomadtf import durations, wire
 from nomadtf import roles as role_table
-from nomadtf import wire
+from nomadtf.durations import parse_ns, parse_seconds
 from nomadtf.errors import SpecError
 from nomadtf.roles import SINGLETON_ROLES
 
@@ -120,19 +125,35 @@ def looks_like_dcos_options(data: Any) -> bool:
     )
 
 
-def load_spec(path: Path, overrides: list[str] | None = None, vault_policies: list[str] | None = None) -> dict[str, Any]:
-    """`vault_policies`, when the file lists none: what `nomadtf acl` is about to create."""
+def load_options(path: Path, overrides: list[str] | None = None) -> dict[str, Any]:
+    """job.json as written, with the `--var` overrides and the namespace applied; not yet
+    validated. The one step that sees the raw mapping (`acl` adds its policy to it)."""
     data = read_options(path)
     if looks_like_dcos_options(data):
         raise SpecError(
             f"{path} is a DC/OS beta-tensorflow options file, not a nomadtf job.json; convert it first: "
             f"nomadtf convert-dcos {path} --out job.json (it lists what cannot be carried over)"
         )
-    data = apply_overrides(data, overrides or [])
-    data = with_namespace(data, os.environ)
-    if vault_policies and isinstance(data, dict) and not (data.get("vault") or {}).get("policies"):
-        data = {**data, "vault": {**(data.get("vault") or {}), "policies": list(vault_policies)}}
-    return normalize(data)
+    return with_namespace(apply_overrides(data, overrides or []), os.environ)
+
+
+def load_spec(path: Path, overrides: list[str] | None = None) -> JobSpec:
+    """The job file, validated and typed: what every client-side command works from."""
+    return parse_spec(load_options(path, overrides))
+
+
+def parse_spec(data: dict[str, Any]) -> JobSpec:
+    """A job.json mapping validated (every problem at once), its defaults filled, typed."""
+    return JobSpec.from_normalized(normalize(data))
+
+
+def with_vault_policies(data: dict[str, Any], policies: list[str]) -> dict[str, Any]:
+    """`data` with these Vault policies when it lists none: what `nomadtf acl` is about to
+    create, so that the spec it works from reads the secrets with them."""
+    vault = data.get("vault") or {}
+    if not isinstance(vault, dict) or vault.get("policies"):
+        return data  # its own policies, or a mistake that validation names
+    return {**data, "vault": {**vault, "policies": list(policies)}}
 
 
 def with_namespace(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
@@ -158,11 +179,11 @@ def normalize(data: dict[str, Any]) -> dict[str, Any]:
     problems = schema_problems(data)
     if problems:
         raise SpecError(problems)
-    spec = fill_defaults(data, schema(), schema())
-    problems = cross_field_problems(spec)
+    document = fill_defaults(data, schema(), schema())
+    problems = cross_field_problems(document)
     if problems:
         raise SpecError(problems)
-    return spec
+    return document
 
 
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
@@ -344,10 +365,10 @@ def fill_defaults(value: Any, node: dict[str, Any], root: dict[str, Any]) -> Any
     return copy.deepcopy(value)
 
 
-def cross_field_problems(spec: dict[str, Any]) -> list[str]:
+def cross_field_problems(document: dict[str, Any]) -> list[str]:
     problems = []
-    strategy = spec["strategy"]
-    roles = spec["roles"]
+    strategy = document["strategy"]
+    roles = document["roles"]
     for role in sorted(role_table.required_roles(strategy)):
         if roles.get(role, {}).get("count", 0) < 1:
             problems.append(f"roles.{role}: strategy {strategy!r} needs at least one {role}; add roles.{role}")
@@ -357,42 +378,42 @@ def cross_field_problems(spec: dict[str, Any]) -> list[str]:
     for role in SINGLETON_ROLES:
         if roles.get(role, {}).get("count", 0) > 1:
             problems.append(f"roles.{role}.count: at most one {role} per job, got {roles[role]['count']}")
-    success = spec["success"]
+    success = document["success"]
     if success == "chief" and roles.get("chief", {}).get("count", 0) < 1:
         problems.append("success: 'chief' needs a chief; add roles.chief or use 'worker0' / 'all_workers'")
     if success in ("worker0", "all_workers") and not role_table.runs_user_code(strategy, "worker"):
         problems.append(f"success: {success!r} needs workers that run your code; strategy {strategy!r} runs a bare server there; use 'chief'")
-    entry = spec["entrypoint"]
+    entry = document["entrypoint"]
     if "function" in entry and strategy != "legacy_server":
         problems.append("entrypoint.function: only for strategy 'legacy_server'; use 'script' or 'module'")
     if strategy == "legacy_server" and "function" not in entry:
         problems.append("entrypoint: strategy 'legacy_server' calls main(server, log_dir, context); give 'function': 'module:main'")
-    driver = spec["driver"]
+    driver = document["driver"]
     if driver["name"] == "docker" and not driver.get("image"):
         problems.append("driver.image: the docker driver needs an image with TensorFlow and nomadtf")
-    if spec["secrets"] and spec["vault"]["auth"] == "nomad" and not spec["vault"]["policies"]:
+    if document["secrets"] and document["vault"]["auth"] == "nomad" and not document["vault"]["policies"]:
         problems.append("vault.policies: secrets are read with the token Nomad gives the task; list the Vault policies that allow reading them")
-    if spec["discovery"].get("consul_token_path") and spec["vault"]["auth"] == "nomad" and not spec["vault"]["policies"]:
+    if document["discovery"].get("consul_token_path") and document["vault"]["auth"] == "nomad" and not document["vault"]["policies"]:
         problems.append(
             "vault.policies: discovery.consul_token_path is read with the token Nomad gives the task; list the Vault "
             "policy that allows reading it (`nomadtf acl policies` prints one)"
         )
-    if spec["vault"]["auth"] == "jwt":
+    if document["vault"]["auth"] == "jwt":
         # Nomad 1.6 signs workload identities but publishes no JWKS for Vault to verify them
         # (Nomad 1.7 added that): a JWT login cannot be set up with the Nomad this targets.
         problems.append(
             "vault.auth: 'jwt' needs Nomad's workload identities for Vault, which Nomad 1.7+ provides and Nomad 1.6 "
             "does not; use 'nomad' (the token Nomad derives for the task) or 'approle'"
         )
-    targets = [s.get("env") or s.get("file") for s in spec["secrets"]]
+    targets = [s.get("env") or s.get("file") for s in document["secrets"]]
     for dup in sorted({t for t in targets if targets.count(t) > 1}):
         problems.append(f"secrets: {dup!r} is the target of more than one secret")
     for section, node in schema()["properties"].items():  # every duration of a section
-        for key, value in (spec.get(section) or {}).items() if "properties" in node else ():
-            if node["properties"].get(key, {}).get("$ref") == "#/$defs/duration" and duration_ns(value) >= INT64:
+        for key, value in (document.get(section) or {}).items() if "properties" in node else ():
+            if node["properties"].get(key, {}).get("$ref") == "#/$defs/duration" and parse_ns(value) >= durations.INT64:
                 problems.append(f"{section}.{key}: {value!r} is longer than Nomad can hold (about 292 years)")
-    problems += environment_problems(spec)
-    if duration_seconds(spec["recovery"]["reschedule_delay"]) < 5:
+    problems += environment_problems(document)
+    if parse_seconds(document["recovery"]["reschedule_delay"]) < 5:
         problems.append("recovery.reschedule_delay: Nomad needs at least 5s; write e.g. 5s")
     for role, cfg in roles.items():
         if cfg.get("memory_max") is not None and cfg["memory_max"] < cfg["memory"]:
@@ -401,15 +422,15 @@ def cross_field_problems(spec: dict[str, Any]) -> list[str]:
     return problems
 
 
-def environment_problems(spec: dict[str, Any]) -> list[str]:
+def environment_problems(document: dict[str, Any]) -> list[str]:
     """`environment` with the driver that runs it: a client-wide cache needs raw_exec."""
-    section = spec.get("environment")
+    section = document.get("environment")
     if not section:
         return []
-    from nomadtf.environment import requirement_problems  # packaging only when it is used
+    from nomadtf.venvs import requirement_problems  # packaging only when it is used
 
     problems = requirement_problems(section["requirements"])
-    driver = spec["driver"]["name"]
+    driver = document["driver"]["name"]
     if driver == "docker":
         problems.append(
             "environment: with the docker driver the image is the job's environment; install these requirements "
@@ -436,43 +457,14 @@ def spread_problems(where: str, spreads: list[dict[str, Any]]) -> list[str]:
     return problems
 
 
-def spec_sha256(spec: dict[str, Any]) -> str:
-    """A stable digest of the normalised spec; goes into the job's Meta."""
-    canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def role_counts(spec: dict[str, Any]) -> dict[str, int]:
-    return {role: cfg["count"] for role, cfg in spec["roles"].items() if cfg["count"] > 0}
-
-
-def gpu_request(role_cfg: dict[str, Any]) -> dict[str, Any] | None:
-    """Normalise `gpus` (an int or an object) to {"count", "vendor", ...} or None."""
-    gpus = role_cfg.get("gpus", 0)
+def _gpu_request(gpus: int | dict[str, Any]) -> dict[str, Any] | None:
+    """A role's `gpus` (a count or an object) as {"count", "vendor", ...}, None for none."""
     if isinstance(gpus, int):
         return {"count": gpus, "vendor": "nvidia"} if gpus > 0 else None
     return {"vendor": "nvidia", **gpus}
 
 
-_NS_PER_UNIT = {"ms": 10**6, "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9}
-
-
-def duration_ns(text: str) -> int:
-    """A duration ("1500ms", "5m") in nanoseconds, exactly, as Nomad's Go time.Duration."""
-    for suffix in ("ms", "s", "m", "h"):
-        digits = text[: -len(suffix)]
-        if text.endswith(suffix) and digits.isascii() and digits.isdigit():
-            if len(digits.lstrip("0")) > 30:
-                return INT64  # beyond what Nomad holds (and int() refuses 4300+ digits)
-            return int(digits) * _NS_PER_UNIT[suffix]
-    raise SpecError(f"{text!r} is not a duration; write e.g. 30s, 5m or 2h")
-
-
-def duration_seconds(text: str) -> float:
-    return duration_ns(text) / 1e9
-
-
-# ---- the typed spec the runtime reads ------------------------------------------------------
+# ---- the typed spec every command and every task works from ---------------------------------
 
 
 @dataclass(frozen=True)
@@ -503,25 +495,98 @@ class Entrypoint:
 
 
 @dataclass(frozen=True)
+class Role:
+    """One role of job.json `roles` that runs (count > 0)."""
+
+    count: int  # as submitted; in a task `JobSpec.counts` follows `nomadtf scale`
+    cpu: int  # MHz
+    memory: int  # MB
+    memory_max: int | None  # None: no oversubscription
+    port: int  # 0: a dynamic port
+    gpus: dict[str, Any] | None  # {"count", "vendor", ...} as the schema has it; None: no GPU
+    constraints: tuple[dict[str, Any], ...]  # the schema's placement objects (render turns them into Nomad's)
+    affinities: tuple[dict[str, Any], ...]
+    spread: tuple[dict[str, Any], ...]
+    distinct_hosts: bool
+    node_class: str | None
+    env: dict[str, str]
+
+    @classmethod
+    def from_normalized(cls, cfg: dict[str, Any]) -> Role:
+        return cls(
+            count=cfg["count"],
+            cpu=cfg["cpu"],
+            memory=cfg["memory"],
+            memory_max=cfg.get("memory_max"),
+            port=cfg["port"],
+            gpus=_gpu_request(cfg["gpus"]),
+            constraints=tuple(cfg["constraints"]),
+            affinities=tuple(cfg["affinities"]),
+            spread=tuple(cfg["spread"]),
+            distinct_hosts=cfg["distinct_hosts"],
+            node_class=cfg.get("node_class"),
+            env=dict(cfg["env"]),
+        )
+
+
+@dataclass(frozen=True)
+class Driver:
+    name: str  # "raw_exec", "exec" or "docker"
+    python: str  # the interpreter raw_exec and exec tasks start
+    image: str | None  # docker
+    gpu_image: str | None  # docker, for the roles with GPUs; None: `image`
+
+
+@dataclass(frozen=True)
+class Source:
+    """job.json `source`: code Nomad fetches (go-getter) into each task before it starts."""
+
+    url: str
+    destination: str  # relative to the task's directory
+    options: dict[str, str]
+
+
+@dataclass(frozen=True)
 class Recovery:
+    """Durations in nanoseconds, exactly (what Nomad takes); the runtime reads seconds."""
+
     restart_attempts: int
-    restart_interval_s: float
-    hang_timeout_s: float
-    deadline_s: float
+    restart_interval_ns: int
+    restart_delay_ns: int
+    reschedule_attempts: int
+    reschedule_interval_ns: int
+    reschedule_delay_ns: int
+    deadline_ns: int
+    hang_timeout_ns: int
     permanent_exit_codes: frozenset[int]
+
+    @property
+    def restart_interval_s(self) -> float:
+        return self.restart_interval_ns / 1e9
+
+    @property
+    def deadline_s(self) -> float:
+        return self.deadline_ns / 1e9
+
+    @property
+    def hang_timeout_s(self) -> float:
+        return self.hang_timeout_ns / 1e9
 
 
 @dataclass(frozen=True)
 class Discovery:
+    provider: str  # "consul"
+    consul_address: str  # as the tasks see it (their CONSUL_HTTP_ADDR)
+    consul_ca_file: str | None
     reconfigure: str  # "watch" or "template"
     rendezvous_timeout_s: float
     debounce_s: float
-    consul_token_path: str = ""  # a Vault path holding the tasks' Consul token; "" = CONSUL_HTTP_TOKEN or none
+    consul_token_path: str  # a Vault path holding the tasks' Consul token; "" = CONSUL_HTTP_TOKEN or none
 
 
 @dataclass(frozen=True)
 class JobEnvironment:
-    """job.json `environment`: the Python environment the code runs in (nomadtf.environment)."""
+    """job.json `environment`: the Python environment the code runs in (nomadtf.venvs)."""
 
     requirements: tuple[str, ...]
     python: str | None  # None: the minor version of the Python that runs nomadtf on the client
@@ -532,69 +597,111 @@ class JobEnvironment:
     def from_normalized(cls, section: dict[str, Any] | None) -> JobEnvironment | None:
         if not section:
             return None
-        return cls(tuple(section["requirements"]), section.get("python"), duration_seconds(section["timeout"]), section.get("cache_dir"))
+        return cls(tuple(section["requirements"]), section.get("python"), parse_seconds(section["timeout"]), section.get("cache_dir"))
 
 
 @dataclass(frozen=True)
 class JobSpec:
-    """What `nomadtf task` needs, typed and normalised once (see `from_normalized`)."""
+    """A job.json validated, with every default filled and every duration parsed: built once
+    (`load_spec`, `parse_spec`; in a task `read_spec_file`), then only read.
+
+    `document` is the normalised job.json itself (without the run): what the tasks' spec file
+    carries (`spec_file_text`) and the job's Meta digests (`sha256`). `vault` and `secrets`
+    stay the schema's objects: vault.py takes them as they are.
+    """
 
     name: str
     namespace: str
+    region: str
+    datacenters: tuple[str, ...]
+    priority: int
+    meta: dict[str, str]
     strategy: str
+    success: str  # roles.SUCCESS_POLICIES
+    roles: dict[str, Role]  # the roles that run, in roles.ROLES order (the job's groups)
+    # role -> count of the roles that run; in a task, `nomadtf scale` replaces it
     counts: dict[str, int]
     entrypoint: Entrypoint
+    source: Source | None
     model_dir: str
     context: dict[str, Any]
+    env: dict[str, str]  # every task's; a role's own `env` is Role.env
+    driver: Driver
     secrets: tuple[dict[str, Any], ...]
     vault: dict[str, Any]
     recovery: Recovery
     discovery: Discovery
-    gpus: dict[str, dict[str, Any] | None]
-    success: str = "auto"  # roles.SUCCESS_POLICIES
-    run_id: str = ""  # set by `nomadtf run` for each submission (wire.META_RUN)
-    submitted_at: float | None = None
-    model_run: str = ""  # the run whose default model_dir is used (RunInfo.model_run)
-    source_destination: str | None = None  # where Nomad unpacks `source.url`, relative to the task
-    environment: JobEnvironment | None = None  # None: the code runs with nomadtf's own interpreter
+    environment: JobEnvironment | None  # None: the code runs with nomadtf's own interpreter
+    run_id: str  # set by `nomadtf run` for each submission (wire.META_RUN); "" before
+    submitted_at: float | None
+    model_run: str  # the run whose default model_dir is used (RunInfo.model_run)
+    document: dict[str, Any] = field(repr=False)
+
+    @property
+    def gpus(self) -> dict[str, dict[str, Any] | None]:
+        """role -> its GPU request (None: no GPU), for the roles that run."""
+        return {role: cfg.gpus for role, cfg in self.roles.items()}
+
+    def sha256(self) -> str:
+        """A stable digest of the normalised job.json; the job's Meta carries it."""
+        canonical = json.dumps(self.document, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
 
     @classmethod
-    def from_normalized(cls, spec: dict[str, Any]) -> JobSpec:
-        entry = spec["entrypoint"]
+    def from_normalized(cls, document: dict[str, Any]) -> JobSpec:
+        """Typed from a normalised document (`normalize`'s, or a task's spec file)."""
+        entry = document["entrypoint"]
         kind = next(k for k in ("script", "module", "function") if k in entry)
-        rec, disc = spec["recovery"], spec["discovery"]
+        rec, disc, driver = document["recovery"], document["discovery"], document["driver"]
+        source = document.get("source")
+        run = document.get("run") or {}
         return cls(
-            name=spec["name"],
-            namespace=spec.get("namespace", "default"),
-            strategy=spec["strategy"],
-            counts=role_counts(spec),
+            name=document["name"],
+            namespace=document.get("namespace", wire.DEFAULT_NAMESPACE),
+            region=document["region"],
+            datacenters=tuple(document["datacenters"]),
+            priority=document["priority"],
+            meta=dict(document["meta"]),
+            strategy=document["strategy"],
+            success=document.get("success", "auto"),
+            roles={role: Role.from_normalized(document["roles"][role]) for role in role_table.ROLES
+                   if document["roles"].get(role, {}).get("count", 0) > 0},
+            counts={role: cfg["count"] for role, cfg in document["roles"].items() if cfg["count"] > 0},
             entrypoint=Entrypoint(
                 kind, entry[kind], tuple(entry.get("args", [])), entry.get("workdir"), tuple(entry.get("pythonpath", []))
             ),
-            model_dir=spec["model_dir"],
-            context=spec["context"],
-            secrets=tuple(spec["secrets"]),
-            vault=spec["vault"],
+            source=Source(source["url"], source["destination"], dict(source["options"])) if source else None,
+            model_dir=document["model_dir"],
+            context=document["context"],
+            env=dict(document["env"]),
+            driver=Driver(driver["name"], driver["python"], driver.get("image"), driver.get("gpu_image")),
+            secrets=tuple(document["secrets"]),
+            vault=document["vault"],
             recovery=Recovery(
                 restart_attempts=rec["restart_attempts"],
-                restart_interval_s=duration_seconds(rec["restart_interval"]),
-                hang_timeout_s=duration_seconds(rec["hang_timeout"]),
-                deadline_s=duration_seconds(rec["deadline"]),
+                restart_interval_ns=parse_ns(rec["restart_interval"]),
+                restart_delay_ns=parse_ns(rec["restart_delay"]),
+                reschedule_attempts=rec["reschedule_attempts"],
+                reschedule_interval_ns=parse_ns(rec["reschedule_interval"]),
+                reschedule_delay_ns=parse_ns(rec["reschedule_delay"]),
+                deadline_ns=parse_ns(rec["deadline"]),
+                hang_timeout_ns=parse_ns(rec["hang_timeout"]),
                 permanent_exit_codes=frozenset(rec["permanent_exit_codes"]),
             ),
             discovery=Discovery(
+                provider=disc["provider"],
+                consul_address=disc["consul_address"],
+                consul_ca_file=disc.get("consul_ca_file"),
                 reconfigure=disc["reconfigure"],
-                rendezvous_timeout_s=duration_seconds(disc["rendezvous_timeout"]),
-                debounce_s=duration_seconds(disc["debounce"]),
+                rendezvous_timeout_s=parse_seconds(disc["rendezvous_timeout"]),
+                debounce_s=parse_seconds(disc["debounce"]),
                 consul_token_path=disc.get("consul_token_path", ""),
             ),
-            gpus={role: gpu_request(cfg) for role, cfg in spec["roles"].items() if cfg["count"] > 0},
-            success=spec.get("success", "auto"),
-            run_id=(spec.get("run") or {}).get("id", ""),
-            submitted_at=(spec.get("run") or {}).get("submitted_at"),
-            model_run=(spec.get("run") or {}).get("model_run", ""),
-            source_destination=(spec.get("source") or {}).get("destination"),
-            environment=JobEnvironment.from_normalized(spec.get("environment")),
+            environment=JobEnvironment.from_normalized(document.get("environment")),
+            run_id=run.get("id", ""),
+            submitted_at=run.get("submitted_at"),
+            model_run=run.get("model_run", ""),
+            document={key: value for key, value in document.items() if key != "run"},
         )
 
 
@@ -624,10 +731,10 @@ def for_task(spec: JobSpec, environ: dict[str, str]) -> JobSpec:
     model_dir = expand_task_vars(spec.model_dir, {**variables, "NOMADTF_RUN_ID": spec.model_run or spec.run_id or NO_RUN})
 
     workdir = expand(entry.workdir) if entry.workdir else None
-    if workdir is None and spec.source_destination and environ.get("NOMAD_TASK_DIR"):
+    if workdir is None and spec.source and environ.get("NOMAD_TASK_DIR"):
         # Code from `source.url`: Nomad unpacked it relative to the task's directory (the
         # parent of NOMAD_TASK_DIR, which is <task>/local); the entry point lives there.
-        workdir = str(Path(environ["NOMAD_TASK_DIR"]).parent / spec.source_destination)
+        workdir = str(Path(environ["NOMAD_TASK_DIR"]).parent / spec.source.destination)
     return dataclasses.replace(
         spec,
         model_dir=model_dir,
@@ -641,22 +748,22 @@ def for_task(spec: JobSpec, environ: dict[str, str]) -> JobSpec:
     )
 
 
-def spec_file_text(spec: dict[str, Any], run: RunInfo | None = None) -> str:
+def spec_file_text(spec: JobSpec, run: RunInfo | None = None) -> str:
     """The normalised spec as the file every task reads (wire.SPEC_FILE), with the run. The
     training code can read that file: credentials set in `env` (wire.CREDENTIAL_ENV, e.g.
     AppRole ids) are left out; they reach the supervisor through the task's environment only."""
-    data = without_credentials(spec)
+    data = without_credentials(spec.document)
     if run:
         data["run"] = run.as_dict()
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
-def without_credentials(spec: dict[str, Any]) -> dict[str, Any]:
-    """`spec` without the credential names of its `env` and `roles.<role>.env`. Pure."""
+def without_credentials(document: dict[str, Any]) -> dict[str, Any]:
+    """`document` without the credential names of its `env` and `roles.<role>.env`. Pure."""
     def scrub(env: Any) -> Any:
         return {k: v for k, v in env.items() if k not in wire.CREDENTIAL_ENV} if isinstance(env, dict) else env
 
-    data = {**spec}
+    data = {**document}
     if "env" in data:
         data["env"] = scrub(data["env"])
     if isinstance(data.get("roles"), dict):
@@ -666,7 +773,10 @@ def without_credentials(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_spec_file(path: Path) -> JobSpec:
+    """The task's spec (wire.SPEC_FILE), validated when it was submitted. A file written by
+    an older nomadtf lacks the keys added since: the schema's defaults fill them."""
     try:
-        return JobSpec.from_normalized(json.loads(path.read_text()))
+        document = json.loads(path.read_text())
     except OSError as exc:
         raise SpecError(f"{path}: cannot read the job's spec ({exc.strerror}); `nomadtf task` runs in a job rendered by nomadtf") from exc
+    return JobSpec.from_normalized(fill_defaults(document, schema(), schema()))

@@ -3,26 +3,28 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from nomadtf.cli.common import JobFile, Vars, err
 
+if TYPE_CHECKING:
+    from nomadtf.spec import JobSpec
+
 acl_app = typer.Typer(no_args_is_help=True, help="The least-privilege ACL policies a job needs (Nomad, Consul, Vault).")
 
 
-def _acl_spec(job_file: Path, var: list[str] | None) -> dict:
+def _acl_spec(job_file: Path, var: list[str] | None) -> JobSpec:
     """The job's spec for `nomadtf acl`: before `acl apply`, job.json may not list the
-    Vault policy it creates yet."""
-    from nomadtf import acl
-    from nomadtf import spec as spec_mod
+    Vault policy it creates yet, so it is added to the raw options before validation."""
+    from nomadtf import wire
+    from nomadtf.spec import load_options, parse_spec, with_vault_policies
 
-    raw = spec_mod.apply_overrides(spec_mod.read_options(job_file), var or [])
-    raw = spec_mod.with_namespace(raw, os.environ)
-    name = acl.policy_name({"name": raw.get("name", ""), "namespace": raw["namespace"]})
-    return spec_mod.load_spec(job_file, var or [], vault_policies=[name] if name else None)
+    raw = load_options(job_file, var or [])
+    policy = wire.acl_name(raw["namespace"], raw.get("name", ""))  # acl.policy_name, before there is a JobSpec
+    return parse_spec(with_vault_policies(raw, [policy]))
 
 
 @acl_app.command("policies")
@@ -33,7 +35,7 @@ def acl_policies(job_file: JobFile, var: Vars = None) -> None:
 
     spec = _acl_spec(job_file, var)
     policies = acl.job_policies(spec)
-    namespace = spec.get("namespace", "default")
+    namespace = spec.namespace
     sections = (
         (f"Nomad policy for the submitter (namespace {namespace})", policies.nomad_submitter),
         ("Consul policy for the submitter", policies.consul_submitter),

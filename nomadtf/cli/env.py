@@ -15,12 +15,26 @@ EnvDir = Annotated[
 ]
 
 
-def _env_cache(directory: Path | None):
+def _venv_cache(directory: Path | None):
     import os
 
-    from nomadtf.environment import EnvCache, default_root
+    from nomadtf.venvs import VenvCache, default_root
 
-    return EnvCache(directory or default_root(dict(os.environ)))
+    return VenvCache(directory or default_root(dict(os.environ)))
+
+
+def _age_s(text: str) -> float:
+    """--older-than in seconds (nomadtf.durations: 7d, 12h, 30m, 2w)."""
+    from nomadtf.durations import DurationError, parse_seconds
+    from nomadtf.errors import NomadtfError
+
+    try:
+        seconds: float | None = parse_seconds(text)
+    except DurationError:
+        seconds = None
+    if seconds is None or seconds < 0:
+        raise NomadtfError(f"--older-than: {text!r} is not an age; write e.g. 7d, 12h or 30m")
+    return seconds
 
 
 def _ago(seconds: float) -> str:
@@ -33,7 +47,7 @@ def _ago(seconds: float) -> str:
 @env_app.command("list")
 def env_list(directory: EnvDir = None) -> None:
     """The environments on this client: key, Python, last use, in use, requirements."""
-    cache = _env_cache(directory)
+    cache = _venv_cache(directory)
     entries = cache.entries()
     if not entries:
         typer.echo(f"no environments in {cache.root}")
@@ -55,10 +69,8 @@ def env_gc(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only say what would be removed")] = False,
 ) -> None:
     """Remove environments unused for longer than --older-than; never one a task uses."""
-    from nomadtf.environment import age_seconds
-
-    cache = _env_cache(directory)
-    removed, busy = cache.gc(age_seconds(older_than), dry_run=dry_run)
+    cache = _venv_cache(directory)
+    removed, busy = cache.gc(_age_s(older_than), dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
     for entry in removed:
         typer.echo(f"{verb} {entry.key} ({', '.join(entry.marker.get('requirements', []))})")

@@ -45,10 +45,9 @@ def run(
     4 stopped from outside, 5 past recovery.deadline, 6 lost, 130 interrupted (the run goes on).
     """
     from nomadtf.run import Run
-    from nomadtf.spec import duration_seconds
 
-    timeout_s = duration_seconds(timeout) if timeout else None
-    job_run = Run.prepare(job_file, var or [], templates)
+    timeout_s = _timeout_s(timeout) if timeout else None
+    job_run = Run.from_job_file(job_file, var or [], templates)
     submitted = job_run.submit(replace=replace, resume=resume)
     for note in submitted.notes:
         stamp(note)
@@ -70,6 +69,19 @@ def run(
     for line in outcome.final_lines:
         typer.echo(line)
     stamp(f"{job_id} succeeded in {outcome.view.elapsed:.0f}s")
+
+
+def _timeout_s(text: str) -> float:
+    from nomadtf.durations import DurationError, parse_seconds
+    from nomadtf.errors import SpecError
+
+    try:
+        seconds = parse_seconds(text)
+    except DurationError as exc:
+        raise SpecError(f"--timeout: {exc}") from None
+    if seconds < 0:
+        raise SpecError(f"--timeout: {text!r} is negative; write e.g. 30m")
+    return seconds
 
 
 def status(
@@ -185,12 +197,12 @@ def render(
 ) -> None:
     """Render job.json into the Nomad job (API JSON). Offline."""
     from nomadtf import render as render_mod
-    from nomadtf import spec as spec_mod
     from nomadtf import tfconfig
+    from nomadtf.spec import load_spec
 
-    spec = spec_mod.load_spec(job_file, var or [])
+    spec = load_spec(job_file, var or [])
     if tf_config:
-        configs = tfconfig.all_tf_configs(spec["name"], spec["strategy"], spec_mod.role_counts(spec))
+        configs = tfconfig.all_tf_configs(spec.name, spec.strategy, spec.counts)
         text = json.dumps(configs, indent=2, sort_keys=True) + "\n"
     else:
         text = render_mod.job_json(render_mod.render_job(spec, templates))
@@ -203,13 +215,12 @@ def render(
 
 def validate(job_file: JobFile, var: Vars = None, templates: TemplatesDir = None) -> None:
     """Check job.json (schema, cross-field rules), then Nomad's own validation if reachable."""
-    from nomadtf.environment import docker_image_needs
     from nomadtf.errors import UnreachableError
+    from nomadtf.render import docker_image_needs
     from nomadtf.run import Run
-    from nomadtf.spec import role_counts
 
-    job_run = Run.prepare(job_file, var or [], templates)
-    typer.echo(f"{job_file}: valid ({job_run.spec['strategy']}, roles {role_counts(job_run.spec)})")
+    job_run = Run.from_job_file(job_file, var or [], templates)
+    typer.echo(f"{job_file}: valid ({job_run.spec.strategy}, roles {job_run.spec.counts})")
     for line in docker_image_needs(job_run.spec):
         typer.echo(line)
     try:
@@ -228,7 +239,7 @@ def plan(job_file: JobFile, var: Vars = None, templates: TemplatesDir = None) ->
     from nomadtf.run import Run
 
     try:
-        job_run = Run.prepare(job_file, var or [], templates)
+        job_run = Run.from_job_file(job_file, var or [], templates)
         result = job_run.api.plan(job_run.job)
     except NomadtfError as exc:
         err(str(exc) if not state["debug"] else repr(exc))

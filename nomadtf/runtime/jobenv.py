@@ -2,7 +2,7 @@
 
 `nomadtf task` keeps running from nomadtf's installation; only the child runs with the
 environment's interpreter. Before the rendezvous the task reuses or builds the environment
-(nomadtf.environment.EnvCache), telling `nomadtf run` how it goes through the run's
+(nomadtf.venvs.VenvCache), telling `nomadtf run` how it goes through the run's
 `environment/<role>/<index>` key in Consul, and holds it (a shared lock) until it exits,
 so `nomadtf env gc` never removes it from under the code.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nomadtf import environment
+from nomadtf import venvs
 from nomadtf.discovery import ConsulDiscovery
 from nomadtf.errors import ServerError
 from nomadtf.spec import JobSpec
@@ -29,7 +29,7 @@ LIB_DIR = "nomadtf-lib"  # in the task directory: nomadtf's stdlib-only modules 
 
 @dataclass
 class Ready:
-    prepared: environment.Prepared
+    prepared: venvs.Prepared
     lib_dir: Path
 
     @property
@@ -38,25 +38,25 @@ class Ready:
 
     def child_environ(self, env: dict[str, str]) -> dict[str, str]:
         """What to change in the child's environment (`env`, built by launch.child_env)."""
-        return environment.child_environ(self.python, self.prepared.info.path, self.lib_dir, env, environment.supervisor_paths())
+        return venvs.activation_env(self.python, self.prepared.info.path, self.lib_dir, env, venvs.supervisor_paths())
 
 
 def cache_root(spec: JobSpec, environ: dict[str, str]) -> Path:
     assert spec.environment is not None
     if spec.environment.cache_dir:
         return Path(spec.environment.cache_dir)
-    return environment.default_root(environ)
+    return venvs.default_root(environ)
 
 
 def install_child_modules(task_dir: Path) -> Path:
     """nomadtf's stdlib-only modules (progress, tfserver, gpulimit, warmstart, wire) in a directory of
     their own for the child's PYTHONPATH: `import nomadtf.progress` works from the job's
     environment without nomadtf's dependencies."""
-    source = Path(environment.__file__).resolve().parent
+    source = Path(venvs.__file__).resolve().parent
     lib = task_dir / LIB_DIR
     package = lib / "nomadtf"
     package.mkdir(parents=True, exist_ok=True)
-    for name in environment.CHILD_MODULES:
+    for name in venvs.CHILD_MODULES:
         shutil.copyfile(source / name, package / name)
     return lib
 
@@ -68,7 +68,7 @@ def reuse_or_build(spec: JobSpec, role: str, index: int, task_dir: Path, discove
     """
     assert spec.environment is not None
     job_env = spec.environment
-    python = job_env.python or environment.default_python()
+    python = job_env.python or venvs.default_python()
     root = cache_root(spec, dict(os.environ))
     summary = ", ".join(job_env.requirements)
     started = time.monotonic()
@@ -85,10 +85,10 @@ def reuse_or_build(spec: JobSpec, role: str, index: int, task_dir: Path, discove
             pass  # what `run` shows is best effort; the build goes on
 
     try:
-        prepared = environment.EnvCache(root).prepare(
+        prepared = venvs.VenvCache(root).reuse_or_build(
             list(job_env.requirements), python, job_env.timeout_s, on_status=publish, should_stop=should_stop, log=log.info
         )
-    except environment.EnvBuildError as exc:
+    except venvs.EnvBuildError as exc:
         publish({"state": "failed", "error": str(exc), "elapsed_s": round(time.monotonic() - started, 1)})
         raise
     info = prepared.info

@@ -14,7 +14,6 @@ import os
 from collections.abc import Callable
 
 from nomadtf import roles
-from nomadtf.environment import EnvBuildError, EnvBuildStopped
 from nomadtf.runtime import jobenv, launch, policy
 from nomadtf.runtime.alloc import AllocInfo
 from nomadtf.runtime.budget import AllocationBudget
@@ -22,6 +21,7 @@ from nomadtf.runtime.membership import Membership
 from nomadtf.runtime.policy import Act
 from nomadtf.runtime.starter import ChildStarter
 from nomadtf.spec import JobSpec
+from nomadtf.venvs import EnvBuildError, EnvBuildStopped
 
 log = logging.getLogger("nomadtf.task")
 

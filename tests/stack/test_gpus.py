@@ -13,7 +13,7 @@ import requests
 
 from nomadtf.devstack.stack import node_gpu_count
 from nomadtf.runtime.launch import child_argv, gpu_env
-from nomadtf.spec import JobSpec, load_spec
+from nomadtf.spec import JobSpec, load_spec, spec_file_text
 from tests.conftest import TEST_GPUS
 from tests.helpers import (
     EXAMPLES,
@@ -148,8 +148,8 @@ def test_model_and_memory_constraints_are_honoured(stack, tmp_path, gpus, placea
 
 def test_the_gpu_example_renders_device_blocks_and_the_gpu_image():
     spec = load_spec(EXAMPLES / "gpu" / "job.json")
-    typed = JobSpec.from_normalized(spec)
-    assert typed.gpus["worker"]["count"] == 2 and typed.gpus["ps"] is None
+    assert spec.gpus["worker"]["count"] == 2 and spec.gpus["ps"] is None
+    assert spec.roles["worker"].gpus == {"count": 2, "vendor": "nvidia", "min_memory": "15 GiB"}
 
 
 def test_gpu_env_maps_the_assignment_for_cuda_and_tensorflow():
@@ -165,7 +165,7 @@ def test_a_memory_limit_runs_the_code_through_the_cap():
 
     spec = load_spec(EXAMPLES / "gpu" / "job.json", ['roles.worker.gpus={"count": 1, "memory_limit_mib": 2048}',
                                                      "strategy=multi_worker_mirrored", "roles.ps.count=0"])
-    typed = JobSpec.from_normalized(json.loads(json.dumps(spec)))
+    typed = JobSpec.from_normalized(json.loads(spec_file_text(spec)))  # as the task reads it
     argv = child_argv(typed, "worker", 2222, python="python3")
     assert argv[:4] == ["python3", "-u", "-m", "nomadtf.gpulimit"] and argv[4] == "train_ps.py"
     assert child_argv(typed, "chief", 2222, python="python3")[:3] == ["python3", "-u", "train_ps.py"]

@@ -24,11 +24,11 @@ import pytest
 
 from nomadtf import health, render, wire
 from nomadtf.devstack import binaries
-from nomadtf.environment import EnvCache
 from nomadtf.errors import BinaryError
 from nomadtf.runtime import supervisor
 from nomadtf.runtime.child import Child, become_subreaper, reap_orphans
-from nomadtf.spec import normalize, spec_file_text
+from nomadtf.spec import parse_spec, spec_file_text
+from nomadtf.venvs import VenvCache
 from tests.helpers import JOBS, all_logs, nomadtf, purge, unique, write_job
 
 HYGIENE = JOBS / "hygiene.py"
@@ -108,7 +108,7 @@ def test_a_source_build_of_the_jobs_environment_gets_no_credential(tmp_path):
         **{name: f"canary-{name}" for name in wire.CREDENTIAL_ENV},
     }
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    ready = EnvCache(tmp_path / "envs").prepare([f"nomadtfleak @ {source.as_uri()}"], python, timeout_s=120, environ=task_env)
+    ready = VenvCache(tmp_path / "envs").reuse_or_build([f"nomadtfleak @ {source.as_uri()}"], python, timeout_s=120, environ=task_env)
     ready.release()
     seen = json.loads(record.read_text())
     assert seen["NOMADTF_HARMLESS"] == "kept"  # the build did run with the task's environment
@@ -120,7 +120,7 @@ def test_a_source_build_of_the_jobs_environment_gets_no_credential(tmp_path):
 
 
 def test_approle_ids_reach_the_task_environment_but_not_the_spec_file():
-    spec = normalize({
+    spec = parse_spec({
         "name": "approle-ids",
         "entrypoint": {"script": "train.py"},
         "env": {wire.ENV_VAULT_ROLE_ID: "role-canary", "KEEP": "1"},

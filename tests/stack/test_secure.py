@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from nomadtf import acl
-from nomadtf.spec import normalize
+from nomadtf.spec import parse_spec
 from tests.cluster_access import secured
 from tests.helpers import EXAMPLES, nomadtf, probe_job, unique, write_job
 
@@ -167,7 +167,7 @@ def test_a_token_without_rights_is_explained_and_nothing_is_submitted(secure_clu
 def test_a_jobs_task_token_reaches_only_its_own_keys(secure_cluster, tmp_path):
     api, found = secure_cluster.api(), secure_cluster.urls()
     x, y = unique("job-x"), unique("job-y")
-    spec_x = normalize(secured(probe_job(x), secure_cluster, tmp_path))
+    spec_x = parse_spec(secured(probe_job(x), secure_cluster, tmp_path))
     secured(probe_job(y), secure_cluster, tmp_path)
     # The task's view: a Vault token with only job X's policy, as Nomad derives it.
     task_vault = api.post(
@@ -176,7 +176,7 @@ def test_a_jobs_task_token_reaches_only_its_own_keys(secure_cluster, tmp_path):
     vault_as_task = anonymous()
     vault_as_task.verify = str(secure_cluster.secure_state.ca_file)
     vault_as_task.headers["X-Vault-Token"] = task_vault
-    token_path = spec_x["discovery"]["consul_token_path"]
+    token_path = spec_x.discovery.consul_token_path
     assert token_path.startswith("consul/creds/")  # the stack's Consul secrets engine: a token per task
     read = vault_as_task.get(f"{found['vault']}/v1/{token_path}", timeout=10)
     assert read.status_code == 200 and read.json()["lease_duration"] > 0 and read.json()["renewable"]
@@ -332,7 +332,7 @@ def test_a_tasks_consul_token_is_renewed_while_it_runs_and_revoked_when_it_ends(
 
     api, found = secure_cluster.api(), secure_cluster.urls()
     job = unique("renew")
-    spec = normalize(secured(probe_job(job), secure_cluster, tmp_path))
+    spec = parse_spec(secured(probe_job(job), secure_cluster, tmp_path))
     name = acl.policy_name(spec)
     vault = found["vault"]
     api.post(f"{vault}/v1/consul/roles/{name}", json={"consul_policies": [name], "ttl": "10s", "max_ttl": "1h"}, timeout=10).raise_for_status()
@@ -348,7 +348,7 @@ def test_a_tasks_consul_token_is_renewed_while_it_runs_and_revoked_when_it_ends(
     monkeypatch.setenv("VAULT_CACERT", str(secure_cluster.secure_state.ca_file))
     errors: list[str] = []
     grant = vault_api.ConsulToken.read(
-        {"auth": "approle", "address": vault}, spec["discovery"]["consul_token_path"], on_error=errors.append
+        {"auth": "approle", "address": vault}, spec.discovery.consul_token_path, on_error=errors.append
     )
     as_task = anonymous()
     as_task.verify = str(secure_cluster.secure_state.ca_file)

@@ -11,7 +11,7 @@ import pytest
 from nomadtf.dcos import convert_options
 from nomadtf.errors import SpecError
 from nomadtf.render import render_job
-from nomadtf.spec import load_spec, normalize, read_options
+from nomadtf.spec import load_spec, normalize, parse_spec, read_options
 from tests.helpers import EXAMPLES, nomadtf
 
 OPTIONS_FILE = EXAMPLES / "dcos" / "options.json"
@@ -82,8 +82,8 @@ def test_the_example_lists_what_does_not_carry_over():
 
 
 def test_the_converted_example_normalises_and_renders():
-    spec = normalize(convert_options(OPTIONS).job)
-    assert spec["entrypoint"]["function"] == "mnist_with_summaries:main"
+    spec = parse_spec(convert_options(OPTIONS).job)
+    assert spec.entrypoint.kind == "function" and spec.entrypoint.target == "mnist_with_summaries:main"
     groups = {g["Name"]: g for g in render_job(spec)["Job"]["TaskGroups"]}
     assert sorted(groups) == ["ps", "tensorboard", "worker"]
     assert groups["worker"]["Tasks"][0]["Resources"]["Devices"][0]["Name"] == "nvidia/gpu"
@@ -108,7 +108,7 @@ def test_the_command_writes_a_file_that_nomadtf_loads(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout == ""
     assert f"wrote {out}" in result.stderr
-    assert load_spec(out)["roles"]["worker"]["count"] == 4
+    assert load_spec(out).roles["worker"].count == 4
     rendered = nomadtf("render", str(out))
     assert rendered.returncode == 0, rendered.stderr
 

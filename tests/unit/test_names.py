@@ -12,15 +12,15 @@ from nomadtf import acl, wire
 from nomadtf.acl_setup import check_owner
 from nomadtf.errors import AclConflict, SpecError
 from nomadtf.nomad import NomadSettings
-from nomadtf.spec import load_spec, normalize
+from nomadtf.spec import JobSpec, load_spec, normalize, parse_spec
 from tests.helpers import nomadtf, probe_job, unique, write_job
 
 # Joined with "-", both read "ml-team-x".
 TWINS = (("ml", "team-x"), ("ml-team", "x"))
 
 
-def _spec(namespace: str, name: str, **extra) -> dict:
-    return normalize({**probe_job(name), "namespace": namespace, **extra})
+def _spec(namespace: str, name: str, **extra) -> JobSpec:
+    return parse_spec({**probe_job(name), "namespace": namespace, **extra})
 
 
 # ---- ACL names ---------------------------------------------------------------------------------
@@ -69,11 +69,11 @@ def test_namespace_precedence_job_json_then_nomad_namespace_then_default(tmp_pat
     without = write_job(tmp_path, probe_job("ns-without"))
     with_own = write_job(tmp_path, {**probe_job("ns-with"), "namespace": "from-json"})
     monkeypatch.delenv("NOMAD_NAMESPACE", raising=False)
-    assert load_spec(without)["namespace"] == "default"
+    assert load_spec(without).namespace == "default"
     assert NomadSettings.from_env({}).namespace == "default"
     monkeypatch.setenv("NOMAD_NAMESPACE", "from-env")
-    assert load_spec(without)["namespace"] == "from-env"
-    assert load_spec(with_own)["namespace"] == "from-json"
+    assert load_spec(without).namespace == "from-env"
+    assert load_spec(with_own).namespace == "from-json"
     # The commands that take a job id: --namespace, then NOMAD_NAMESPACE, then default.
     assert NomadSettings.from_env({"NOMAD_NAMESPACE": "from-env"}).namespace == "from-env"
     assert NomadSettings.from_env({"NOMAD_NAMESPACE": "from-env"}, namespace="flag").namespace == "flag"

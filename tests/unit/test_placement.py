@@ -9,7 +9,7 @@ import pytest
 from nomadtf.errors import SpecError
 from nomadtf.plan import describe_plan, explain_placement_failure
 from nomadtf.render import render_job
-from nomadtf.spec import normalize
+from nomadtf.spec import normalize, parse_spec
 
 
 def job(**worker):
@@ -22,7 +22,7 @@ def job(**worker):
 
 
 def groups(spec):
-    return {g["Name"]: g for g in render_job(normalize(spec))["Job"]["TaskGroups"]}
+    return {g["Name"]: g for g in render_job(parse_spec(spec))["Job"]["TaskGroups"]}
 
 
 def test_defaults_render_no_extra_constraint_and_no_spread():
@@ -130,7 +130,7 @@ def test_a_node_that_passed_distinct_hosts_but_is_full_counts_as_eligible():
 
 def test_the_plan_takes_the_count_from_the_rendered_job():
     spec = job(count=4, distinct_hosts=True)
-    rendered = render_job(normalize(spec))["Job"]
+    rendered = render_job(parse_spec(spec))["Job"]
     result = {
         "Diff": {"Type": "Added"},
         "Annotations": {"DesiredTGUpdates": {"worker": {"Place": 4}}},

@@ -19,7 +19,7 @@ from nomadtf import __version__
 from nomadtf.dcos import convert_options
 from nomadtf.errors import RenderError, SpecError
 from nomadtf.render import default_templates_dir, embedded_spec, job_json, render_job
-from nomadtf.spec import load_spec, normalize, read_options, spec_sha256
+from nomadtf.spec import JobSpec, load_spec, normalize, parse_spec, read_options
 from tests.helpers import EXAMPLES, nomadtf
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -36,7 +36,7 @@ JOB_EXAMPLES = {
 
 def example_spec(name):
     if name == "dcos":
-        return normalize(convert_options(read_options(EXAMPLES / "dcos" / "options.json")).job)
+        return parse_spec(convert_options(read_options(EXAMPLES / "dcos" / "options.json")).job)
     return load_spec(JOB_EXAMPLES[name])
 
 
@@ -79,9 +79,9 @@ def test_rendering_depends_on_the_spec_alone():
         result = nomadtf("render", str(JOB_EXAMPLES["secrets"]), env={"PYTHONHASHSEED": seed})
         assert result.returncode == 0, result.stderr
         assert result.stdout == (GOLDEN / "secrets.json").read_text(), f"PYTHONHASHSEED={seed}"
-    reordered = _keys_reversed(example_spec("digits"))
-    assert list(reordered["roles"]) != list(example_spec("digits")["roles"])
-    assert job_json(render_job(reordered)) == (GOLDEN / "digits.json").read_text()
+    reordered = _keys_reversed(example_spec("digits").document)
+    assert list(reordered["roles"]) != list(example_spec("digits").document["roles"])
+    assert job_json(render_job(JobSpec.from_normalized(reordered))) == (GOLDEN / "digits.json").read_text()
 
 
 def test_every_present_role_gets_a_group_with_its_count():
@@ -126,7 +126,7 @@ def test_watch_mode_has_only_the_spec_template():
         [template] = task(job, role)["Templates"]
         assert template["DestPath"] == "local/nomadtf-spec.json" and template["ChangeMode"] == "noop"
         assert "{{" not in template["EmbeddedTmpl"].removeprefix("{{ base64Decode ").removesuffix(" }}")
-        assert embedded_spec(task(job, role)) == spec
+        assert embedded_spec(task(job, role)) == spec.document
         assert "NOMADTF_SPEC" not in task(job, role)["Env"]  # no 128 KiB env limit, no ${} interpolation
 
 
@@ -139,8 +139,8 @@ def test_gpu_roles_get_devices_with_constraints():
             "Constraints": [{"LTarget": "${device.attr.memory}", "RTarget": "15 GiB", "Operand": ">="}],
         }
     ]
-    spec = example_spec("gpu")
-    spec["roles"]["worker"]["gpus"] = {"count": 1, "vendor": "nvidia", "model": "NVIDIA A100-SXM4-40GB", "min_memory_mib": 16000}
+    gpus = {"count": 1, "vendor": "nvidia", "model": "NVIDIA A100-SXM4-40GB", "min_memory_mib": 16000}
+    spec = load_spec(JOB_EXAMPLES["gpu"], [f"roles.worker.gpus={json.dumps(gpus)}"])
     assert task(render_job(spec), "worker")["Resources"]["Devices"][0]["Constraints"] == [
         {"LTarget": "${device.model}", "RTarget": "NVIDIA A100-SXM4-40GB", "Operand": "="},
         {"LTarget": "${device.attr.memory}", "RTarget": "16000 MiB", "Operand": ">="},
@@ -176,10 +176,12 @@ def test_job_meta_identifies_the_job():
     spec = example_spec("digits")
     meta = render_job(spec)["Job"]["Meta"]
     assert meta["nomadtf.version"] == __version__
-    assert meta["nomadtf.spec_sha256"] == spec_sha256(spec)
+    assert meta["nomadtf.spec_sha256"] == spec.sha256()
     assert re.fullmatch(r"[0-9a-f]{64}", meta["nomadtf.spec_sha256"])
-    bigger = normalize(
-        {**read_options(JOB_EXAMPLES["digits"]), "roles": {**spec["roles"], "worker": {"count": 3}}}
+    # The digest of the normalised document, whatever the order of its keys.
+    assert JobSpec.from_normalized(_keys_reversed(spec.document)).sha256() == spec.sha256()
+    bigger = parse_spec(
+        {**read_options(JOB_EXAMPLES["digits"]), "roles": {**spec.document["roles"], "worker": {"count": 3}}}
     )
     assert render_job(bigger)["Job"]["Meta"]["nomadtf.spec_sha256"] != meta["nomadtf.spec_sha256"]
 
@@ -259,23 +261,23 @@ def test_a_run_id_reaches_the_meta_and_the_tasks_spec_file_only():
     job = render_job(spec, run=RunInfo("r1a2b3", 1796000000.5))
     assert job["Job"]["Meta"]["nomadtf.run"] == "r1a2b3"
     assert embedded_spec(task(job, "chief"))["run"] == {"id": "r1a2b3", "submitted_at": 1796000000.5}
-    assert job["Job"]["Meta"]["nomadtf.spec_sha256"] == spec_sha256(spec)  # the same spec, another run
+    assert job["Job"]["Meta"]["nomadtf.spec_sha256"] == spec.sha256()  # the same spec, another run
     assert "nomadtf.run" not in render_job(spec)["Job"]["Meta"]
 
 
 def test_gpu_affinities_become_device_affinities():
-    spec = example_spec("gpu")
-    spec["roles"]["worker"]["gpus"] = {
+    gpus = {
         "count": 1, "vendor": "nvidia",
         "affinities": [{"attribute": "${device.model}", "operator": "=", "value": "NVIDIA A100-SXM4-40GB", "weight": 80}],
     }
+    spec = load_spec(JOB_EXAMPLES["gpu"], [f"roles.worker.gpus={json.dumps(gpus)}"])
     (device,) = task(render_job(spec), "worker")["Resources"]["Devices"]
     assert device["Affinities"] == [{"LTarget": "${device.model}", "RTarget": "NVIDIA A100-SXM4-40GB", "Operand": "=", "Weight": 80}]
     assert "Affinities" not in task(render_job(example_spec("gpu")), "worker")["Resources"]["Devices"][0]
 
 
 def test_with_a_consul_token_from_vault_every_task_gets_a_vault_token_without_a_file():
-    spec = normalize({
+    spec = parse_spec({
         "name": "tok", "entrypoint": {"script": "t.py"},
         "roles": {"chief": {"count": 1}, "worker": {"count": 1}, "ps": {"count": 1}},
         "discovery": {"consul_address": "https://127.0.0.1:8501", "consul_ca_file": "/etc/ca.pem",
@@ -289,6 +291,6 @@ def test_with_a_consul_token_from_vault_every_task_gets_a_vault_token_without_a_
         assert task["Env"]["CONSUL_CACERT"] == "/etc/ca.pem" and task["Env"]["VAULT_CACERT"] == "/etc/ca.pem"
         assert "consul/creds" not in json.dumps(task["Env"])  # the path travels in the spec file, not as a token
     # Without it (and without secrets) no task gets a Vault token at all.
-    plain = render_job(normalize({"name": "p", "entrypoint": {"script": "t.py"}, "roles": {
+    plain = render_job(parse_spec({"name": "p", "entrypoint": {"script": "t.py"}, "roles": {
         "chief": {"count": 1}, "worker": {"count": 1}, "ps": {"count": 1}}}))["Job"]
     assert all("Vault" not in g["Tasks"][0] for g in plain["TaskGroups"])

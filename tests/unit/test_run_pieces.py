@@ -52,8 +52,8 @@ def test_elapsed_runs_to_now_while_running_and_to_the_last_change_after():
 def _task_spec(run: RunInfo) -> JobSpec:
     import json
 
-    normalised = load_spec(EXAMPLES / "digits" / "job.json")
-    spec = JobSpec.from_normalized(json.loads(spec_file_text(normalised, run)))
+    submitted = load_spec(EXAMPLES / "digits" / "job.json")
+    spec = JobSpec.from_normalized(json.loads(spec_file_text(submitted, run)))
     return for_task(spec, {"NOMAD_NAMESPACE": "default", "NOMAD_JOB_ID": "digits"})
 
 
@@ -73,6 +73,7 @@ def test_the_checkpoint_step_is_read_from_tensorflows_index_file(tmp_path):
 
 
 def test_the_submitters_view_of_model_dir():
-    spec = {"name": "digits", "model_dir": "/tmp/nomadtf/${NOMAD_NAMESPACE}/${NOMAD_JOB_ID}/${NOMADTF_RUN_ID}"}
+    spec = load_spec(EXAMPLES / "digits" / "job.json", ["model_dir=/tmp/nomadtf/${NOMAD_NAMESPACE}/${NOMAD_JOB_ID}/${NOMADTF_RUN_ID}"])
     assert client_model_dir(spec, "team-a", "r1") == Path("/tmp/nomadtf/team-a/digits/r1")
-    assert client_model_dir({**spec, "model_dir": "${NOMAD_ALLOC_DIR}/m"}, "default", "r1") is None
+    alloc_only = load_spec(EXAMPLES / "digits" / "job.json", ["model_dir=${NOMAD_ALLOC_DIR}/m"])
+    assert client_model_dir(alloc_only, "default", "r1") is None

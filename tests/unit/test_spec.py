@@ -1,5 +1,6 @@
 """job.json validation as a user meets it: `nomadtf render` on a bad file exits 2 and names
-the field; --var overrides reach the rendered job."""
+the field; --var overrides reach the rendered job; the typed JobSpec built once from it,
+and read back from the tasks' spec file."""
 
 from __future__ import annotations
 
@@ -9,9 +10,23 @@ from pathlib import Path
 
 import pytest
 
+from nomadtf import wire
 from nomadtf.errors import SpecError
 from nomadtf.render import embedded_spec
-from nomadtf.spec import apply_overrides, load_spec, normalize, read_options, schema
+from nomadtf.spec import (
+    JobSpec,
+    RunInfo,
+    apply_overrides,
+    load_options,
+    load_spec,
+    normalize,
+    parse_spec,
+    read_options,
+    read_spec_file,
+    schema,
+    spec_file_text,
+    with_vault_policies,
+)
 from tests.helpers import EXAMPLES, nomadtf, write_job
 
 DIGITS_FILE = str(EXAMPLES / "digits" / "job.json")
@@ -186,7 +201,7 @@ def test_yaml_options_load_like_json(tmp_path):
         "name: digits\nentrypoint: {script: train_ps.py}\n"
         "roles:\n  chief: {count: 1}\n  worker: {count: 3}\n  ps: {count: 1}\n"
     )
-    assert load_spec(path)["roles"]["worker"]["count"] == 3
+    assert load_spec(path).roles["worker"].count == 3
 
 
 def task_spec(job, role):
@@ -324,3 +339,68 @@ def test_a_success_policy_that_cannot_be_met_is_named_with_the_fix():
         normalize({**base, "success": "all_workers", "roles": {r: {"count": 1} for r in ("chief", "worker", "ps")}})
     spec = normalize({**base, "strategy": "multi_worker_mirrored", "success": "all_workers", "roles": {"worker": {"count": 2}}})
     assert spec["success"] == "all_workers"
+
+
+# ---- the typed JobSpec ------------------------------------------------------------------------
+
+
+TINY = {"name": "tiny", "entrypoint": {"script": "t.py"}, "roles": {"ps": {}, "worker": {"count": 2, "gpus": 1}, "chief": {},
+                                                                   "evaluator": {"count": 0}}}
+
+
+def test_the_job_spec_is_built_once_with_defaults_filled_and_durations_parsed():
+    spec = parse_spec({**TINY, "recovery": {"restart_delay": "1500ms", "deadline": "2h"}})
+    assert spec.document == normalize({**TINY, "recovery": {"restart_delay": "1500ms", "deadline": "2h"}})
+    # The roles that run, in the order of the job's groups; a count of 0 is no role.
+    assert list(spec.roles) == ["chief", "worker", "ps"]
+    assert spec.counts == {"chief": 1, "worker": 2, "ps": 1}
+    worker = spec.roles["worker"]
+    assert (worker.count, worker.cpu, worker.memory, worker.memory_max, worker.port) == (2, 500, 1024, None, 0)
+    assert worker.gpus == {"count": 1, "vendor": "nvidia"} and spec.roles["ps"].gpus is None
+    assert spec.gpus == {"chief": None, "worker": {"count": 1, "vendor": "nvidia"}, "ps": None}
+    # Nanoseconds, exactly, as Nomad takes them; seconds where the runtime counts.
+    assert spec.recovery.restart_delay_ns == 1_500_000_000
+    assert spec.recovery.restart_interval_ns == 300 * 10**9
+    assert spec.recovery.reschedule_delay_ns == 5 * 10**9
+    assert spec.recovery.deadline_ns == 7200 * 10**9 and spec.recovery.deadline_s == 7200.0
+    assert spec.recovery.hang_timeout_s == 600.0
+    assert (spec.discovery.rendezvous_timeout_s, spec.discovery.debounce_s) == (300.0, 1.5)
+    assert (spec.discovery.provider, spec.discovery.consul_address, spec.discovery.consul_ca_file) == ("consul", "127.0.0.1:8500", None)
+    assert (spec.driver.name, spec.driver.python, spec.driver.image) == ("raw_exec", "python3", None)
+    assert (spec.region, spec.datacenters, spec.priority, spec.namespace) == ("global", ("*",), 50, "default")
+    assert spec.source is None and spec.environment is None and spec.run_id == ""
+
+
+def test_the_spec_file_reads_back_as_the_same_spec_with_its_run(tmp_path):
+    spec = parse_spec({**TINY, "env": {wire.ENV_VAULT_ROLE_ID: "id", "MODE": "x"}, "source": {"url": "https://example.com/c.zip"}})
+    path = tmp_path / "nomadtf-spec.json"
+    path.write_text(spec_file_text(spec, RunInfo("r1", 1796000000.5, model_run="r0")))
+    task = read_spec_file(path)
+    assert (task.run_id, task.submitted_at, task.model_run) == ("r1", 1796000000.5, "r0")
+    assert task.env == {"MODE": "x"}  # a credential never reaches the file the code can read
+    assert task.source == spec.source and task.source.destination == "local/code"
+    assert (task.roles, task.recovery, task.discovery, task.driver) == (spec.roles, spec.recovery, spec.discovery, spec.driver)
+    assert "run" not in task.document  # the document is the job's, the run is data
+
+
+def test_a_spec_file_of_an_older_nomadtf_reads_with_the_defaults_added_since(tmp_path):
+    document = json.loads(spec_file_text(parse_spec(TINY)))
+    del document["roles"]["worker"]["distinct_hosts"], document["recovery"]["hang_timeout"]
+    path = tmp_path / "nomadtf-spec.json"
+    path.write_text(json.dumps(document))
+    task = read_spec_file(path)
+    assert task.roles["worker"].distinct_hosts is False and task.recovery.hang_timeout_s == 600.0
+
+
+def test_the_raw_options_are_one_step_before_validation(tmp_path, monkeypatch):
+    monkeypatch.setenv("NOMAD_NAMESPACE", "team-a")
+    path = write_job(tmp_path, {k: v for k, v in TINY.items()})
+    raw = load_options(path, ["roles.worker.count=3"])
+    assert raw["roles"]["worker"]["count"] == 3 and raw["namespace"] == "team-a"
+    assert "cpu" not in raw["roles"]["worker"]  # not yet validated: no defaults
+    assert load_spec(path, ["roles.worker.count=3"]) == parse_spec(raw)
+    # `nomadtf acl`'s policy goes in only where the file lists none.
+    assert parse_spec(with_vault_policies(raw, ["p1"])).vault["policies"] == ["p1"]
+    own = {**raw, "vault": {"policies": ["mine"]}}
+    assert with_vault_policies(own, ["p1"]) is own
+    assert isinstance(parse_spec(raw), JobSpec)

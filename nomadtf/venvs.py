@@ -1,10 +1,13 @@
-"""A job's own Python environment (job.json `environment`), built once per client with uv.
+"""A job's own Python environment, a virtual environment (job.json `environment`), built
+once per client with uv. (The process environment a task or the child gets is an `env`
+elsewhere: `activation_env` here is the part of it that runs the child in a venv.)
 
 Pure: normalising requirements and checking them (`requirement_problems`), the cache key
-(`env_key`), which requirement an installer error is about (`blame`), which environments
+(`venv_key`), which requirement an installer error is about (`blame`), which environments
 garbage collection removes (`unused_since`), the child's `PYTHONPATH` without nomadtf's
-dependencies (`child_pythonpath`). Filesystem: the cache on one client (`EnvCache`), its
-locks, and `EnvCache.prepare`, which reuses or builds one environment.
+dependencies (`child_pythonpath`) and what activates the venv for it (`activation_env`).
+Filesystem: the cache on one client (`VenvCache`), its locks, and
+`VenvCache.reuse_or_build`, which reuses or builds one environment.
 
 The cache, one per client (`environment.cache_dir`, else $NOMADTF_ENV_DIR, else
 $XDG_CACHE_HOME/nomadtf/envs, i.e. ~/.cache/nomadtf/envs of the user Nomad runs tasks as):
@@ -48,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from nomadtf import wire
-from nomadtf.errors import NomadtfError, TaskError
+from nomadtf.errors import TaskError
 
 FORMAT = 1  # part of every key: a change of layout or build recipe never reuses old environments
 MARKER = "nomadtf-env.json"
@@ -110,7 +113,7 @@ def normalize_requirements(requirements: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
-def env_key(requirements: Iterable[str], python: str, machine: str | None = None, index: dict[str, str] | None = None) -> str:
+def venv_key(requirements: Iterable[str], python: str, machine: str | None = None, index: dict[str, str] | None = None) -> str:
     """The cache key: a digest of the normalised requirements, the Python asked for, the
     machine type and the package index settings."""
     material = {
@@ -161,15 +164,7 @@ def installer_reason(output: str, limit: int = 6) -> str:
     return "; ".join(picked[:limit])
 
 
-def age_seconds(text: str) -> float:
-    """"7d", "12h", "30m", "90s", "2w" -> seconds."""
-    match = re.fullmatch(r"\s*(\d+)\s*([smhdw])\s*", text)
-    if not match:
-        raise NomadtfError(f"{text!r} is not an age; write e.g. 7d, 12h or 30m")
-    return int(match[1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[match[2]]
-
-
-def unused_since(entries: Iterable[EnvInfo], now: float, older_than_s: float) -> list[EnvInfo]:
+def unused_since(entries: Iterable[VenvInfo], now: float, older_than_s: float) -> list[VenvInfo]:
     """The environments last used more than `older_than_s` ago (whether one is in use right
     now only its lock can say: `gc` asks it just before removing)."""
     return [e for e in entries if now - e.last_used > older_than_s]
@@ -193,37 +188,18 @@ def supervisor_paths() -> list[str]:
     return sorted(paths)
 
 
-def child_environ(python: str, env_dir: Path, lib_dir: Path, environ: dict[str, str], leaky: Iterable[str]) -> dict[str, str]:
-    """The variables that make the child run in the job's environment: its bin first on PATH
-    (so `python` in the code's subprocesses is the job's), VIRTUAL_ENV, and a PYTHONPATH with
-    nomadtf's stdlib-only modules (`lib_dir`) but none of nomadtf's dependencies. Pure."""
+def activation_env(python: str, venv_dir: Path, lib_dir: Path, environ: dict[str, str], leaky: Iterable[str]) -> dict[str, str]:
+    """The variables that make the child run in the job's venv (what `bin/activate` sets):
+    its bin first on PATH (so `python` in the code's subprocesses is the job's), VIRTUAL_ENV,
+    and a PYTHONPATH with nomadtf's stdlib-only modules (`lib_dir`) but none of nomadtf's
+    dependencies. Pure."""
     bin_dir = str(Path(python).parent)
     path = [p for p in environ.get("PATH", "").split(os.pathsep) if p and p != bin_dir]
     return {
         "PATH": os.pathsep.join([bin_dir, *path]),
-        "VIRTUAL_ENV": str(env_dir),
+        "VIRTUAL_ENV": str(venv_dir),
         "PYTHONPATH": child_pythonpath(environ.get("PYTHONPATH", ""), leaky, [str(lib_dir)]),
     }
-
-
-def docker_image_needs(spec: dict[str, Any]) -> list[str]:
-    """What driver.image must contain: with docker the image is the job's environment
-    (job.json `environment` is refused there), and nomadtf's runner runs inside it. Pure."""
-    driver = spec["driver"]
-    if driver["name"] != "docker":
-        return []
-    images = " and ".join(dict.fromkeys(i for i in (driver.get("image"), driver.get("gpu_image")) if i))
-    needs = [
-        f"docker: {images} must contain:",
-        "  - python3 and nohup on PATH (the task runs `nohup python3 -m nomadtf task --role <role>`)",
-        "  - nomadtf with its dependencies for that python3 (pip install nomadtf)",
-        "  - TensorFlow in the version the code needs (a CUDA build in driver.gpu_image for GPU roles)",
-    ]
-    if spec["roles"].get("tensorboard", {}).get("count", 0):
-        needs.append("  - tensorboard (the tensorboard role runs `python3 -m tensorboard.main`)")
-    if not spec.get("source"):
-        needs.append(f"  - the code at {spec['entrypoint'].get('workdir') or 'the task directory'} (or fetch it with source.url)")
-    return needs
 
 
 def build_env(environ: dict[str, str]) -> dict[str, str]:
@@ -245,7 +221,7 @@ def default_root(environ: dict[str, str]) -> Path:
 
 
 @dataclass(frozen=True)
-class EnvInfo:
+class VenvInfo:
     key: str
     path: Path
     last_used: float  # unix time (the marker's mtime)
@@ -260,7 +236,7 @@ class EnvInfo:
 class Prepared:
     """An environment ready for the child, held (shared lock) until `release`."""
 
-    info: EnvInfo
+    info: VenvInfo
     reused: bool
     seconds: float
     lock_fd: int
@@ -279,10 +255,10 @@ def _uv() -> str:
     return find_uv_bin()
 
 
-class EnvCache:
+class VenvCache:
     """Usage:
-    cache = EnvCache(Path("~/.cache/nomadtf/envs").expanduser())
-    ready = cache.prepare(["tensorflow-cpu==2.20.0"], "3.11", timeout_s=900, on_status=print)
+    cache = VenvCache(Path("~/.cache/nomadtf/envs").expanduser())
+    ready = cache.reuse_or_build(["tensorflow-cpu==2.20.0"], "3.11", timeout_s=900, on_status=print)
     ready.info.python        # .../<key>/bin/python
     cache.gc(older_than_s=7 * 86400)
     """
@@ -290,22 +266,22 @@ class EnvCache:
     def __init__(self, root: Path):
         self.root = root
 
-    def env_path(self, key: str) -> Path:
+    def venv_path(self, key: str) -> Path:
         return self.root / key
 
     def lock_path(self, key: str) -> Path:
         return self.root / "locks" / f"{key}.lock"
 
-    def info(self, key: str) -> EnvInfo | None:
+    def info(self, key: str) -> VenvInfo | None:
         """The complete environment of `key`, or None."""
-        marker = self.env_path(key) / MARKER
+        marker = self.venv_path(key) / MARKER
         try:
             data = json.loads(marker.read_text())
-            return EnvInfo(key, self.env_path(key), marker.stat().st_mtime, data)
+            return VenvInfo(key, self.venv_path(key), marker.stat().st_mtime, data)
         except (OSError, ValueError):
             return None
 
-    def entries(self) -> list[EnvInfo]:
+    def entries(self) -> list[VenvInfo]:
         if not self.root.is_dir():
             return []
         found = [self.info(p.name) for p in sorted(self.root.iterdir()) if p.is_dir() and not p.name.startswith((".", "locks"))]
@@ -328,7 +304,7 @@ class EnvCache:
 
     # ---- using and building ------------------------------------------------------------------
 
-    def prepare(
+    def reuse_or_build(
         self,
         requirements: list[str],
         python: str,
@@ -342,15 +318,15 @@ class EnvCache:
         EnvBuildError (naming the requirement) when it cannot be built within `timeout_s`
         (waiting for another task's build included); EnvBuildStopped when `should_stop`."""
         environ = dict(os.environ if environ is None else environ)
-        key = env_key(requirements, python, index=index_settings(environ))
+        key = venv_key(requirements, python, index=index_settings(environ))
         try:
-            return self._prepare(key, requirements, python, timeout_s, on_status, should_stop, environ, log)
+            return self._reuse_or_build(key, requirements, python, timeout_s, on_status, should_stop, environ, log)
         except OSError as exc:  # the cache directory: permissions, a full disk
             raise EnvBuildError(f"environment {key} in {self.root}: {exc.strerror or exc}") from exc
         except subprocess.SubprocessError as exc:
             raise EnvBuildError(f"environment {key}: checking the new environment failed: {exc}") from exc
 
-    def _prepare(self, key, requirements, python, timeout_s, on_status, should_stop, environ, log) -> Prepared:
+    def _reuse_or_build(self, key, requirements, python, timeout_s, on_status, should_stop, environ, log) -> Prepared:
         started = time.monotonic()
         deadline = started + timeout_s
         fd = self._open_lock(key)
@@ -368,7 +344,7 @@ class EnvCache:
                     reused = self.info(key) is not None  # built between our two attempts
                     if not reused:
                         self._build(key, requirements, python, deadline, timeout_s, on_status, should_stop, environ, log)
-                    os.utime(self.env_path(key) / MARKER)  # the last use, before others may take the lock
+                    os.utime(self.venv_path(key) / MARKER)  # the last use, before others may take the lock
                     fcntl.flock(fd, fcntl.LOCK_SH)
                     break
                 if not waiting:
@@ -382,7 +358,7 @@ class EnvCache:
                         f"environment.timeout ({timeout_s:.0f}s)"
                     )
                 time.sleep(POLL_S * (0.5 + random.random()))  # jitter: two tasks never poll in step
-            os.utime(self.env_path(key) / MARKER)
+            os.utime(self.venv_path(key) / MARKER)
             info = self.info(key)
             assert info is not None
         except BaseException:
@@ -390,7 +366,7 @@ class EnvCache:
             raise
         return Prepared(info, reused, time.monotonic() - started, fd)
 
-    def _build(self, key, requirements, python, deadline, timeout_s, on_status, should_stop, environ, log) -> EnvInfo:
+    def _build(self, key, requirements, python, deadline, timeout_s, on_status, should_stop, environ, log) -> VenvInfo:
         self.root.mkdir(parents=True, exist_ok=True)
         for stale in self.root.glob(f".build-{key}-*"):
             shutil.rmtree(stale, ignore_errors=True)  # a build that died; we hold the exclusive lock
@@ -420,7 +396,7 @@ class EnvCache:
                 "installed": frozen, "built_at": time.time(), "build_s": round(time.monotonic() - started, 1),
             }
             (tmp / MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True))
-            os.rename(tmp, self.env_path(key))  # atomic: the environment is complete or absent
+            os.rename(tmp, self.venv_path(key))  # atomic: the environment is complete or absent
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -430,7 +406,7 @@ class EnvCache:
 
     # ---- garbage collection -------------------------------------------------------------------
 
-    def gc(self, older_than_s: float, now: float | None = None, dry_run: bool = False) -> tuple[list[EnvInfo], list[EnvInfo]]:
+    def gc(self, older_than_s: float, now: float | None = None, dry_run: bool = False) -> tuple[list[VenvInfo], list[VenvInfo]]:
         """Remove the environments unused for longer than `older_than_s` that no task holds,
         and builds that died. Returns (removed, skipped because in use)."""
         now = time.time() if now is None else now
