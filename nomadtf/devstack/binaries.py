@@ -29,15 +29,23 @@ import shutil
 import subprocess
 import time
 import zipfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
 
+from nomadtf.devstack import consul_engine, gpu_plugin
+from nomadtf.devstack.gobuild import (
+    cache_dir,
+    check_license,
+    go_environment,
+    go_setting,
+    local_replacements,
+    read_go_mod,
+    required_versions,
+)
+from nomadtf.devstack.protocol import Progress
 from nomadtf.errors import BinaryError
-
-Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -87,17 +95,6 @@ CONSUL = GoRelease(
 
 GO_RELEASES = {r.name: r for r in (NOMAD, CONSUL)}
 
-_MPL_MARKERS = ("Mozilla Public License, version 2.0", "Mozilla Public License Version 2.0")
-
-
-def cache_dir() -> Path:
-    """Where built binaries and build trees live; outside any repository."""
-    explicit = os.environ.get("NOMADTF_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "nomadtf"
-
 
 def parse_version(text: str, prefix: str) -> tuple[int, int, int] | None:
     """`Nomad v1.6.4\\nBuildDate ...` -> (1, 6, 4)."""
@@ -113,21 +110,6 @@ def binary_version(path: Path | str, prefix: str) -> tuple[int, int, int] | None
     except (OSError, subprocess.TimeoutExpired):
         return None
     return parse_version(out, prefix)
-
-
-def is_mpl2(license_text: str) -> bool:
-    return any(m in license_text for m in _MPL_MARKERS) and "Business Source" not in license_text
-
-
-def check_license(module_dir: Path, what: str) -> str:
-    """Raise unless the module's LICENSE is MPL-2.0. Returns the licence name."""
-    for name in ("LICENSE", "LICENSE.md", "LICENSE.txt"):
-        path = module_dir / name
-        if path.is_file():
-            if is_mpl2(path.read_text(errors="replace")):
-                return "MPL-2.0"
-            raise BinaryError(f"{what}: {path.name} is not MPL-2.0; refusing to build it")
-    raise BinaryError(f"{what}: no LICENSE file in the module; refusing to build it")
 
 
 def find_or_build(name: str, progress: Progress) -> Path:
@@ -163,17 +145,11 @@ def find_bao() -> Path:
 
 def proxy_url() -> str:
     """The first HTTP(S) entry of GOPROXY (the go command's own default otherwise)."""
-    configured = os.environ.get("GOPROXY") or _go_env("GOPROXY") or "https://proxy.golang.org"
+    configured = os.environ.get("GOPROXY") or go_setting("GOPROXY") or "https://proxy.golang.org"
     for entry in re.split(r"[,|]", configured):
         if entry.startswith(("http://", "https://")):
             return entry.rstrip("/")
     raise BinaryError(f"GOPROXY={configured!r} names no HTTP proxy to download Nomad and Consul from")
-
-
-def _go_env(name: str) -> str:
-    if shutil.which("go") is None:
-        return ""
-    return subprocess.run(["go", "env", name], capture_output=True, text=True).stdout.strip()
 
 
 def _escape(module: str) -> str:
@@ -214,36 +190,6 @@ def download_module(module: str, version: str, dest: Path) -> dict[str, str]:
             target.write_bytes(zf.read(member))
     origin = info.get("Origin") or {}
     return {"Version": info["Version"], "Time": info.get("Time", ""), "Hash": origin.get("Hash", "")}
-
-
-def read_go_mod(path: Path) -> dict:
-    """A go.mod as the go command itself parses it (`go mod edit -json`)."""
-    if shutil.which("go") is None:
-        raise BinaryError("go is not on PATH; install Go to build Nomad and Consul")
-    # GOTOOLCHAIN=local: reading a file must never download a toolchain.
-    result = subprocess.run(
-        ["go", "mod", "edit", "-json", str(path)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "GOTOOLCHAIN": "local"},
-    )
-    if result.returncode != 0:
-        raise BinaryError(f"cannot read {path}: {result.stderr.strip()}")
-    return json.loads(result.stdout)
-
-
-def local_replacements(go_mod: dict) -> dict[str, str]:
-    """module -> ./dir for each `replace` that points into the module's own tree."""
-    return {
-        r["Old"]["Path"]: r["New"]["Path"]
-        for r in go_mod.get("Replace") or []
-        if r["New"]["Path"].startswith("./") and "Version" not in r["New"]
-    }
-
-
-def required_versions(go_mod: dict) -> dict[str, str]:
-    """module -> version from the go.mod `require` directives."""
-    return {r["Path"]: r["Version"] for r in go_mod.get("Require") or []}
 
 
 def prepare_source(release: GoRelease, progress: Progress) -> tuple[Path, str, dict[str, str]]:
@@ -297,7 +243,7 @@ def build(release: GoRelease, progress: Progress) -> Path:
     if release.tags:
         cmd += ["-tags", " ".join(release.tags)]
     progress(f"{release.name}: building {version} (this takes several minutes the first time)")
-    env = {**os.environ, "GOFLAGS": "-buildvcs=false", "GOTOOLCHAIN": "local"}
+    env = go_environment(mod_readonly=False)
     log_path = tree.parent / f"{release.name}-{version}.build.log"
     compiled = 0
     last_report = 0.0
@@ -444,12 +390,8 @@ def ensure(names: list[str], progress: Progress, go_version: str | None = None, 
     found = {}
     for name in names:
         if name == "gpu-plugin":
-            from nomadtf.devstack import gpu_plugin  # it builds with this module's helpers
-
             found[name] = gpu_plugin.find_or_build(progress)
-        elif name == "consul-engine":
-            from nomadtf.devstack import consul_engine  # OpenBao's Consul secrets engine (the secure stack)
-
+        elif name == "consul-engine":  # OpenBao's Consul secrets engine (the secure stack)
             found[name] = consul_engine.find_or_build(progress)
         else:
             found[name] = find_or_build(name, progress)

@@ -28,14 +28,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import requests
 
-from nomadtf.devstack.binaries import Progress, cache_dir, check_license, read_go_mod, required_versions
-from nomadtf.devstack.gpu_plugin import _go_env, go_build_plugin, is_current, source_files
+from nomadtf.devstack import plugin_builder
+from nomadtf.devstack.gobuild import check_license, go_environment, read_go_mod, required_versions
+from nomadtf.devstack.protocol import Progress
 from nomadtf.errors import BinaryError, DevStackError
 
 PLUGIN_NAME = "nomadtf-consul-engine"
@@ -51,28 +51,6 @@ _SPDX = re.compile(r"SPDX-License-Identifier:\s*(\S+)")
 _LICENCE_FILES = ("LICENSE", "LICENSE.md", "LICENSE.txt", "LICENCE", "COPYING", "License")
 
 
-def plugin_dir() -> Path:
-    """The directory to give OpenBao as `plugin_directory`."""
-    return cache_dir() / "openbao-plugins"
-
-
-def plugin_path() -> Path:
-    return plugin_dir() / PLUGIN_NAME
-
-
-def source_hash(source: Path = SOURCE_DIR) -> str:
-    """sha256 over the names and contents of go.mod, go.sum and the .go files."""
-    files = source_files(source)
-    if not any(p.name == "go.mod" for p in files):
-        raise BinaryError(f"{PLUGIN_NAME}: no go.mod in {source}")
-    digest = hashlib.sha256()
-    for path in files:
-        data = path.read_bytes()
-        digest.update(f"{path.name}\0{len(data)}\0".encode())
-        digest.update(data)
-    return digest.hexdigest()
-
-
 def binary_sha256(binary: Path) -> str:
     """The sha256 OpenBao's plugin catalog wants for `binary`."""
     digest = hashlib.sha256()
@@ -80,15 +58,6 @@ def binary_sha256(binary: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def find_or_build(progress: Progress) -> Path:
-    """The path of the plugin binary, built first when missing or its sources changed."""
-    digest = source_hash(SOURCE_DIR)
-    out = plugin_path()
-    if is_current(out, digest):
-        return out
-    return build(progress, digest)
 
 
 def plugin(progress: Progress) -> tuple[Path, str]:
@@ -99,7 +68,7 @@ def plugin(progress: Progress) -> tuple[Path, str]:
 
 def openbao_config(directory: Path | None = None) -> str:
     """The line of an OpenBao server config that lets it run the plugin."""
-    return f"plugin_directory = {json.dumps(str(directory or plugin_dir()))}\n"
+    return f"plugin_directory = {json.dumps(str(directory or PLUGIN.directory()))}\n"
 
 
 def _licence_text(module_dir: Path) -> str | None:
@@ -123,7 +92,7 @@ def check_licences(progress: Progress, source: Path = SOURCE_DIR) -> dict[str, s
         cwd=source,
         capture_output=True,
         text=True,
-        env=_go_env(),
+        env=go_environment(),
     )
     if result.returncode != 0:
         tail = "\n".join(result.stderr.strip().splitlines()[-10:])
@@ -169,13 +138,14 @@ def check_licences(progress: Progress, source: Path = SOURCE_DIR) -> dict[str, s
     return licences
 
 
-def build(progress: Progress, digest: str | None = None) -> Path:
-    """`go build -trimpath` the plugin into plugin_dir(), whatever is there already."""
-    if shutil.which("go") is None:
-        raise BinaryError(f"go is not on PATH; install Go to build the {PLUGIN_NAME} OpenBao plugin")
-    digest = digest or source_hash(SOURCE_DIR)
-    check_licences(progress)
-    return go_build_plugin(PLUGIN_NAME, SOURCE_DIR, plugin_path(), digest, progress, "OpenBao's Consul secrets engine")
+PLUGIN = plugin_builder.GoPlugin(
+    PLUGIN_NAME, SOURCE_DIR, "openbao-plugins", "OpenBao's Consul secrets engine", check_licences
+)
+
+
+def find_or_build(progress: Progress) -> Path:
+    """The plugin's binary, built first when missing or its sources changed."""
+    return plugin_builder.find_or_build(PLUGIN, progress)
 
 
 def _check(resp: requests.Response, what: str) -> requests.Response:
@@ -199,7 +169,7 @@ def register_and_mount(
     PUT /v1/sys/plugins/catalog/secret/consul ; POST /v1/sys/mounts/<path>
     PUT /v1/sys/plugins/reload/backend (when already mounted)
     """
-    binary = binary or plugin_path()
+    binary = binary or PLUGIN.path()
     sha256 = binary_sha256(binary)
     _check(
         api.put(

@@ -1,27 +1,30 @@
-"""Build the fake-GPU Nomad device plugin and write the client config that loads it.
+"""The fake-GPU Nomad device plugin: what it is built from and the client config that loads it.
 
 The plugin (Go sources in `gpu_plugin/`) advertises NVIDIA GPUs that do not exist, exactly
 as the real NVIDIA device plugin reports real ones: device group `nvidia/gpu/<model>`,
 instances `GPU-<uuid>`, and `NVIDIA_VISIBLE_DEVICES` in the environment of a task that was
 granted some. It links Nomad v1.6.1's MPL-2.0 `plugins/device` and `plugins/base` packages,
-so like the servers in `binaries.py` it is built with the machine's Go from the module proxy,
-once, and cached: `$NOMADTF_CACHE_DIR/plugins/nomadtf-fake-gpu`, with the sha256 of the
-sources it was built from beside it. A change to the sources rebuilds it; nothing else does.
+so it is built with the machine's Go from the module proxy by the project's one plugin
+builder (`plugin_builder.py`), once, and cached: `$NOMADTF_CACHE_DIR/plugins/nomadtf-fake-gpu`,
+with the sha256 of the sources it was built from beside it. A change to the sources
+rebuilds it; nothing else does.
+
+Usage:
+    binary = find_or_build(progress)                       # built when missing or stale
+    hcl = client_plugin_hcl(binary.parent, 4, seed="client-1")   # the client config's lines
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import shutil
 import subprocess
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nomadtf.devstack.binaries import Progress, cache_dir, check_license, read_go_mod, required_versions
+from nomadtf.devstack import plugin_builder
+from nomadtf.devstack.gobuild import check_license, go_environment, read_go_mod, required_versions
+from nomadtf.devstack.protocol import Progress
 from nomadtf.errors import BinaryError
 
 PLUGIN_NAME = "nomadtf-fake-gpu"
@@ -55,65 +58,6 @@ class GpuInventory:
         return client_plugin_hcl(plugin_dir, len(self.ids), self.model, self.memory_mib, ids=self.ids)
 
 
-def plugin_dir() -> Path:
-    """The directory to give a Nomad client as `plugin_dir`."""
-    return cache_dir() / "plugins"
-
-
-def plugin_path() -> Path:
-    return plugin_dir() / PLUGIN_NAME
-
-
-def stamp_path(binary: Path) -> Path:
-    """Where the sha256 of the sources `binary` was built from is kept (not executable, so
-    Nomad's plugin loader skips it)."""
-    return binary.with_name(binary.name + ".sha256")
-
-
-def source_files(source: Path = SOURCE_DIR) -> list[Path]:
-    """The files the binary is built from: go.mod, go.sum and every .go file."""
-    files = [
-        p for p in source.iterdir() if p.is_file() and (p.suffix == ".go" or p.name in ("go.mod", "go.sum"))
-    ]
-    return sorted(files, key=lambda p: p.name)
-
-
-def source_hash(source: Path = SOURCE_DIR) -> str:
-    """sha256 over the names and contents of `source_files`; the README does not count."""
-    files = source_files(source)
-    if not any(p.name == "go.mod" for p in files):
-        raise BinaryError(f"{PLUGIN_NAME}: no go.mod in {source}")
-    digest = hashlib.sha256()
-    for path in files:
-        data = path.read_bytes()
-        digest.update(f"{path.name}\0{len(data)}\0".encode())
-        digest.update(data)
-    return digest.hexdigest()
-
-
-def is_current(binary: Path, digest: str) -> bool:
-    """True when `binary` exists and was built from sources hashing to `digest`."""
-    stamp = stamp_path(binary)
-    if not (binary.is_file() and os.access(binary, os.X_OK) and stamp.is_file()):
-        return False
-    return stamp.read_text().strip() == digest
-
-
-def find_or_build(progress: Progress) -> Path:
-    """The path of the plugin binary, built first when missing or its sources changed."""
-    digest = source_hash(SOURCE_DIR)
-    out = plugin_path()
-    if is_current(out, digest):
-        return out
-    return build(progress, digest)
-
-
-def _go_env() -> dict[str, str]:
-    # GOTOOLCHAIN=local: never download another Go. -mod=readonly: go.mod and go.sum in
-    # the (possibly installed) package are never rewritten.
-    return {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-buildvcs=false -mod=readonly"}
-
-
 def check_nomad_license(progress: Progress, source: Path = SOURCE_DIR) -> str:
     """Download the Nomad module the plugin links into the module cache and refuse
     anything but MPL-2.0. Returns "module@version"."""
@@ -126,7 +70,7 @@ def check_nomad_license(progress: Progress, source: Path = SOURCE_DIR) -> str:
         cwd=source,
         capture_output=True,
         text=True,
-        env=_go_env(),
+        env=go_environment(),
     )
     try:
         info = json.loads(result.stdout)
@@ -140,49 +84,21 @@ def check_nomad_license(progress: Progress, source: Path = SOURCE_DIR) -> str:
     return wanted
 
 
-def build(progress: Progress, digest: str | None = None) -> Path:
-    """`go build -trimpath` the plugin into plugin_dir(), whatever is there already."""
-    if shutil.which("go") is None:
-        raise BinaryError(f"go is not on PATH; install Go to build the {PLUGIN_NAME} device plugin")
-    digest = digest or source_hash(SOURCE_DIR)
-    check_nomad_license(progress)
-    return go_build_plugin(PLUGIN_NAME, SOURCE_DIR, plugin_path(), digest, progress, "the fake-GPU device plugin")
+PLUGIN = plugin_builder.GoPlugin(PLUGIN_NAME, SOURCE_DIR, "plugins", "the fake-GPU device plugin", check_nomad_license)
 
 
-def go_build_plugin(name: str, source: Path, out: Path, digest: str, progress: Progress, what: str) -> Path:
-    """`go build -trimpath` the Go module in `source` into `out`, stamped with `digest` (the
-    sources' hash, `is_current`). Shared by the project's plugins (this one, consul_engine)."""
-    if shutil.which("go") is None:
-        raise BinaryError(f"go is not on PATH; install Go to build {what} ({name})")
-    started = time.monotonic()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # Built outside the plugin directory and moved in: Nomad refuses to start when an
-    # executable in plugin_dir is not a plugin, and a half-written one is not.
-    staging = cache_dir() / "build" / f"{name}.{os.getpid()}.tmp"
-    staging.parent.mkdir(parents=True, exist_ok=True)
-    log_path = cache_dir() / "build" / f"{name}.build.log"
-    progress(f"{name}: building {what} from {source}")
-    cmd = ["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(staging), "."]
-    result = subprocess.run(cmd, cwd=source, capture_output=True, text=True, env=_go_env())
-    log_path.write_text(result.stdout + result.stderr)
-    if result.returncode != 0:
-        staging.unlink(missing_ok=True)
-        tail = "\n".join(result.stderr.strip().splitlines()[-15:])
-        raise BinaryError(f"{name}: go build failed (exit {result.returncode}); see {log_path}\n{tail}")
-    # A stale stamp must never vouch for a new binary, nor a new stamp for an old one.
-    stamp = stamp_path(out)
-    stamp.unlink(missing_ok=True)
-    if out.parent.resolve() != staging.parent.resolve():
-        shutil.move(str(staging), str(out))
-    else:
-        staging.replace(out)
-    stamp.write_text(digest + "\n")
-    progress(f"{name}: built in {time.monotonic() - started:.0f}s -> {out}")
-    return out
+def plugin_dir() -> Path:
+    """The directory to give a Nomad client as `plugin_dir`."""
+    return PLUGIN.directory()
 
 
-def _hcl_string(value: str) -> str:
-    # JSON string syntax is valid HCL (v1, which parses agent configs, and v2).
+def find_or_build(progress: Progress) -> Path:
+    """The plugin's binary, built first when missing or its sources changed."""
+    return plugin_builder.find_or_build(PLUGIN, progress)
+
+
+def hcl_string(value: str) -> str:
+    """`value` as an HCL string literal (JSON's syntax, which HCL v1 and v2 both read)."""
     if any(ord(c) < 0x20 for c in value):
         raise ValueError(f"control character in {value!r}")
     return json.dumps(value, ensure_ascii=False)
@@ -242,25 +158,25 @@ def client_plugin_hcl(
             raise ValueError("ids and models cannot both be given")
         count = len(ids)
     lines = [
-        f"plugin_dir = {_hcl_string(str(plugin_dir))}",
+        f"plugin_dir = {hcl_string(str(plugin_dir))}",
         "",
         f'plugin "{PLUGIN_NAME}" {{',
         "  config {",
         f"    count      = {count}",
-        f"    model      = {_hcl_string(model)}",
+        f"    model      = {hcl_string(model)}",
         f"    memory_mib = {memory_mib}",
     ]
     if seed:
-        lines.append(f"    seed       = {_hcl_string(seed)}")
+        lines.append(f"    seed       = {hcl_string(seed)}")
     if driver_version is not None:
-        lines.append(f"    driver_version = {_hcl_string(driver_version)}")
+        lines.append(f"    driver_version = {hcl_string(driver_version)}")
     if ids is not None:
-        lines.append(f"    ids        = [{', '.join(_hcl_string(i) for i in ids)}]")
+        lines.append(f"    ids        = [{', '.join(hcl_string(i) for i in ids)}]")
     for i, group in enumerate(models or ()):
         lines += [
             "",
             "    models {",
-            f"      model      = {_hcl_string(_check_model(group.model, f'models[{i}].model'))}",
+            f"      model      = {hcl_string(_check_model(group.model, f'models[{i}].model'))}",
             f"      count      = {_check_count(group.count, f'models[{i}].count')}",
             f"      memory_mib = {_check_memory(group.memory_mib, f'models[{i}].memory_mib')}",
             "    }",

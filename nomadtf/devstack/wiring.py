@@ -30,8 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nomadtf.devstack.gpu_plugin import _hcl_string as hcl_string
-from nomadtf.devstack.gpu_plugin import client_plugin_hcl
+from nomadtf.devstack.gpu_plugin import client_plugin_hcl, hcl_string
 
 # The Vault token role the servers create task tokens from (stack.NOMAD_CLUSTER_ROLE).
 VAULT_ROLE = "nomad-cluster"

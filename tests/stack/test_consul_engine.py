@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from nomadtf.devstack import binaries, consul_engine
+from nomadtf.devstack import binaries, consul_engine, plugin_builder
 from nomadtf.devstack.stack import wait_for
 from tests.helpers import wait_until
 
@@ -169,8 +169,8 @@ def _token_exists(m: dict, accessor: str) -> bool:
 
 
 def test_the_plugin_is_cached_with_its_sources_stamp(engine):
-    assert engine == consul_engine.plugin_path()
-    assert consul_engine.is_current(engine, consul_engine.source_hash())
+    assert engine == consul_engine.PLUGIN.path()
+    assert plugin_builder.is_current(engine, plugin_builder.source_hash(consul_engine.SOURCE_DIR))
     directory, sha256 = consul_engine.plugin(_progress)
     assert directory == engine.parent
     assert sha256 == consul_engine.binary_sha256(engine) and len(sha256) == 64

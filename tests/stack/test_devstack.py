@@ -2,8 +2,7 @@
 services in Consul, hands out Vault tokens from OpenBao, and serves its UI.
 
 The unit tests at the end start no server: `down` runs on a temporary state directory whose
-stack.json records `sleep` trees this test spawned, and `go mod edit -json` reads a
-hand-written go.mod."""
+stack.json records `sleep` trees this test spawned."""
 
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ import psutil
 import pytest
 import requests
 
-from nomadtf.devstack import binaries, processes
+from nomadtf.devstack import processes
 from nomadtf.devstack import stack as stack_mod
 from nomadtf.errors import DevStackError
 from tests.helpers import nomad, purge, submit_raw, wait_until
@@ -315,46 +314,3 @@ def test_up_refuses_a_foreign_state_directory(tmp_path):
     assert fresh.marker_path.is_file()
     fresh.down(progress=lambda _m: None)
     assert not fresh.state_dir.exists()
-
-
-# ---- go.mod through `go mod edit -json` ----------------------------------------------------
-
-GO_MOD = """module github.com/hashicorp/nomad
-
-go 1.20
-
-// github.com/not/a/directive => ./nowhere
-replace (
-\tgithub.com/hashicorp/nomad/api => ./api
-\tgithub.com/old/thing v1.0.0 => github.com/new/thing v1.2.0
-)
-
-replace github.com/hashicorp/nomad/plugins => ./plugins // trailing comment
-
-require (
-\tgithub.com/hashicorp/nomad/api v0.0.0-20230103221135-ce00d683f9be
-\tgithub.com/hashicorp/consul/api v1.20.0 // indirect
-)
-
-require github.com/stretchr/testify v1.8.4
-"""
-
-
-def test_go_mod_is_read_by_the_go_command(tmp_path):
-    (tmp_path / "go.mod").write_text(GO_MOD)
-    go_mod = binaries.read_go_mod(tmp_path / "go.mod")
-    assert binaries.local_replacements(go_mod) == {
-        "github.com/hashicorp/nomad/api": "./api",
-        "github.com/hashicorp/nomad/plugins": "./plugins",
-    }
-    assert binaries.required_versions(go_mod) == {
-        "github.com/hashicorp/nomad/api": "v0.0.0-20230103221135-ce00d683f9be",
-        "github.com/hashicorp/consul/api": "v1.20.0",
-        "github.com/stretchr/testify": "v1.8.4",
-    }
-
-
-def test_a_broken_go_mod_is_a_binary_error(tmp_path):
-    (tmp_path / "go.mod").write_text("module x\nrequire (\n")
-    with pytest.raises(binaries.BinaryError, match="cannot read .*go.mod"):
-        binaries.read_go_mod(tmp_path / "go.mod")

@@ -28,7 +28,7 @@ import pytest
 
 from nomadtf import wire
 from nomadtf.devstack import cluster as cluster_mod
-from nomadtf.devstack import processes, wiring
+from nomadtf.devstack import gobuild, processes, wiring
 from nomadtf.devstack.cluster import ClusterStack
 from nomadtf.discovery import ConsulDiscovery
 from nomadtf.errors import DevStackError
@@ -691,10 +691,8 @@ def test_a_task_whose_index_was_taken_stops_its_child(cluster, tmp_path):
 
 
 def test_generated_configs_are_accepted_by_nomad_and_consul(tmp_path):
-    from nomadtf.devstack import binaries
-
-    nomad = binaries.cache_dir() / "bin" / "nomad"
-    consul = binaries.cache_dir() / "bin" / "consul"
+    nomad = gobuild.cache_dir() / "bin" / "nomad"
+    consul = gobuild.cache_dir() / "bin" / "consul"
     if not (nomad.is_file() and consul.is_file()):
         pytest.fail(f"the cached nomad and consul binaries are missing in {nomad.parent}; run scripts/setup")
     files = {

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from nomadtf.devstack import gpu_plugin
+from nomadtf.devstack import gpu_plugin, plugin_builder
 from nomadtf.devstack.gpu_plugin import GpuGroup, client_plugin_hcl
-from nomadtf.errors import BinaryError
 
 
 def _config_body(hcl: str) -> dict[str, str]:
@@ -130,144 +129,31 @@ def test_the_plugin_declares_ids_and_sources_without_them_are_rebuilt(tmp_path, 
     assert 'IDs               []string      `codec:"ids"`' in plugin_go
     old = tmp_path / "old"
     old.mkdir()
-    for path in gpu_plugin.source_files():
+    for path in plugin_builder.source_files(gpu_plugin.SOURCE_DIR):
         text = path.read_text()
         if path.name == "plugin.go":
             text = "\n".join(line for line in text.splitlines() if '"ids"' not in line)
         (old / path.name).write_text(text)
     monkeypatch.setenv("NOMADTF_CACHE_DIR", str(tmp_path / "cache"))
-    binary = gpu_plugin.plugin_path()
+    binary = gpu_plugin.PLUGIN.path()
     binary.parent.mkdir(parents=True)
     binary.write_text("#!/bin/sh\n")
     binary.chmod(0o755)
-    gpu_plugin.stamp_path(binary).write_text(gpu_plugin.source_hash(old) + "\n")
+    plugin_builder.stamp_path(binary).write_text(plugin_builder.source_hash(old) + "\n")
     calls = []
-    monkeypatch.setattr(gpu_plugin, "build", lambda progress, digest: calls.append(digest) or binary)
+    monkeypatch.setattr(plugin_builder, "build", lambda plugin, progress, digest: calls.append(digest) or binary)
     gpu_plugin.find_or_build(lambda m: None)
-    assert calls == [gpu_plugin.source_hash()] != [gpu_plugin.source_hash(old)]
-
-
-# --- source hash and rebuild decision -----------------------------------------------------
-
-
-def _sources(root: Path) -> Path:
-    src = root / "src"
-    src.mkdir()
-    (src / "go.mod").write_text("module example.com/fake\n\ngo 1.20\n")
-    (src / "go.sum").write_text("")
-    (src / "main.go").write_text("package main\n\nfunc main() {}\n")
-    (src / "plugin.go").write_text("package main\n")
-    (src / "README.md").write_text("docs\n")
-    return src
-
-
-def test_hash_is_stable_and_hex(tmp_path):
-    src = _sources(tmp_path)
-    first = gpu_plugin.source_hash(src)
-    assert re.fullmatch(r"[0-9a-f]{64}", first)
-    assert gpu_plugin.source_hash(src) == first
-
-
-def test_hash_covers_go_files_and_module_files_only(tmp_path):
-    src = _sources(tmp_path)
-    assert [p.name for p in gpu_plugin.source_files(src)] == ["go.mod", "go.sum", "main.go", "plugin.go"]
-    before = gpu_plugin.source_hash(src)
-    (src / "README.md").write_text("other docs\n")
-    (src / "notes.txt").write_text("x")
-    assert gpu_plugin.source_hash(src) == before
-
-
-@pytest.mark.parametrize("change", ["edit", "add", "remove", "rename", "gosum"])
-def test_hash_changes_with_sources(tmp_path, change):
-    src = _sources(tmp_path)
-    before = gpu_plugin.source_hash(src)
-    if change == "edit":
-        (src / "plugin.go").write_text("package main\n// changed\n")
-    elif change == "add":
-        (src / "extra.go").write_text("package main\n")
-    elif change == "remove":
-        (src / "plugin.go").unlink()
-    elif change == "rename":
-        (src / "plugin.go").rename(src / "other.go")
-    else:
-        (src / "go.sum").write_text("example.com/x v1.0.0 h1:abc=\n")
-    assert gpu_plugin.source_hash(src) != before
-
-
-def test_hash_does_not_run_file_boundaries_together(tmp_path):
-    a, b = tmp_path / "a", tmp_path / "b"
-    for d, main, plugin in ((a, "package main\n", "X"), (b, "package main\nX", "")):
-        d.mkdir()
-        (d / "go.mod").write_text("module m\n")
-        (d / "main.go").write_text(main)
-        (d / "plugin.go").write_text(plugin)
-    assert gpu_plugin.source_hash(a) != gpu_plugin.source_hash(b)
-
-
-def test_hash_needs_go_mod(tmp_path):
-    src = _sources(tmp_path)
-    (src / "go.mod").unlink()
-    with pytest.raises(BinaryError, match="go.mod"):
-        gpu_plugin.source_hash(src)
+    shipped = plugin_builder.source_hash(gpu_plugin.SOURCE_DIR)
+    assert calls == [shipped] != [plugin_builder.source_hash(old)]
 
 
 def test_shipped_sources_hash():
-    names = [p.name for p in gpu_plugin.source_files()]
+    names = [p.name for p in plugin_builder.source_files(gpu_plugin.SOURCE_DIR)]
     assert {"go.mod", "go.sum", "main.go"} <= set(names)
-    assert re.fullmatch(r"[0-9a-f]{64}", gpu_plugin.source_hash())
-
-
-def _binary(tmp_path: Path) -> Path:
-    binary = tmp_path / "plugins" / "nomadtf-fake-gpu"
-    binary.parent.mkdir()
-    binary.write_text("#!/bin/sh\n")
-    binary.chmod(0o755)
-    return binary
-
-
-def test_is_current_only_with_matching_stamp(tmp_path):
-    binary = _binary(tmp_path)
-    stamp = gpu_plugin.stamp_path(binary)
-    assert stamp == binary.with_name("nomadtf-fake-gpu.sha256")
-    assert not gpu_plugin.is_current(binary, "a" * 64)  # no stamp
-    stamp.write_text("a" * 64 + "\n")
-    assert gpu_plugin.is_current(binary, "a" * 64)
-    assert not gpu_plugin.is_current(binary, "b" * 64)
-    binary.unlink()
-    assert not gpu_plugin.is_current(binary, "a" * 64)  # stamp without binary
-
-
-def test_is_current_needs_an_executable(tmp_path):
-    binary = _binary(tmp_path)
-    gpu_plugin.stamp_path(binary).write_text("c" * 64)
-    binary.chmod(0o644)
-    assert not gpu_plugin.is_current(binary, "c" * 64)
-
-
-def test_find_or_build_reuses_a_current_binary(tmp_path, monkeypatch):
-    monkeypatch.setenv("NOMADTF_CACHE_DIR", str(tmp_path))
-    binary = _binary(tmp_path)
-    assert gpu_plugin.plugin_path() == binary
-    gpu_plugin.stamp_path(binary).write_text(gpu_plugin.source_hash() + "\n")
-
-    def no_build(*args, **kwargs):
-        raise AssertionError("rebuilt a current plugin")
-
-    monkeypatch.setattr(gpu_plugin, "build", no_build)
-    assert gpu_plugin.find_or_build(lambda m: None) == binary
-
-
-def test_find_or_build_rebuilds_on_a_stale_stamp(tmp_path, monkeypatch):
-    monkeypatch.setenv("NOMADTF_CACHE_DIR", str(tmp_path))
-    binary = _binary(tmp_path)
-    gpu_plugin.stamp_path(binary).write_text("0" * 64 + "\n")
-    calls = []
-    monkeypatch.setattr(gpu_plugin, "build", lambda progress, digest: calls.append(digest) or binary)
-    assert gpu_plugin.find_or_build(lambda m: None) == binary
-    assert calls == [gpu_plugin.source_hash()]
+    assert re.fullmatch(r"[0-9a-f]{64}", plugin_builder.source_hash(gpu_plugin.SOURCE_DIR))
 
 
 def test_plugin_dir_follows_the_cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("NOMADTF_CACHE_DIR", str(tmp_path / "c"))
     assert gpu_plugin.plugin_dir() == tmp_path / "c" / "plugins"
-    assert os.path.basename(gpu_plugin.plugin_path()) == "nomadtf-fake-gpu"
+    assert os.path.basename(gpu_plugin.PLUGIN.path()) == "nomadtf-fake-gpu"

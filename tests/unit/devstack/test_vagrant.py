@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from nomadtf.devstack import binaries, cluster, wiring
+from nomadtf.devstack import binaries, cluster, gobuild, wiring
 from nomadtf.errors import BinaryError
 from tests.helpers import REPO, nomadtf
 
@@ -146,8 +146,8 @@ def test_dev_config_without_options_is_the_stacks_own_file(kind, index):
 
 
 def test_the_vm_configs_are_accepted_by_nomad_and_consul(tmp_path):
-    nomad = binaries.cache_dir() / "bin" / "nomad"
-    consul = binaries.cache_dir() / "bin" / "consul"
+    nomad = gobuild.cache_dir() / "bin" / "nomad"
+    consul = gobuild.cache_dir() / "bin" / "consul"
     if not (nomad.is_file() and consul.is_file()):
         pytest.fail(f"the cached nomad and consul binaries are missing in {nomad.parent}; run scripts/setup")
     for args in (("server", "0", SERVER, SERVER, "0"), ("client", "2", "192.168.56.12", SERVER, "0")):
