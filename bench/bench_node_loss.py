@@ -6,7 +6,7 @@ the whole job's time against the same job without a fault.
 The digits example (parameter-server strategy: a chief, a worker, a parameter server) runs
 with the role under test on client 2 or 3 and the other two on client 1
 (tests/node_loss.py). At the kill step the client holding the role dies at once
-(`ClusterStack.kill_client`: its Nomad and Consul agents and every task SIGKILLed), Nomad
+(`tests/faults.kill_client`: its Nomad and Consul agents and every task SIGKILLed), Nomad
 marks it down and places the role on the other client, the chief restarts with the new
 TF_CONFIG and resumes from its checkpoint. Per run: the node `down` after the kill, the first
 training step that counts after the kill (after the chief's "resumed from step" line), the
@@ -31,7 +31,7 @@ from pathlib import Path
 from bench_recovery import LineClock
 
 from nomadtf.devstack.cluster import ClusterStack
-from tests import chaos, cluster_access, node_loss
+from tests import chaos, cluster_access, faults, node_loss
 from tests.helpers import nomadtf, unique, wait_until, write_job
 
 CHECKPOINT_EVERY = 50
@@ -83,7 +83,7 @@ def run_one(stack: ClusterStack, role: str | None, steps: int, kill_at: int, wor
             wait_until(lambda: chaos.current_step(clock.poll()) >= kill_at, 300, "the kill step", interval=0.1)
             victim = node_loss.running_client(job_id, role)
             assert victim not in (None, node_loss.HOME_CLIENT), victim
-            stack.kill_client(victim)
+            faults.kill_client(stack, victim)
             killed = time.monotonic()
         while "final_accuracy=" not in clock.poll():
             if killed is not None and down is None and node_status(f"client-{victim}") == "down":
@@ -98,7 +98,7 @@ def run_one(stack: ClusterStack, role: str | None, steps: int, kill_at: int, wor
     finally:
         nomadtf("stop", job_id, "--purge", env=env)
         if victim is not None:
-            stack.restart_client(victim)
+            faults.restart_client(stack, victim)
 
 
 def spread(values: list[float], unit: str = "s") -> str:

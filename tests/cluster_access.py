@@ -19,45 +19,39 @@ from pathlib import Path
 
 import consul
 
-from nomadtf.devstack import cluster as cluster_mod
+from nomadtf.devstack import netns
 from nomadtf.devstack.cluster import ClusterStack
 from tests.helpers import nomadtf, write_job
 
 
 def nomad_get(cluster: ClusterStack, path: str, **params):
     """GET <cluster Nomad>/v1/<path>"""
-    resp = cluster.api().get(f"{cluster.urls()['nomad']}/v1/{path}", params=params, timeout=10)
+    api = cluster.api()
+    resp = api.session().get(f"{api.nomad_url}/v1/{path}", params=params, timeout=10)
     resp.raise_for_status()
     return resp.json()
 
 
 def nomad_purge(cluster: ClusterStack, job_id: str, namespace: str = "default") -> None:
     """DELETE <cluster Nomad>/v1/job/:job_id?purge=true"""
-    cluster.api().delete(
-        f"{cluster.urls()['nomad']}/v1/job/{job_id}", params={"purge": "true", "namespace": namespace}, timeout=10
-    )
+    api = cluster.api()
+    api.session().delete(f"{api.nomad_url}/v1/job/{job_id}", params={"purge": "true", "namespace": namespace}, timeout=10)
 
 
 def consul_get(cluster: ClusterStack, path: str, **params):
     """GET <cluster Consul server>/v1/<path> (the response, unchecked)"""
-    return cluster.api().get(f"{cluster.urls()['consul']}/v1/{path}", params=params, timeout=10)
+    api = cluster.api()
+    return api.session().get(f"{api.consul_url}/v1/{path}", params=params, timeout=10)
 
 
 def consul_client(cluster: ClusterStack) -> consul.Consul:
     """py-consul for the Consul server, with the operator's token on the secure stack."""
-    url = cluster.urls()["consul"]
-    scheme, _, rest = url.partition("://")
-    host, port = rest.rsplit(":", 1)
-    if not cluster.secure():
-        return consul.Consul(host=host, port=int(port))
-    client = consul.Consul(host=host, port=int(port), scheme=scheme, verify=str(cluster.secure_state.ca_file))
-    client.token = cluster.secure_state.tokens().consul_management
-    return client
+    return cluster.api().consul()
 
 
 def consul_in(cluster: ClusterStack, index: int, path: str):
     """GET <path> of client `index`'s own Consul agent, from inside its namespace (127.0.0.1)."""
-    if cluster.secure():
+    if cluster.shape().secure:
         ca = str(cluster.secure_state.ca_file)
         token = cluster.secure_state.tokens().consul_management
         code = (
@@ -71,7 +65,7 @@ def consul_in(cluster: ClusterStack, index: int, path: str):
         code = f"import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:8500{path}', timeout=5).read().decode())"
     # The token goes through stdin, never argv.
     out = subprocess.run(
-        ["ip", "netns", "exec", cluster_mod.namespace(index), sys.executable, "-c", code],
+        ["ip", "netns", "exec", netns.namespace(index), sys.executable, "-c", code],
         input=token, capture_output=True, text=True, timeout=30,
     )
     assert out.returncode == 0, out.stderr
@@ -83,12 +77,12 @@ def secured(spec: dict, cluster: ClusterStack, tmp_path: Path) -> dict:
     secure stack the agents' CA for Consul and Vault, Vault's address, and what
     `nomadtf acl apply` (run here as the operator) prints: the tasks' Consul token path and
     their Vault policy. On a plain stack, unchanged."""
-    if not cluster.secure():
+    if not cluster.shape().secure:
         return spec
     ca = str(cluster.secure_state.ca_file)
     spec = json.loads(json.dumps(spec))
     spec.setdefault("discovery", {}).update(consul_address="https://127.0.0.1:8501", consul_ca_file=ca)
-    spec.setdefault("vault", {}).update(address=cluster.urls()["vault"], ca_file=ca)
+    spec.setdefault("vault", {}).update(address=cluster.api().vault_url, ca_file=ca)
     path = write_job(tmp_path, spec)
     applied = nomadtf("acl", "apply", str(path), env=cluster.env(), timeout=60)
     assert applied.returncode == 0, applied.stderr

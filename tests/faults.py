@@ -1,11 +1,26 @@
-"""Fault injection on the local stack: find a job's processes, read its training step."""
+"""Fault injection on the stacks, for tests: on the single-node stack find a job's processes
+and read its training step; on the several-client stack kill, pause, resume and restart a
+client machine (`ClusterStack` keeps none of this: only tests break machines).
+
+Usage:
+    kill_client(cluster, 3)       # the machine dies: every process in ntf-c3 gets SIGKILL
+    restart_client(cluster, 3)    # its agents again, same data dirs: the same node comes back
+    pause_client(cluster, 2); resume_client(cluster, 2)   # a partition, as the servers see it
+"""
 
 from __future__ import annotations
 
 import re
+import signal
 from pathlib import Path
 
-from nomadtf.devstack.stack import pid_alive  # noqa: F401 - the one liveness check, re-exported for tests
+import psutil
+
+from nomadtf.devstack import layout, netns
+from nomadtf.devstack import processes as devstack_processes
+from nomadtf.devstack.cluster import ClusterStack
+from nomadtf.devstack.processes import pid_alive  # noqa: F401 - the one liveness check, for tests
+from nomadtf.errors import DevStackError
 from tests.helpers import allocations, task_log
 
 
@@ -51,3 +66,55 @@ def chief_stdout(job_id: str) -> str:
 def step(job_id: str) -> int:
     steps = [int(s) for s in re.findall(r"step=(\d+)", chief_stdout(job_id))]
     return max(steps) if steps else 0
+
+
+# ---- the several-client stack's machines ----------------------------------------------------
+
+
+def kill_client(cluster: ClusterStack, index: int) -> list[int]:
+    """The machine dies: SIGKILL, at once, to every process in client `index`'s namespace
+    (its Nomad and Consul agents, executors, tasks). Returns their PIDs once all are gone."""
+    ns = cluster.client_namespace(index)
+    procs = []
+    for pid in netns.namespace_pids(ns):
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    for proc in procs:
+        try:
+            proc.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=devstack_processes.REAP_WAIT)
+    if [p for p in alive if devstack_processes.running(p)]:
+        raise DevStackError(f"processes in {ns} survived SIGKILL: {', '.join(str(p.pid) for p in alive)}")
+    return [p.pid for p in procs]
+
+
+def restart_client(cluster: ClusterStack, index: int, timeout: float = 60.0) -> None:
+    """Start client `index`'s agents again (after `kill_client`, or stopping any that still
+    run), with their data dirs: the same node comes back. Waits until the node is ready."""
+    for name in layout.agent_names(index):
+        running = cluster.component(name).process()
+        if running is not None:
+            devstack_processes.stop(devstack_processes.tree(running), 10.0)
+    cluster.start_client(index, timeout)
+
+
+def pause_client(cluster: ClusterStack, index: int) -> None:
+    """SIGSTOP client `index`'s Nomad agent: it stops heartbeating, its tasks run on (a
+    partition as the servers see it)."""
+    _signal_nomad_client(cluster, index, signal.SIGSTOP)
+
+
+def resume_client(cluster: ClusterStack, index: int) -> None:
+    _signal_nomad_client(cluster, index, signal.SIGCONT)
+
+
+def _signal_nomad_client(cluster: ClusterStack, index: int, sig: signal.Signals) -> None:
+    cluster.client_namespace(index)
+    proc = cluster.component(layout.agent_names(index)[1]).process()
+    if proc is None:
+        raise DevStackError(f"the Nomad agent of {layout.node_name(index)} is not running")
+    proc.send_signal(sig)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import enum
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from nomadtf.cli.common import err, stamp
-from nomadtf.errors import NomadtfError
+
+if TYPE_CHECKING:
+    from nomadtf.devstack.protocol import Status
 
 dev_app = typer.Typer(no_args_is_help=True, help="The local Nomad + Consul + OpenBao stack for trying nomadtf.")
 
@@ -33,33 +35,17 @@ def dev_up(
 ) -> None:
     """Build or find the binaries and start Consul, OpenBao and Nomad on 127.0.0.1
     (--clients N or --secure: a server on 198.18.0.1 and N client namespaces)."""
-    if clients >= 2 or secure:
-        _dev_cluster_up(clients, gpus, gpu_clients, timeout, secure)
-        return
-    if gpu_clients is not None:
-        raise NomadtfError("--gpu-clients is for the several-client stack: add --clients N (2 or more)")
-    from nomadtf.devstack.stack import DevStack
+    from nomadtf import devstack
+    from nomadtf.devstack.layout import parse_client_list
 
-    stack = DevStack.default()
-    started = time.monotonic()
-    if not stack.up(progress=stamp, timeout=timeout, gpus=gpus):
-        err(f"the local stack is already up ({stack.state_dir})")
-        return
-    err(f"local stack up in {time.monotonic() - started:.1f}s; state in {stack.state_dir}")
-    err('use it from a shell with: eval "$(nomadtf dev env)"')
-
-
-def _dev_cluster_up(clients: int, gpus: int | None, gpu_clients: str | None, timeout: float, secure: bool) -> None:
-    from nomadtf.devstack.cluster import ClusterStack, parse_client_list
-
-    cluster = ClusterStack.default()
-    started = time.monotonic()
+    stack = devstack.for_options(clients, secure)
     chosen = parse_client_list(gpu_clients) if gpu_clients is not None else None
-    if not cluster.up(progress=stamp, clients=clients, gpus=gpus, timeout=timeout, gpu_clients=chosen, secure=secure):
-        err(f"the several-client stack is already up ({cluster.state_dir})")
+    started = time.monotonic()
+    if not stack.up(stamp, timeout=timeout, gpus=gpus, clients=clients, gpu_clients=chosen, secure=secure):
+        err(f"the {stack.title} is already up ({stack.state_dir})")
         return
-    err(f"several-client stack up in {time.monotonic() - started:.1f}s; state in {cluster.state_dir}")
-    err('use it from a shell with: eval "$(nomadtf dev env --cluster)"')
+    err(f"{stack.title} up in {time.monotonic() - started:.1f}s; state in {stack.state_dir}")
+    err(f'use it from a shell with: eval "$({stack.env_command})"')
 
 
 OnlyCluster = Annotated[bool, typer.Option("--cluster", help="Only the several-client stack (`dev up --clients N`)")]
@@ -70,43 +56,40 @@ OnlySingle = Annotated[bool, typer.Option("--single", help="Only the single-node
 def dev_down(cluster: OnlyCluster = False, single: OnlySingle = False) -> None:
     """Stop what `dev up` started and remove its state (every stack that runs, unless
     --cluster or --single)."""
-    from nomadtf.devstack.cluster import ClusterStack
-    from nomadtf.devstack.stack import DevStack
+    from nomadtf import devstack
 
-    if single or not cluster:
-        DevStack.default().down(progress=stamp)
-        err("local stack stopped")
-    several = ClusterStack.default()
-    if cluster or (not single and several.state_dir.exists()):
-        several.down(progress=stamp)
-        err("several-client stack stopped")
+    for stack in devstack.selected(cluster=cluster, single=single):
+        stack.down(progress=stamp)
+        err(f"{stack.title} stopped")
 
 
 @dev_app.command("status")
 def dev_status(cluster: OnlyCluster = False) -> None:
     """What runs, where, and where its log is."""
-    from nomadtf.devstack.cluster import ClusterStack
-    from nomadtf.devstack.stack import DevStack
+    from nomadtf import devstack
 
-    rows = [] if cluster else DevStack.default().status()
-    several = ClusterStack.default()
-    cluster_rows = several.status()
-    if not rows and not cluster_rows:
-        typer.echo("several-client stack: not running" if cluster else "local stack: not running")
+    stacks = devstack.selected(cluster=cluster)
+    shown = [status for status in (stack.status() for stack in stacks) if status.rows]
+    if not shown:
+        typer.echo(f"{stacks[0].title}: not running")
         raise typer.Exit(1)
-    for row in rows:
-        typer.echo(f"{row['component']:<8} {row['state']:<8} pid {row['pid']:<7} {row['address']:<24} log {row['log']}")
-    gpus = DevStack.default().recorded_gpus() if rows else 0
-    if gpus:
-        typer.echo(f"nomad client: {gpus} fake NVIDIA GPUs (device plugin nomadtf-fake-gpu)")
-    if cluster_rows:
-        typer.echo(f"several-client stack: {several.describe()}")
-    for row in cluster_rows:
-        node = f" node {row['node']}" if row["node"] else ""
-        typer.echo(f"{row['component']:<16} {row['state']:<8} pid {row['pid']:<7} {row['address']:<24}{node:<14} log {row['log']}")
-    broken = [r for r in rows + cluster_rows if r["state"] != "running" or r.get("node") not in ("", "ready", None)]
-    if broken:
+    for status in shown:
+        for line in status_lines(status):
+            typer.echo(line)
+    if not all(row.healthy for status in shown for row in status.rows):
         raise typer.Exit(1)
+
+
+def status_lines(status: Status) -> list[str]:
+    """A stack's status as `dev status` shows it: the heading, a line per process (with a
+    node column where the stack has nodes), the footer."""
+    width = max(8, *(len(row.component) + 1 for row in status.rows))
+    with_nodes = any(row.node is not None for row in status.rows)
+    lines = [status.heading] if status.heading else []
+    for row in status.rows:
+        node = f"{f' node {row.node}' if row.node else '':<14}" if with_nodes else ""
+        lines.append(f"{row.component:<{width}} {row.state:<8} pid {row.pid:<7} {row.address:<24}{node} log {row.log}")
+    return lines + ([status.footer] if status.footer else [])
 
 
 @dev_app.command("env")
@@ -115,15 +98,9 @@ def dev_env(cluster: OnlyCluster = False) -> None:
     when it runs, else the several-client one; --cluster: always that one)."""
     import shlex
 
-    from nomadtf.devstack.cluster import ClusterStack
-    from nomadtf.devstack.stack import DevStack
+    from nomadtf import devstack
 
-    single = DevStack.default()
-    if not cluster and (single.components() or not ClusterStack.default().components()):
-        for key, value in single.env().items():
-            typer.echo(f"export {key}={value}")
-        return
-    for key, value in ClusterStack.default().env().items():
+    for key, value in devstack.running(cluster).env().items():
         typer.echo(f"export {key}={shlex.quote(value)}")
 
 
@@ -167,9 +144,9 @@ def dev_config(
 ) -> None:
     """Print one machine's agent configuration, as `dev up --clients N` writes it (with no
     option: exactly the stack's file). vagrant/provision.sh writes the VMs' files with it."""
-    from nomadtf.devstack import cluster, wiring
+    from nomadtf.devstack import layout, wiring
 
-    machine = cluster.machine(
+    machine = layout.machine(
         kind.value,
         index,
         state_dir=state_dir,

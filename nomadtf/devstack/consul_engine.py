@@ -1,4 +1,6 @@
-"""Build OpenBao's missing Consul secrets engine as a plugin, register it and mount it.
+"""OpenBao's missing Consul secrets engine, as a plugin: what it is built from, its licence
+check, and the line of OpenBao's config that lets it run (`bootstrap.py` registers and
+mounts it).
 
 OpenBao 2.x no longer ships the Consul secrets engine (`consul/creds/<role>`: a Consul ACL
 token per read, leased, renewable, deleted from Consul when the lease ends), and OpenBao's
@@ -6,9 +8,10 @@ own plugin fork is not served by the Go module proxy. HashiCorp Vault v1.14.8 (t
 v1.14 release under MPL-2.0; v1.14.9+ and v1.15+ are BUSL) has the engine in its tree, and
 OpenBao still speaks Vault's plugin protocol, so the few lines in `consul_engine/` serve
 `github.com/hashicorp/vault/builtin/logical/consul` as an external plugin. Like the fake-GPU
-plugin (`gpu_plugin.py`) it is built with the machine's Go from the module proxy, once, and
-cached: `$NOMADTF_CACHE_DIR/openbao-plugins/nomadtf-consul-engine`, with the sha256 of the
-sources it was built from beside it. It has a directory of its own because Nomad refuses to
+plugin (`gpu_plugin.py`) it is built with the machine's Go from the module proxy by the
+project's one plugin builder (`plugin_builder.py`), once, and cached:
+`$NOMADTF_CACHE_DIR/openbao-plugins/nomadtf-consul-engine`, with the sha256 of the sources
+it was built from beside it. It has a directory of its own because Nomad refuses to
 start when an executable in its `plugin_dir` is not a Nomad plugin.
 
 Before building, every module the binary links is checked: the Vault modules must be
@@ -19,8 +22,8 @@ Usage (OpenBao needs `plugin_directory` in its config before it starts):
     directory, sha256 = consul_engine.plugin(progress)
     config += consul_engine.openbao_config(directory)
     ... start, init and unseal OpenBao ...
-    consul_engine.register_and_mount(api, vault_url, directory / consul_engine.PLUGIN_NAME)
-    security.openbao_consul_engine(api, vault_url, consul_address, state)   # config/access
+    bootstrap.register_consul_engine(vault, directory / consul_engine.PLUGIN_NAME)
+    bootstrap.configure_consul_engine(vault, consul_address, secure_state)   # config/access
 """
 
 from __future__ import annotations
@@ -31,12 +34,10 @@ import re
 import subprocess
 from pathlib import Path
 
-import requests
-
 from nomadtf.devstack import plugin_builder
 from nomadtf.devstack.gobuild import check_license, go_environment, read_go_mod, required_versions
 from nomadtf.devstack.protocol import Progress
-from nomadtf.errors import BinaryError, DevStackError
+from nomadtf.errors import BinaryError
 
 PLUGIN_NAME = "nomadtf-consul-engine"
 SOURCE_DIR = Path(__file__).with_name("consul_engine")
@@ -146,55 +147,3 @@ PLUGIN = plugin_builder.GoPlugin(
 def find_or_build(progress: Progress) -> Path:
     """The plugin's binary, built first when missing or its sources changed."""
     return plugin_builder.find_or_build(PLUGIN, progress)
-
-
-def _check(resp: requests.Response, what: str) -> requests.Response:
-    if resp.status_code >= 400:
-        try:
-            errors = "; ".join(resp.json().get("errors") or [])
-        except ValueError:
-            errors = ""
-        raise DevStackError(f"{what} failed: HTTP {resp.status_code}" + (f": {errors}" if errors else ""))
-    return resp
-
-
-def register_and_mount(
-    api: requests.Session, vault_url: str, binary: Path | None = None, *, path: str = MOUNT_PATH
-) -> str:
-    """Register `binary` (which must lie in OpenBao's `plugin_directory`) in OpenBao's
-    plugin catalog as secret/consul and mount it at `path`/. Idempotent; on a mount that
-    exists already the plugin is reloaded, so a rebuilt binary takes over. `api` carries
-    the token (X-Vault-Token). Returns the sha256 registered.
-
-    PUT /v1/sys/plugins/catalog/secret/consul ; POST /v1/sys/mounts/<path>
-    PUT /v1/sys/plugins/reload/backend (when already mounted)
-    """
-    binary = binary or PLUGIN.path()
-    sha256 = binary_sha256(binary)
-    _check(
-        api.put(
-            f"{vault_url}/v1/sys/plugins/catalog/secret/{CATALOG_NAME}",
-            json={"sha256": sha256, "command": binary.name},
-            timeout=30,
-        ),
-        f"register the {PLUGIN_NAME} plugin",
-    )
-    mounts = _check(api.get(f"{vault_url}/v1/sys/mounts", timeout=10), "openbao mounts").json()
-    mounted = (mounts.get("data") or mounts).get(f"{path}/")
-    if mounted is None:
-        _check(
-            api.post(
-                f"{vault_url}/v1/sys/mounts/{path}",
-                json={"type": CATALOG_NAME, "description": "Consul ACL tokens (nomadtf-consul-engine)"},
-                timeout=60,
-            ),
-            f"mount the consul engine at {path}/",
-        )
-    elif mounted.get("type") != CATALOG_NAME:
-        raise DevStackError(f"{path}/ is mounted already, as {mounted.get('type')!r}, not {CATALOG_NAME!r}")
-    else:
-        _check(
-            api.put(f"{vault_url}/v1/sys/plugins/reload/backend", json={"plugin": CATALOG_NAME}, timeout=60),
-            "reload the consul engine",
-        )
-    return sha256

@@ -1,9 +1,11 @@
-"""ACLs and TLS for the several-client stack (`nomadtf dev up --clients N --secure`).
+"""ACLs and TLS for the several-client stack (`nomadtf dev up --clients N --secure`): what
+it is configured with. Pure but for the files it writes; `bootstrap.py` makes the servers
+match (ACL tokens, OpenBao's init and engines).
 
 What a production cluster has, made small: one CA (`tls.py`) signs every agent
 certificate; Consul (default deny) and Nomad have ACLs bootstrapped with management tokens
-the stack generates; OpenBao runs as a real server (file storage, TLS listener),
-initialised and unsealed here; its Consul secrets engine can mint per-job Consul tokens
+the stack generates; OpenBao runs as a real server (in-memory storage, TLS listener),
+initialised and unsealed by `up`; its Consul secrets engine can mint per-job Consul tokens
 (`nomadtf acl apply`). Every secret lives in `<state>/secure/` (0700): `tokens.json` (0600)
 and the keys (0600). Nothing here prints a token.
 
@@ -14,8 +16,7 @@ and the keys (0600). Nothing here prints a token.
 Usage:
     secure = SecureState.create(state_dir / "secure", server_ip, client_ips)
     secure.machine("client", 2)        # wiring.Security for client-2's agents
-    api = secure.api()                 # requests.Session: CA + management tokens
-    consul_acl_bootstrap(api, consul_url, secure)
+    secure.tokens().nomad_management   # the operator's Nomad token
 """
 
 from __future__ import annotations
@@ -25,31 +26,29 @@ import json
 import secrets
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-
-import requests
+from typing import Any
 
 from nomadtf.devstack import tls, wiring
-from nomadtf.devstack.stack import _write_private
+from nomadtf.devstack.record import write_private
 from nomadtf.errors import DevStackError
 
-# The Consul policies the stack's own agents get (never a task's: see nomadtf/acl.py).
-CONSUL_AGENT_POLICY = """
-node_prefix "" { policy = "write" }
-service_prefix "" { policy = "read" }
-"""
-# Nomad registers the jobs' services and renders their templates with this one.
-CONSUL_NOMAD_POLICY = """
-agent_prefix "" { policy = "read" }
-node_prefix "" { policy = "read" }
-service_prefix "" { policy = "write" }
-key_prefix "" { policy = "read" }
-"""
-# OpenBao's Consul secrets engine creates and revokes the tasks' tokens.
-CONSUL_OPENBAO_POLICY = """
-acl = "write"
-"""
+# The Consul policies of the stack's own agents (never a task's: see nomadtf/acl.py), in
+# Consul's JSON form of rules (what py-consul sends).
+CONSUL_POLICIES: dict[str, dict[str, Any]] = {
+    # Every agent registers its node and reads the catalog.
+    "nomadtf-dev-agent": {"node_prefix": {"": {"policy": "write"}}, "service_prefix": {"": {"policy": "read"}}},
+    # Nomad registers the jobs' services and renders their templates with this one.
+    "nomadtf-dev-nomad": {
+        "agent_prefix": {"": {"policy": "read"}},
+        "node_prefix": {"": {"policy": "read"}},
+        "service_prefix": {"": {"policy": "write"}},
+        "key_prefix": {"": {"policy": "read"}},
+    },
+    # OpenBao's Consul secrets engine creates and revokes the tasks' tokens.
+    "nomadtf-dev-openbao": {"acl": "write"},
+}
 
 
 @dataclass(frozen=True)
@@ -63,6 +62,14 @@ class Tokens:
     nomad_gossip: str
     openbao_root: str = ""
     openbao_unseal: str = ""
+
+    def consul_policy_secrets(self) -> dict[str, str]:
+        """Each policy of CONSUL_POLICIES -> the SecretID of the token that carries it."""
+        return {
+            "nomadtf-dev-agent": self.consul_agent,
+            "nomadtf-dev-nomad": self.consul_nomad,
+            "nomadtf-dev-openbao": self.consul_openbao,
+        }
 
 
 def _uuid() -> str:
@@ -83,6 +90,9 @@ class SecureState:
 
     @classmethod
     def create(cls, folder: Path, server_ip: str, client_ips: Sequence[str]) -> SecureState:
+        """A new CA in `folder`, a certificate for each agent of the server machine at
+        `server_ip` and of client I at client_ips[I-1] (each also for 127.0.0.1 and
+        localhost, where a machine's own tasks reach its agents), fresh tokens and gossip keys."""
         state = cls(folder)
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         ca = tls.make_ca(state.tls_dir)
@@ -109,8 +119,14 @@ class SecureState:
         except OSError as exc:
             raise DevStackError(f"the secure stack's tokens are missing ({self.tokens_path}); run `nomadtf dev up` again") from exc
 
+    def save_openbao(self, root_token: str, unseal_key: str) -> Tokens:
+        """Keep what OpenBao's init returned (its root token, its one unseal key)."""
+        tokens = replace(self.tokens(), openbao_root=root_token, openbao_unseal=unseal_key)
+        self.save(tokens)
+        return tokens
+
     def save(self, tokens: Tokens) -> None:
-        _write_private(self.tokens_path, json.dumps(asdict(tokens), indent=2))
+        write_private(self.tokens_path, json.dumps(asdict(tokens), indent=2))
 
     @property
     def ca_file(self) -> Path:
@@ -134,23 +150,6 @@ class SecureState:
             consul_management_token=tokens.consul_management if kind == "server" else "",
         )
 
-    def api(self) -> requests.Session:
-        """HTTPS to the stack: the CA, and the management token of each server in its header."""
-        tokens = self.tokens()
-        session = requests.Session()
-        session.verify = str(self.ca_file)
-        # Otherwise REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE from the environment replace the
-        # session's CA on every request (requests' precedence), and our CA is never used.
-        session.trust_env = False
-        session.headers.update(
-            {
-                "X-Nomad-Token": tokens.nomad_management,
-                "X-Consul-Token": tokens.consul_management,
-                "X-Vault-Token": tokens.openbao_root,
-            }
-        )
-        return session
-
 
 def openbao_config(address: str, cert: tuple[Path, Path]) -> str:
     """A real (not -dev) OpenBao server: in-memory storage (a dev stack keeps nothing), one
@@ -167,87 +166,3 @@ listener "tcp" {{
 api_addr = {wiring.hcl_string("https://" + address)}
 ui       = false
 """
-
-
-def _check(resp: requests.Response, what: str) -> requests.Response:
-    if resp.status_code >= 400:
-        # The body of an ACL call may echo a token: name the call and the status only.
-        raise DevStackError(f"{what} failed: HTTP {resp.status_code}")
-    return resp
-
-
-def openbao_initialised(api: requests.Session, url: str) -> bool:
-    """GET /v1/sys/health answers 501 while uninitialised, 503 sealed, 200 active."""
-    return api.get(f"{url}/v1/sys/health", timeout=2).status_code in (200, 501, 503)
-
-
-def openbao_init(api: requests.Session, url: str, state: SecureState) -> str:
-    """Initialise (one key share) and unseal; the root token and unseal key go to tokens.json.
-
-    PUT /v1/sys/init ; PUT /v1/sys/unseal
-    """
-    tokens = state.tokens()
-    if not tokens.openbao_root:
-        body = _check(api.put(f"{url}/v1/sys/init", json={"secret_shares": 1, "secret_threshold": 1}, timeout=30), "openbao init").json()
-        tokens = Tokens(**{**asdict(tokens), "openbao_root": body["root_token"], "openbao_unseal": body["keys_base64"][0]})
-        state.save(tokens)
-    _check(api.put(f"{url}/v1/sys/unseal", json={"key": tokens.openbao_unseal}, timeout=30), "openbao unseal")
-    api.headers["X-Vault-Token"] = tokens.openbao_root
-    return tokens.openbao_root
-
-
-def consul_acl_setup(api: requests.Session, url: str, state: SecureState) -> None:
-    """The stack's own Consul tokens, with the SecretIDs the agents were configured with.
-
-    PUT /v1/acl/policy ; PUT /v1/acl/token
-    """
-    tokens = state.tokens()
-    for name, rules, secret in (
-        ("nomadtf-dev-agent", CONSUL_AGENT_POLICY, tokens.consul_agent),
-        ("nomadtf-dev-nomad", CONSUL_NOMAD_POLICY, tokens.consul_nomad),
-        ("nomadtf-dev-openbao", CONSUL_OPENBAO_POLICY, tokens.consul_openbao),
-    ):
-        _check(api.put(f"{url}/v1/acl/policy", json={"Name": name, "Rules": rules}, timeout=10), f"consul policy {name}")
-        _check(
-            api.put(
-                f"{url}/v1/acl/token",
-                json={"SecretID": secret, "Description": f"{name} (nomadtf dev stack)", "Policies": [{"Name": name}]},
-                timeout=10,
-            ),
-            f"consul token for {name}",
-        )
-
-
-def nomad_acl_bootstrap(api: requests.Session, url: str, state: SecureState) -> None:
-    """Bootstrap Nomad's ACLs with the management token the stack chose.
-
-    POST /v1/acl/bootstrap
-    """
-    secret = state.tokens().nomad_management
-    resp = api.post(f"{url}/v1/acl/bootstrap", json={"BootstrapSecret": secret}, timeout=10)
-    if resp.status_code == 400 and "already done" in resp.text.lower():
-        return
-    _check(resp, "nomad acl bootstrap")
-
-
-def openbao_consul_engine(api: requests.Session, vault_url: str, consul_address: str, state: SecureState) -> None:
-    """Mount OpenBao's Consul secrets engine at consul/, talking to Consul over HTTPS.
-
-    POST /v1/sys/mounts/consul ; POST /v1/consul/config/access
-    """
-    mounts = _check(api.get(f"{vault_url}/v1/sys/mounts", timeout=10), "openbao mounts").json()
-    if "consul/" not in (mounts.get("data") or mounts):
-        _check(api.post(f"{vault_url}/v1/sys/mounts/consul", json={"type": "consul"}, timeout=10), "mount consul engine")
-    _check(
-        api.post(
-            f"{vault_url}/v1/consul/config/access",
-            json={
-                "address": consul_address,
-                "scheme": "https",
-                "token": state.tokens().consul_openbao,
-                "ca_cert": state.ca_file.read_text(),
-            },
-            timeout=10,
-        ),
-        "configure the consul engine",
-    )

@@ -1,8 +1,9 @@
-"""The Consul secrets engine plugin (nomadtf/devstack/consul_engine.py) against a real
-OpenBao and a real Consul with ACLs, both started here on free loopback ports: it builds
-(cached), OpenBao registers and mounts it, and `consul/creds/<role>` hands out leased Consul
-tokens that do what their policy allows and nothing else, renew, and vanish from Consul when
-their lease is revoked. No test prints a token."""
+"""The Consul secrets engine plugin (nomadtf/devstack/consul_engine.py, registered and
+mounted by bootstrap.py) against a real OpenBao and a real Consul with ACLs, both started
+here on free loopback ports: it builds (cached), OpenBao registers and mounts it, and
+`consul/creds/<role>` hands out leased Consul tokens that do what their policy allows and
+nothing else, renew, and vanish from Consul when their lease is revoked. No test prints a
+token."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import hvac
 import pytest
 import requests
 
-from nomadtf.devstack import binaries, consul_engine, plugin_builder
-from nomadtf.devstack.stack import wait_for
+from nomadtf.devstack import binaries, bootstrap, consul_engine, plugin_builder
+from nomadtf.devstack.probes import wait_for
 from tests.helpers import wait_until
 
 
@@ -115,7 +117,7 @@ def openbao(engine, tmp_path_factory) -> Iterator[dict]:
     api.headers["X-Vault-Token"] = root
     try:
         wait_for(lambda: proc.poll() is None and api.get(f"{url}/v1/sys/health", timeout=2).ok, 60, "openbao", str(tmp / "openbao.log"))
-        yield {"url": url, "api": api}
+        yield {"url": url, "api": api, "vault": hvac.Client(url=url, token=root)}
     finally:
         _stop(proc)
         log.close()
@@ -126,7 +128,7 @@ def mounted(engine, openbao, consul) -> dict:
     """The engine registered, mounted at consul/, given Consul's management token, and a
     role `kv-app` whose tokens may write keys under app/ only."""
     bao, cons = openbao["api"], consul["api"]
-    consul_engine.register_and_mount(bao, openbao["url"], engine)
+    bootstrap.register_consul_engine(openbao["vault"], engine)
     policy = cons.put(
         f"{consul['url']}/v1/acl/policy",
         json={"Name": "kv-app", "Rules": 'key_prefix "app/" { policy = "write" }'},
@@ -145,7 +147,7 @@ def mounted(engine, openbao, consul) -> dict:
         timeout=10,
     )
     assert role.ok, role.status_code
-    return {"bao": bao, "bao_url": openbao["url"], "consul": cons, "consul_url": consul["url"]}
+    return {"bao": bao, "bao_url": openbao["url"], "vault": openbao["vault"], "consul": cons, "consul_url": consul["url"]}
 
 
 def _creds(m: dict) -> dict:
@@ -190,7 +192,7 @@ def test_the_engine_is_registered_and_mounted(mounted, engine):
 
 
 def test_registering_again_reloads_and_keeps_working(mounted, engine):
-    consul_engine.register_and_mount(mounted["bao"], mounted["bao_url"], engine)
+    bootstrap.register_consul_engine(mounted["vault"], engine)
     creds = _creds(mounted)
     assert _kv_put(mounted, creds["data"]["token"], "app/again") == 200
 

@@ -19,9 +19,9 @@ import psutil
 import pytest
 import requests
 
-from nomadtf.devstack import processes
+from nomadtf.devstack import probes, processes
 from nomadtf.devstack import stack as stack_mod
-from nomadtf.errors import DevStackError
+from nomadtf.errors import DevStackError, PortInUseError
 from tests.helpers import nomad, purge, submit_raw, wait_until
 
 
@@ -144,9 +144,30 @@ def test_up_twice_is_a_noop_and_status_hides_the_token(stack):
 
 
 @pytest.mark.stack
+def test_the_probes_and_the_stack_api_see_the_running_stack(stack):
+    """What `up` waits on, asked of the stack that runs (read-only): every probe holds, and
+    one more GPU than the node has is not ready. The -dev agent is also the client whose
+    heartbeats HeartbeatWatch reads (a Go duration in its agent/self)."""
+    api = stack.api()
+    assert api.urls == {"nomad": stack_mod.NOMAD_ADDR, "consul": f"http://{stack_mod.CONSUL_ADDR}", "vault": stack_mod.VAULT_ADDR}
+    assert probes.consul_leader(api) and probes.consul_node_alive(api, "nomadtf-dev")
+    assert probes.openbao_listening(api) and probes.openbao_active(api)
+    assert probes.nomad_leader(api) and probes.nomad_node_ready(api, stack.recorded_gpus())
+    assert not probes.nomad_node_ready(api, stack.recorded_gpus() + 1)
+    assert not probes.nomad_node_ready(api, 0, name="client-1")  # no such node here
+    assert set(probes.node_statuses(api).values()) == {"ready"}
+    seen = probes.HeartbeatWatch(api, api.nomad_url)
+    probes.wait_for(seen.heartbeated, 60, "the -dev client's next heartbeat", "")
+    assert api.vault().sys.read_health_status(method="GET")["initialized"]  # the root token of api(): hvac
+    assert api.vault().lookup_token()["data"]["policies"] == ["root"]
+    rows = stack.status().rows
+    assert [(r.component, r.state, r.node) for r in rows] == [("consul", "running", None), ("openbao", "running", None), ("nomad", "running", None)]
+
+
+@pytest.mark.stack
 def test_a_taken_port_is_a_clear_error(tmp_path, stack):
     other = stack_mod.DevStack(tmp_path / "other")
-    with pytest.raises(stack_mod.PortInUseError, match=r"port \d+ .* already taken"):
+    with pytest.raises(PortInUseError, match=r"port \d+ .* already taken"):
         other.up(progress=lambda _m: None)
 
 
@@ -157,7 +178,7 @@ def test_down_leaves_no_process_and_up_comes_back(stack):
     try:
         out = subprocess.run([sys.executable, "-m", "nomadtf", "dev", "down"], capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
-        assert not any(stack_mod.pid_alive(p) for p in pids)
+        assert not any(processes.pid_alive(p) for p in pids)
         # The agents are this test process's children: until it reaps them they are zombies,
         # which is gone as far as anyone else can tell.
         assert [p.pid for p in started if processes.running(p)] == []
@@ -223,7 +244,7 @@ def test_down_stops_recorded_trees_and_leaves_no_zombie(tmp_path, spawned):
     tree = processes.tree(nomad_agent) + [consul_agent]
     assert any(os.getsid(p.pid) == p.pid for p in tree)  # one has left the agent's session
     dev = _state_dir(tmp_path, {"nomad": nomad_agent, "consul": consul_agent})
-    assert [r["state"] for r in dev.status()] == ["running", "running"]
+    assert [r.state for r in dev.status().rows] == ["running", "running"]
 
     dev.down(progress=lambda _m: None, grace=1.0)
 
@@ -265,7 +286,7 @@ def test_down_does_not_kill_a_reused_pid(tmp_path, spawned):
     # The recorded start time differs from the running process's: the PID is someone else's now.
     stranger = spawned(["sleep", "300"], tmp_path)
     dev = _state_dir(tmp_path, {"nomad": stranger}, create_time_shift=-100.0)
-    assert [r["state"] for r in dev.status()] == ["stopped"]
+    assert [r.state for r in dev.status().rows] == ["stopped"]
 
     dev.down(progress=lambda _m: None, grace=1.0)
 
@@ -277,7 +298,7 @@ def test_up_takes_over_a_running_stack_of_an_older_nomadtf(tmp_path, spawned):
     (tmp_path / "dev").mkdir()
     server = spawned(["sleep", "300"], tmp_path / "dev")
     dev = _state_dir(tmp_path, {"nomad": server}, legacy=True)
-    assert [r["state"] for r in dev.status()] == ["stopped"]  # unverifiable until taken over
+    assert [r.state for r in dev.status().rows] == ["stopped"]  # unverifiable until taken over
 
     dev._adopt_legacy_record()
 

@@ -11,7 +11,7 @@ import time
 import pytest
 import requests
 
-from nomadtf.devstack.stack import node_gpu_count
+from nomadtf.devstack.probes import node_gpu_count
 from nomadtf.runtime.launch import child_argv, gpu_env
 from nomadtf.spec import JobSpec, load_spec, spec_file_text
 from tests.conftest import TEST_GPUS

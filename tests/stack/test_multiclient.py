@@ -15,7 +15,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -27,13 +26,11 @@ import psutil
 import pytest
 
 from nomadtf import wire
-from nomadtf.devstack import cluster as cluster_mod
-from nomadtf.devstack import gobuild, processes, wiring
+from nomadtf.devstack import netns, processes
 from nomadtf.devstack.cluster import ClusterStack
 from nomadtf.discovery import ConsulDiscovery
-from nomadtf.errors import DevStackError
 from nomadtf.spec import normalize
-from tests import chaos, cluster_access, node_loss
+from tests import chaos, cluster_access, faults, node_loss
 from tests.helpers import nomadtf, probe_job, unique, wait_until, write_job
 from tests.stack.test_recovery import ACCURACY_FLOOR
 from tests.stack.test_task import FakeAlloc
@@ -52,7 +49,7 @@ def _progress(message: str) -> None:
 @pytest.fixture(scope="session")
 def cluster(secure_cluster):
     """The shared several-client test bed (conftest.py): ACLs and TLS on, as in production."""
-    assert (secure_cluster.clients(), secure_cluster.recorded_gpus()) == (CLIENTS, GPUS)
+    assert (secure_cluster.shape().clients, secure_cluster.shape().gpus) == (CLIENTS, GPUS)
     return secure_cluster
 
 
@@ -107,7 +104,7 @@ def test_three_ready_clients_each_with_its_own_address_class_meta_and_consul_age
         proc = psutil.Process(cluster.component(name).pid)
         listening = {c.laddr.ip for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
         assert listening == {"198.18.0.1"}, (name, listening)
-    assert [r["node"] for r in cluster.status() if r["node"]] == ["ready"] * CLIENTS
+    assert [r.node for r in cluster.status().rows if r.node] == ["ready"] * CLIENTS
 
 
 @pytest.mark.stack
@@ -175,7 +172,7 @@ def test_a_lost_client_is_noticed_and_its_worker_moves(cluster, tmp_path):
             assert victim in (2, 3)  # never with the chief (client 1); the affinity asks for 3
 
             killed = time.monotonic()
-            cluster.kill_client(victim)
+            faults.kill_client(cluster, victim)
             wait_until(lambda: _node_status(f"client-{victim}") == "down", 30, f"client-{victim} to be down")
             down_after = time.monotonic() - killed
             configs = wait_until(
@@ -198,18 +195,18 @@ def test_a_lost_client_is_noticed_and_its_worker_moves(cluster, tmp_path):
         finally:
             release.write_text("go")
             if victim is not None:
-                cluster.restart_client(victim)
+                faults.restart_client(cluster, victim)
             purge(job_id)
-    assert [r["node"] for r in cluster.status() if r["node"]] == ["ready"] * CLIENTS
+    assert [r.node for r in cluster.status().rows if r.node] == ["ready"] * CLIENTS
 
 
 @pytest.mark.stack
 def test_a_paused_client_goes_down_and_comes_back(cluster):
     try:
-        cluster.pause_client(2)
+        faults.pause_client(cluster, 2)
         wait_until(lambda: _node_status("client-2") == "down", 30, "client-2 to be down")
     finally:
-        cluster.resume_client(2)
+        faults.resume_client(cluster, 2)
     wait_until(lambda: _node_status("client-2") == "ready", 30, "client-2 to be ready again")
 
 
@@ -285,8 +282,8 @@ def _gpu_workers(name: str, workers: int) -> dict:
 def _probe_env(alloc: dict) -> dict[str, str]:
     """The `env NAME=value` lines the probe printed. GET /v1/client/fs/logs/:alloc_id"""
     stack = ClusterStack.default()
-    resp = stack.api().get(
-        f"{stack.urls()['nomad']}/v1/client/fs/logs/{alloc['ID']}",
+    resp = stack.api().session().get(
+        f"{stack.api().nomad_url}/v1/client/fs/logs/{alloc['ID']}",
         params={"task": alloc["TaskGroup"], "type": "stdout", "plain": "true"},
         timeout=10,
     )
@@ -335,8 +332,8 @@ def test_dev_cli_up_with_gpu_clients_finds_the_cluster_and_status_shows_its_gpus
     other = nomadtf("dev", "up", "--clients", str(CLIENTS), "--gpus", "0", "--secure", timeout=60)
     assert other.returncode == 1, other.stderr
     assert f"`nomadtf dev up --clients {CLIENTS} --secure`" in other.stderr and "on client 3" in other.stderr, other.stderr
-    rows = {r["component"]: r["gpus"] for r in cluster.status() if r["component"].startswith("nomad-client-")}
-    assert rows == {f"nomad-client-{i}": str(GPUS if i == GPU_CLIENT else 0) for i in range(1, CLIENTS + 1)}
+    rows = {r.component: r.gpus for r in cluster.status().rows if r.component.startswith("nomad-client-")}
+    assert rows == {f"nomad-client-{i}": GPUS if i == GPU_CLIENT else 0 for i in range(1, CLIENTS + 1)}
 
 
 @pytest.mark.stack
@@ -348,45 +345,6 @@ def test_more_gpu_workers_than_the_gpu_client_has_is_explained_by_plan(cluster, 
     assert "not enough free nvidia/gpu" in out.stdout or "no node offers" in out.stdout, out.stdout
 
 
-def test_gpu_clients_choose_which_clients_get_fake_gpus():
-    assert cluster_mod.gpu_client_set(3, 2, None) == (1, 2, 3)
-    assert cluster_mod.gpu_client_set(3, 2, (3,)) == (3,)
-    assert cluster_mod.gpu_client_set(3, 0, None) == ()
-    assert cluster_mod.parse_client_list("3,1") == (3, 1)
-    with pytest.raises(DevStackError, match="clients 1..3, not 4"):
-        cluster_mod.gpu_client_set(3, 2, (4,))
-    with pytest.raises(DevStackError, match="needs --gpus"):
-        cluster_mod.gpu_client_set(3, 0, (3,))
-    with pytest.raises(DevStackError, match="comma-separated"):
-        cluster_mod.parse_client_list("three")
-    assert cluster_mod.describe_shape(3, 2, (3,)) == "3 clients with 2 fake GPUs on client 3"
-    assert cluster_mod.describe_shape(3, 0, ()) == "3 clients without fake GPUs"
-    assert cluster_mod.up_command(3, 2, (3,)) == "nomadtf dev up --clients 3 --gpus 2 --gpu-clients 3"
-    assert cluster_mod.up_command(3, 2, (1, 2, 3)) == "nomadtf dev up --clients 3 --gpus 2"
-
-
-def test_a_gpu_client_carries_meta_nomadtf_gpu_true_and_the_others_false(tmp_path):
-    gpu = cluster_mod.machine("client", 3, state_dir=tmp_path, gpus=2)
-    cpu = cluster_mod.machine("client", 1, state_dir=tmp_path)
-    assert 'nomadtf_gpu = "true"' in wiring.nomad_config(gpu) and "nomadtf-fake-gpu" in wiring.nomad_config(gpu)
-    assert 'nomadtf_gpu = "false"' in wiring.nomad_config(cpu) and "nomadtf-fake-gpu" not in wiring.nomad_config(cpu)
-
-
-def test_another_shape_is_refused_with_the_command_that_builds_the_wanted_one(tmp_path, monkeypatch):
-    """A developer's cluster without GPUs, asked for the GPU shape: a clear error naming the fix."""
-    stack = ClusterStack(tmp_path)
-    stack._save(clients=3, gpus=0, gpu_clients=[])
-    monkeypatch.setattr(cluster_mod.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(ClusterStack, "is_up", lambda self: True)
-    with pytest.raises(DevStackError) as err:
-        stack.up(lambda _m: None, clients=3, gpus=2, gpu_clients=(3,))
-    assert str(err.value) == (
-        "the several-client stack runs 3 clients without fake GPUs, not 3 clients with 2 fake GPUs on client 3; "
-        "`nomadtf dev down --cluster`, then `nomadtf dev up --clients 3 --gpus 2 --gpu-clients 3`"
-    )
-    assert stack.up(lambda _m: None, clients=3, gpus=None) is False  # `dev up --clients 3`: as it runs
-
-
 # ---- drain: the chief moves, after SIGTERM ------------------------------------------------------
 
 
@@ -396,7 +354,7 @@ def _drain(node_id: str, deadline_s: float | None) -> None:
     spec = {"Deadline": int(deadline_s * 1e9), "IgnoreSystemJobs": False} if deadline_s is not None else None
     body = {"DrainSpec": spec, "MarkEligible": deadline_s is None}
     stack = ClusterStack.default()
-    stack.api().put(f"{stack.urls()['nomad']}/v1/node/{node_id}/drain", json=body, timeout=10).raise_for_status()
+    stack.api().session().put(f"{stack.api().nomad_url}/v1/node/{node_id}/drain", json=body, timeout=10).raise_for_status()
 
 
 @pytest.mark.stack
@@ -487,7 +445,7 @@ def test_node_loss_under_tf_training_resumes_within_one_checkpoint(cluster, tmp_
             before = chaos.current_step(node_loss.chief_stdout(cluster, job_id))
             killed = time.monotonic()
             dead = victim
-            cluster.kill_client(victim)
+            faults.kill_client(cluster, victim)
             wait_until(lambda: _node_status(f"client-{victim}") == "down", 30, f"client-{victim} to be down")
             down_after = time.monotonic() - killed
 
@@ -511,9 +469,9 @@ def test_node_loss_under_tf_training_resumes_within_one_checkpoint(cluster, tmp_
             assert chaos.step_regressions(history) == [], "step lines went back without a restart"
         finally:
             if dead is not None:
-                cluster.restart_client(dead)
+                faults.restart_client(cluster, dead)
             purge(job_id)
-    assert [r["node"] for r in cluster.status() if r["node"]] == ["ready"] * CLIENTS
+    assert [r.node for r in cluster.status().rows if r.node] == ["ready"] * CLIENTS
 
 
 # ---- partition: a ps whose client goes silent ---------------------------------------------------
@@ -522,7 +480,7 @@ def test_node_loss_under_tf_training_resumes_within_one_checkpoint(cluster, tmp_
 def _ps_servers() -> list[str]:
     """The allocation of every bare TensorFlow server of role ps running in a client
     namespace (psutil: NOMADTF_ROLE=ps in the environment, nomadtf.tfserver in argv)."""
-    spaces = {os.stat(f"/run/netns/{cluster_mod.namespace(i)}").st_ino for i in range(1, CLIENTS + 1)}
+    spaces = {os.stat(f"/run/netns/{netns.namespace(i)}").st_ino for i in range(1, CLIENTS + 1)}
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         try:
@@ -583,7 +541,7 @@ def test_a_partitioned_ps_is_replaced_and_two_never_serve_at_once(cluster, tmp_p
             wait_until(lambda: _ps_servers() == [old], 60, "the ps server process")
             sampler = pool.submit(sample, key)
 
-            cluster.pause_client(3)
+            faults.pause_client(cluster, 3)
             paused, paused_at = True, time.time()
             wait_until(lambda: _node_status("client-3") == "down", 30, "client-3 to be down")
             down_after = time.time() - paused_at
@@ -596,7 +554,7 @@ def test_a_partitioned_ps_is_replaced_and_two_never_serve_at_once(cluster, tmp_p
             time.sleep(5)  # the replacement waits for the index: the old ps still holds it
             assert _slot_holder(key) == old and _ps_servers() == [old]
 
-            cluster.resume_client(3)
+            faults.resume_client(cluster, 3)
             paused, resumed_at = False, time.time()
             wait_until(lambda: old not in _ps_servers(), 60, "the old ps server to stop")
             old_gone_after = time.time() - resumed_at
@@ -624,7 +582,7 @@ def test_a_partitioned_ps_is_replaced_and_two_never_serve_at_once(cluster, tmp_p
             sampling.set()
             release.write_text("go")
             if paused:
-                cluster.resume_client(3)
+                faults.resume_client(cluster, 3)
             purge(job_id)
     two = [s for s in samples if len(s[2]) > 1]
     assert not two, f"two ps[0] servers at once: {two[:5]}"
@@ -685,86 +643,3 @@ def test_a_task_whose_index_was_taken_stops_its_child(cluster, tmp_path):
         task.stop()
         other.close()
         other.delete_job_keys()
-
-
-# ---- the agents' configuration (no servers) ---------------------------------------------------
-
-
-def test_generated_configs_are_accepted_by_nomad_and_consul(tmp_path):
-    nomad = gobuild.cache_dir() / "bin" / "nomad"
-    consul = gobuild.cache_dir() / "bin" / "consul"
-    if not (nomad.is_file() and consul.is_file()):
-        pytest.fail(f"the cached nomad and consul binaries are missing in {nomad.parent}; run scripts/setup")
-    files = {
-        "server.hcl": wiring.nomad_server_config(tmp_path / "s", "198.18.0.1", "198.18.0.1:8500", "http://198.18.0.1:8200"),
-        "client.hcl": wiring.nomad_client_config(
-            tmp_path / "c",
-            "client-1",
-            "198.18.0.11",
-            ["198.18.0.1:4647"],
-            "eth0",
-            "127.0.0.1:8500",
-            "http://198.18.0.1:8200",
-            node_class="nomadtf-client-1",
-            meta={"nomadtf_client": "1"},
-        ),
-    }
-    for name, text in files.items():
-        (tmp_path / name).write_text(text)
-        check = subprocess.run([str(nomad), "config", "validate", str(tmp_path / name)], capture_output=True, text=True)
-        assert check.returncode == 0, f"{name}:\n{text}\n{check.stdout}{check.stderr}"
-    consul_files = {
-        "server.json": wiring.consul_server_config(tmp_path / "cs", "server", "198.18.0.1", "198.18.0.1"),
-        "client.json": wiring.consul_client_config(tmp_path / "cc", "client-1", "198.18.0.11", "127.0.0.1", ["198.18.0.1"]),
-    }
-    for name, text in consul_files.items():
-        (tmp_path / name).write_text(text)
-        check = subprocess.run([str(consul), "validate", str(tmp_path / name)], capture_output=True, text=True)
-        assert check.returncode == 0, f"{name}:\n{text}\n{check.stdout}{check.stderr}"
-
-
-def test_server_config_detects_a_lost_client_in_seconds():
-    text = wiring.nomad_server_config(Path("/d"), "198.18.0.1", "198.18.0.1:8500", "http://198.18.0.1:8200")
-    assert 'heartbeat_grace        = "5s"' in text
-    assert 'min_heartbeat_ttl      = "2s"' in text
-    assert "enabled = false" in text  # no client on the server machine
-    assert 'bind_addr = "198.18.0.1"' in text
-
-
-def test_client_config_carries_identity_and_rejects_odd_meta_keys():
-    text = wiring.nomad_client_config(
-        Path("/d"), "client-2", "198.18.0.12", ["198.18.0.1:4647"], "eth0", "127.0.0.1:8500", "http://198.18.0.1:8200",
-        node_class="nomadtf-client-2", meta={"nomadtf_client": "2"},
-    )
-    assert 'network_interface = "eth0"' in text and 'nomadtf_client = "2"' in text
-    assert "create_from_role" not in text  # only servers derive task tokens
-    with pytest.raises(ValueError, match="meta key"):
-        wiring.nomad_client_config(Path("/d"), "c", "1.2.3.4", [], "eth0", "x", "y", meta={"a b": "1"})
-
-
-def test_go_durations_parse():
-    assert cluster_mod.go_duration("1m2.5s") == 62.5
-    assert cluster_mod.go_duration("812.5ms") == pytest.approx(0.8125)
-    assert cluster_mod.go_duration("3µs") == pytest.approx(3e-6)
-    with pytest.raises(ValueError):
-        cluster_mod.go_duration("soon")
-
-
-def test_an_overlapping_route_or_address_is_named():
-    routes = [
-        {"dst": "default", "gateway": "192.0.2.1", "dev": "eth0"},
-        {"dst": "192.0.2.0/24", "dev": "eth0"},
-        {"dst": "198.18.0.1", "dev": "ntf-br0", "type": "local"},
-        {"dst": "198.18.0.0/24", "dev": "ntf-br0"},
-    ]
-    links = [{"ifname": "eth0", "addr_info": [{"family": "inet", "local": "192.0.2.2"}, {"family": "inet6", "local": "fd00::2"}]}]
-    assert cluster_mod.subnet_conflicts(routes, links) == []
-    routes.append({"dst": "198.16.0.0/12", "dev": "tun0"})
-    links.append({"ifname": "wg0", "addr_info": [{"family": "inet", "local": "198.18.0.77"}]})
-    assert cluster_mod.subnet_conflicts(routes, links) == ["a route for 198.16.0.0/12 (dev tun0)", "address 198.18.0.77 on wg0"]
-
-
-def test_namespace_names_and_addresses():
-    assert [cluster_mod.client_ip(i) for i in (1, 2, 3)] == ["198.18.0.11", "198.18.0.12", "198.18.0.13"]
-    assert cluster_mod.namespace(2) == "ntf-c2" and cluster_mod.host_veth(2) == "ntf-c2-br"
-    assert len(cluster_mod.host_veth(cluster_mod.MAX_CLIENTS)) <= 15  # Linux IFNAMSIZ - 1

@@ -21,6 +21,7 @@ import pytest
 import requests
 
 from nomadtf import acl
+from nomadtf.devstack import bootstrap, security, wiring
 from nomadtf.spec import parse_spec
 from tests.cluster_access import secured
 from tests.helpers import EXAMPLES, nomadtf, probe_job, unique, write_job
@@ -42,7 +43,7 @@ def ensure_namespace(api: requests.Session, base: str, name: str) -> None:
 def submitter_env(cluster, namespace: str) -> dict[str, str]:
     """A Nomad and a Consul token with exactly `nomadtf acl policies`' submitter policies for
     `namespace` (the operator creates them; POST /v1/acl/policy, /v1/acl/token ; PUT /v1/acl/policy)."""
-    api, found = cluster.api(), cluster.urls()
+    api, found = cluster.api().session(), cluster.api().urls
     name = f"nomadtf-submit-{namespace}"
     api.post(
         f"{found['nomad']}/v1/acl/policy/{name}", json={"Name": name, "Rules": acl.nomad_submitter_policy(namespace)}, timeout=10
@@ -70,12 +71,12 @@ def anonymous() -> requests.Session:
 
 
 def test_anonymous_requests_are_denied_and_plain_http_is_refused(secure_cluster):
-    found = secure_cluster.urls()
+    found = secure_cluster.api().urls
     ca = str(secure_cluster.secure_state.ca_file)
     anon = anonymous()
     assert anon.get(f"{found['nomad']}/v1/jobs", verify=ca, timeout=10).status_code == 403
     assert anon.get(f"{found['nomad']}/v1/nodes", verify=ca, timeout=10).status_code == 403
-    secure_cluster.api().put(f"{found['consul']}/v1/kv/nomadtf/hidden", data=b"x", timeout=10).raise_for_status()
+    secure_cluster.api().session().put(f"{found['consul']}/v1/kv/nomadtf/hidden", data=b"x", timeout=10).raise_for_status()
     assert anon.get(f"{found['consul']}/v1/kv/nomadtf/hidden", verify=ca, timeout=10).status_code == 403
     # A listing is filtered, not refused: the anonymous token sees nothing.
     assert anon.get(f"{found['consul']}/v1/kv/nomadtf/", params={"recurse": "true"}, verify=ca, timeout=10).status_code == 404
@@ -100,11 +101,39 @@ def test_secrets_of_the_stack_are_private_files(secure_cluster):
         assert oct(config.stat().st_mode & 0o777) == "0o600", config
 
 
+def test_the_bootstrap_left_each_server_as_its_agents_and_nomad_need_it(secure_cluster):
+    """What nomadtf/devstack/bootstrap.py did, read back through the client libraries with
+    the operator's tokens: the agents' Consul tokens carry exactly their policies, Nomad's
+    management token is the one the stack chose, OpenBao is initialised and unsealed with
+    Nomad's policy, token role and KV engine, and the Consul engine talks to Consul."""
+    api, tokens = secure_cluster.api(), secure_cluster.secure_state.tokens()
+    consul_api = api.consul()
+    policies = {p["Name"]: p["ID"] for p in consul_api.acl.policy.list()}
+    for name, secret in tokens.consul_policy_secrets().items():
+        token = consul_api.acl.token.read_self(token=secret)
+        assert [p["Name"] for p in token["Policies"]] == [name], token["Policies"]
+        rules = json.loads(consul_api.acl.policy.read(policies[name])["Rules"])
+        assert rules == security.CONSUL_POLICIES[name]
+    nodes = {n["Node"] for n in consul_api.catalog.nodes()[1]}  # registered with the agent token
+    assert nodes == {"server", *(f"client-{i}" for i in range(1, secure_cluster.shape().clients + 1))}
+    assert api.nomad().acl.get_self_token()["Type"] == "management"
+    vault = api.vault()
+    assert vault.sys.read_health_status(method="GET")["sealed"] is False
+    assert vault.sys.read_policy("nomad-server")["data"]["rules"] == bootstrap.NOMAD_SERVER_POLICY
+    role = vault.auth.token.read_role(wiring.VAULT_ROLE)["data"]
+    assert (role["orphan"], role["renewable"], role["token_period"], role["disallowed_policies"]) == (True, True, 259200, ["nomad-server"])
+    mounts = vault.sys.list_mounted_secrets_engines()["data"]
+    assert mounts["secret/"]["type"] == "kv" and mounts["secret/"]["options"]["version"] == "2"
+    assert mounts["consul/"]["type"] == "consul"
+    access = api.session().get(f"{api.vault_url}/v1/consul/config/access", timeout=10).json()["data"]
+    assert (access["address"], access["scheme"]) == (f"{secure_cluster.api().consul_url.split('//')[1]}", "https")
+
+
 # ---- least privilege -------------------------------------------------------------------
 
 
 def test_a_submitter_of_namespace_a_cannot_touch_namespace_b(secure_cluster, tmp_path):
-    api, found = secure_cluster.api(), secure_cluster.urls()
+    api, found = secure_cluster.api().session(), secure_cluster.api().urls
     for name in (NAMESPACE_A, NAMESPACE_B):
         ensure_namespace(api, found["nomad"], name)
     job_b = unique("ns-b")
@@ -127,7 +156,7 @@ def test_a_submitter_of_namespace_a_cannot_touch_namespace_b(secure_cluster, tmp
 
 
 def test_the_printed_submitter_policy_is_enough_to_run_a_job(secure_cluster, tmp_path):
-    api, found = secure_cluster.api(), secure_cluster.urls()
+    api, found = secure_cluster.api().session(), secure_cluster.api().urls
     ensure_namespace(api, found["nomad"], NAMESPACE_A)
     job = unique("ns-a")
     spec = secured(probe_job(job, namespace=NAMESPACE_A), secure_cluster, tmp_path)
@@ -146,7 +175,7 @@ def test_the_printed_submitter_policy_is_enough_to_run_a_job(secure_cluster, tmp
 
 
 def test_a_token_without_rights_is_explained_and_nothing_is_submitted(secure_cluster, tmp_path):
-    api, found = secure_cluster.api(), secure_cluster.urls()
+    api, found = secure_cluster.api().session(), secure_cluster.api().urls
     empty = api.post(f"{found['nomad']}/v1/acl/token", json={"Type": "client", "Policies": []}, timeout=10)
     # A client token needs a policy: one that grants nothing in any namespace.
     if empty.status_code >= 400:
@@ -165,7 +194,7 @@ def test_a_token_without_rights_is_explained_and_nothing_is_submitted(secure_clu
 
 
 def test_a_jobs_task_token_reaches_only_its_own_keys(secure_cluster, tmp_path):
-    api, found = secure_cluster.api(), secure_cluster.urls()
+    api, found = secure_cluster.api().session(), secure_cluster.api().urls
     x, y = unique("job-x"), unique("job-y")
     spec_x = parse_spec(secured(probe_job(x), secure_cluster, tmp_path))
     secured(probe_job(y), secure_cluster, tmp_path)
@@ -268,7 +297,7 @@ def files_containing(root: Path, needle: bytes) -> list[Path]:
 
 
 def test_the_ps_example_trains_with_acls_and_tls_and_secrets_stay_where_they_belong(secure_cluster, tmp_path):
-    api, found = secure_cluster.api(), secure_cluster.urls()
+    api, found = secure_cluster.api().session(), secure_cluster.api().urls
     job = unique("secure-digits")
     canary_env, canary_file = f"canary-env-{secrets.token_hex(12)}", f"canary-file-{secrets.token_hex(12)}"
     api.post(
@@ -330,7 +359,7 @@ def test_a_tasks_consul_token_is_renewed_while_it_runs_and_revoked_when_it_ends(
     live 10 s, logged in with AppRole (whose own 10 s login token must be renewed too)."""
     from nomadtf import vault as vault_api
 
-    api, found = secure_cluster.api(), secure_cluster.urls()
+    api, found = secure_cluster.api().session(), secure_cluster.api().urls
     job = unique("renew")
     spec = parse_spec(secured(probe_job(job), secure_cluster, tmp_path))
     name = acl.policy_name(spec)
@@ -366,7 +395,7 @@ def test_a_tasks_consul_token_is_renewed_while_it_runs_and_revoked_when_it_ends(
 
 
 def test_acl_revoke_removes_what_apply_created(secure_cluster, tmp_path):
-    api, found = secure_cluster.api(), secure_cluster.urls()
+    api, found = secure_cluster.api().session(), secure_cluster.api().urls
     spec = secured(probe_job(unique("revoke")), secure_cluster, tmp_path)
     name = spec["vault"]["policies"][0]
     policies = lambda: {p["Name"] for p in api.get(f"{found['consul']}/v1/acl/policies", timeout=10).json()}  # noqa: E731

@@ -108,7 +108,7 @@ def _as(token_header: str, token: str, ca: str) -> requests.Session:
 def test_acl_apply_for_two_jobs_whose_names_joined_alike_keeps_each_to_its_own(secure_cluster, tmp_path):
     """`ml/team-x` then `ml-team/x`: both keep working, neither reads the other's secrets or
     keys, and revoking one leaves the other's policies alone."""
-    api, found = secure_cluster.api(), secure_cluster.urls()
+    api, found = secure_cluster.api().session(), secure_cluster.api().urls
     ca = str(secure_cluster.secure_state.ca_file)
     tag = unique("n").split("-")[1]
     jobs = [(f"ml{tag}", "team-x"), (f"ml{tag}-team", "x")]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from nomadtf.devstack import binaries, cluster, gobuild, wiring
+from nomadtf.devstack import binaries, gobuild, layout, wiring
 from nomadtf.errors import BinaryError
 from tests.helpers import REPO, nomadtf
 
@@ -135,9 +135,9 @@ def test_provisioned_configs_are_what_wiring_writes(tmp_path, args, machine):
 @pytest.mark.parametrize(("kind", "index"), [("server", 0), ("client", 1), ("client", 2)])
 def test_dev_config_without_options_is_the_stacks_own_file(kind, index):
     """`nomadtf dev config` both ways: with no option it prints what `dev up --clients N`
-    writes for that machine (the stack calls the same wiring with cluster.machine)."""
+    writes for that machine (the stack calls the same wiring with layout.machine)."""
     args = [kind] + (["--index", str(index)] if kind == "client" else [])
-    machine = cluster.machine(kind, index)
+    machine = layout.machine(kind, index)
     for agent, expected in (("nomad", wiring.nomad_config(machine)), ("consul", wiring.consul_config(machine))):
         out = nomadtf("dev", "config", *args, "--agent", agent, timeout=60)
         assert out.returncode == 0, out.stderr
