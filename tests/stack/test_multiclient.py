@@ -90,7 +90,7 @@ def test_three_ready_clients_each_with_its_own_address_class_meta_and_consul_age
     assert sorted(nodes) == [f"client-{i}" for i in range(1, CLIENTS + 1)]
     for i in range(1, CLIENTS + 1):
         node = api(f"node/{nodes[f'client-{i}']['ID']}")
-        assert node["Attributes"]["unique.network.ip-address"] == f"198.18.0.{10 + i}"
+        assert node["Attributes"]["unique.network.ip-address"] == netns.client_ip(i)
         assert node["NodeClass"] == f"nomadtf-client-{i}"
         assert node["Meta"]["nomadtf_client"] == str(i)
         assert node["Drivers"]["raw_exec"]["Healthy"]
@@ -98,12 +98,12 @@ def test_three_ready_clients_each_with_its_own_address_class_meta_and_consul_age
         assert node["Attributes"]["unique.consul.name"] == f"client-{i}"
         assert cluster_access.consul_in(cluster, i, "/v1/agent/self")["Config"]["NodeName"] == f"client-{i}"
     catalog = {n["Node"]: n["Address"] for n in cluster_access.consul_get(cluster, "catalog/nodes").json()}
-    assert catalog == {"server": "198.18.0.1", **{f"client-{i}": f"198.18.0.{10 + i}" for i in range(1, CLIENTS + 1)}}
-    # The server machine listens on 198.18.0.1 only: the single-node stack can run beside it.
+    assert catalog == {"server": netns.SERVER_IP, **{f"client-{i}": netns.client_ip(i) for i in range(1, CLIENTS + 1)}}
+    # The server machine listens on its own address only: the single-node stack can run beside it.
     for name in ("consul", "openbao", "nomad"):
         proc = psutil.Process(cluster.component(name).pid)
         listening = {c.laddr.ip for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
-        assert listening == {"198.18.0.1"}, (name, listening)
+        assert listening == {netns.SERVER_IP}, (name, listening)
     assert [r.node for r in cluster.status().rows if r.node] == ["ready"] * CLIENTS
 
 
@@ -113,11 +113,11 @@ def test_dev_cli_sees_the_cluster(cluster):
     assert up.returncode == 0 and "already up" in up.stderr, up.stderr
     status = nomadtf("dev", "status", "--cluster", timeout=60)
     assert status.returncode == 0, status.stdout + status.stderr
-    assert re.search(r"nomad-client-3\s+running .*198\.18\.0\.13.* node ready", status.stdout), status.stdout
+    assert re.search(rf"nomad-client-3\s+running .*{re.escape(netns.client_ip(3))}.* node ready", status.stdout), status.stdout
     assert cluster.root_token() not in status.stdout + status.stderr
     env = nomadtf("dev", "env", "--cluster", timeout=60).stdout
-    assert "export NOMAD_ADDR=https://198.18.0.1:4646" in env
-    assert "export CONSUL_HTTP_ADDR=https://198.18.0.1:8501" in env
+    assert f"export NOMAD_ADDR=https://{netns.SERVER_IP}:4646" in env
+    assert f"export CONSUL_HTTP_ADDR=https://{netns.SERVER_IP}:8501" in env
     assert f"export NOMAD_CACERT={cluster.secure_state.ca_file}" in env and "export CONSUL_HTTP_TOKEN=" in env
     assert re.search(r"export PATH=\S*nomadtf/bin", env), env
 
@@ -135,9 +135,9 @@ def test_a_job_spreads_over_the_clients_and_its_tf_config_names_their_addresses(
         run = nomadtf("run", str(ready(spec, tmp_path)), "--timeout", "2m", env=env, timeout=180)
         assert run.returncode == 0, run.stdout + run.stderr
         (tf_config,) = tf_configs(spec["name"], env)
-        assert tf_config["cluster"]["chief"][0].startswith("198.18.0.11:")
-        assert tf_config["cluster"]["worker"][0].startswith("198.18.0.12:")
-        assert tf_config["cluster"]["ps"][0].startswith("198.18.0.13:")
+        assert tf_config["cluster"]["chief"][0].startswith(f"{netns.client_ip(1)}:")
+        assert tf_config["cluster"]["worker"][0].startswith(f"{netns.client_ip(2)}:")
+        assert tf_config["cluster"]["ps"][0].startswith(f"{netns.client_ip(3)}:")
         assert len(hosts(tf_config)) == 3
     finally:
         purge(spec["name"])
@@ -180,7 +180,7 @@ def test_a_lost_client_is_noticed_and_its_worker_moves(cluster, tmp_path):
             )
             moved_after = time.monotonic() - killed
             new_address = configs[-1]["cluster"]["worker"][0]
-            assert new_address.split(":")[0] == f"198.18.0.{10 + (5 - victim)}", configs
+            assert new_address.split(":")[0] == netns.client_ip(5 - victim), configs
             assert configs[-1]["cluster"]["chief"] == first["cluster"]["chief"]
 
             release.write_text("go")
@@ -250,7 +250,7 @@ def test_distinct_hosts_puts_every_worker_on_its_own_client(cluster, tmp_path):
         assert run.returncode == 0, run.stdout + run.stderr
         (tf_config,) = tf_configs(spec["name"], env)
         workers = {addr.rsplit(":", 1)[0] for addr in tf_config["cluster"]["worker"]}
-        assert workers == {f"198.18.0.{10 + i}" for i in range(1, CLIENTS + 1)}, tf_config
+        assert workers == {netns.client_ip(i) for i in range(1, CLIENTS + 1)}, tf_config
     finally:
         purge(spec["name"])
 
@@ -304,8 +304,8 @@ def test_gpu_workers_land_on_the_gpu_client_and_the_chief_elsewhere_sees_none(cl
         assert run.returncode == 0, run.stdout + run.stderr
         (tf_config,) = tf_configs(spec["name"], env)
         workers = {addr.rsplit(":", 1)[0] for addr in tf_config["cluster"]["worker"]}
-        assert workers == {f"198.18.0.{10 + GPU_CLIENT}"}, tf_config
-        assert not tf_config["cluster"]["chief"][0].startswith(f"198.18.0.{10 + GPU_CLIENT}:"), tf_config
+        assert workers == {netns.client_ip(GPU_CLIENT)}, tf_config
+        assert not tf_config["cluster"]["chief"][0].startswith(f"{netns.client_ip(GPU_CLIENT)}:"), tf_config
         seen = []
         for alloc in _allocs(spec["name"]):
             visible = _probe_env(alloc)
@@ -377,7 +377,7 @@ def test_a_drained_client_moves_the_chief_after_sigterm(cluster, tmp_path):
         running = pool.submit(nomadtf, "run", str(ready(spec, tmp_path)), "--timeout", "4m", env=env, timeout=300)
         try:
             first = wait_until(lambda: tf_configs(job_id, env), 90, "the chief's first TF_CONFIG", interval=1.0)[0]
-            assert first["cluster"]["chief"][0].startswith("198.18.0.11:"), first
+            assert first["cluster"]["chief"][0].startswith(f"{netns.client_ip(1)}:"), first
             kill_timeout = next(g for g in api(f"job/{job_id}")["TaskGroups"] if g["Name"] == "chief")["Tasks"][0]["KillTimeout"]
 
             drained_at = time.time()
@@ -386,7 +386,7 @@ def test_a_drained_client_moves_the_chief_after_sigterm(cluster, tmp_path):
                 lambda: (c := tf_configs(job_id, env)) and len(c) >= 2 and c, 120, "the chief's TF_CONFIG after the drain", interval=0.5
             )
             moved_after = time.time() - drained_at
-            assert not configs[-1]["cluster"]["chief"][0].startswith("198.18.0.11:"), configs
+            assert not configs[-1]["cluster"]["chief"][0].startswith(f"{netns.client_ip(1)}:"), configs
             assert configs[-1]["cluster"]["worker"] == first["cluster"]["worker"]
             logs = nomadtf("logs", job_id, "--role", "chief", env=env, timeout=60).stdout
             sigterm_at = float(re.search(r"probe got SIGTERM at ([\d.]+)", logs)[1])
@@ -535,7 +535,7 @@ def test_a_partitioned_ps_is_replaced_and_two_never_serve_at_once(cluster, tmp_p
         paused = False
         try:
             first = wait_until(lambda: tf_configs(job_id, env), 120, "the chief's first TF_CONFIG", interval=1.0)[0]
-            assert first["cluster"]["ps"][0].startswith("198.18.0.13:"), first
+            assert first["cluster"]["ps"][0].startswith(f"{netns.client_ip(3)}:"), first
             key = wire.kv_slot("default", job_id, "ps", 0, _run_id(job_id))
             old = wait_until(lambda: _slot_holder(key), 30, "the ps slot")
             wait_until(lambda: _ps_servers() == [old], 60, "the ps server process")
@@ -564,7 +564,7 @@ def test_a_partitioned_ps_is_replaced_and_two_never_serve_at_once(cluster, tmp_p
                 lambda: (c := tf_configs(job_id, env)) and len(c) >= 2 and c, 90, "the chief's TF_CONFIG with the new ps", interval=0.5
             )
             chief_after = time.time() - resumed_at
-            assert not configs[-1]["cluster"]["ps"][0].startswith("198.18.0.13:"), configs
+            assert not configs[-1]["cluster"]["ps"][0].startswith(f"{netns.client_ip(3)}:"), configs
             time.sleep(2)
             sampling.set()
             sampler.result(timeout=30)
