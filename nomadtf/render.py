@@ -4,9 +4,10 @@ The templates read the JobSpec's attributes (`spec.recovery.restart_delay_ns`,
 `spec.roles[role].gpus`); durations are already nanoseconds, as the API takes them.
 
 Usage:
-    job = render_job(load_spec(Path("job.json")))   # {"Job": {...}}
+    job = render_job(load_spec(Path("job.json")))   # {"Job": {...}} for Nomad 1.6 (target.BASELINE)
     text = job_json(job)                   # the bytes `nomadtf render` prints
     render_job(spec, templates_dir=Path("my-templates"))
+    render_job(spec, target=target.resolve("2.0.5", "--nomad-version"))  # workload identity
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from typing import Any
 import jinja2
 
 from nomadtf import __version__, wire
+from nomadtf import target as target_mod
 from nomadtf.durations import parse_ns
-from nomadtf.errors import RenderError
+from nomadtf.errors import RenderError, SpecError
 from nomadtf.roles import ROLES
 from nomadtf.spec import JobSpec, Role, RunInfo, spec_file_text
 from nomadtf.tfconfig import runs_user_code
@@ -162,7 +164,7 @@ def embedded_spec(task: dict[str, Any]) -> dict[str, Any]:
     raise RenderError(f"task {task.get('Name')!r} carries no {wire.SPEC_FILE} template")
 
 
-def job_meta(spec: JobSpec, run: RunInfo | None = None) -> dict[str, str]:
+def job_meta(spec: JobSpec, run: RunInfo | None = None, target: target_mod.Target | None = None) -> dict[str, str]:
     meta = {
         **spec.meta,
         wire.META_VERSION: __version__,
@@ -173,15 +175,52 @@ def job_meta(spec: JobSpec, run: RunInfo | None = None) -> dict[str, str]:
         meta[wire.META_RUN] = run.id
         if run.model_run and run.model_run != run.id:
             meta[wire.META_MODEL_RUN] = run.model_run
+    if target:
+        meta[wire.META_NOMAD_VERSION] = str(target.version)
     return meta
 
 
-def render_job(spec: JobSpec, templates_dir: Path | None = None, run: RunInfo | None = None) -> dict[str, Any]:
+def vault_role(spec: JobSpec) -> str:
+    """The Vault JWT auth role a task's vault block names on Nomad 1.7+: job.json's
+    `vault.role`, else the job's own (the name `nomadtf acl apply` gives it)."""
+    return spec.vault.get("role") or wire.acl_name(spec.namespace, spec.name)
+
+
+def rendering_context(spec: JobSpec, target: target_mod.Target | None) -> dict[str, Any]:
+    """What the templates need to know about the target Nomad: the decisions (never the
+    version) and the identities' settings. No target: Nomad 1.6, the rendering of before."""
+    workflow = spec.vault.get("workflow")
+    effective = target or target_mod.Target(target_mod.BASELINE, target_mod.BASELINE, "no --nomad-version")
+    problems = target_mod.workflow_problems(workflow, effective)
+    if problems:
+        raise SpecError(problems)
+    return {
+        "rendering": effective.rendering(workflow),
+        "vault_role": vault_role(spec),
+        "identity": {
+            "vault": target_mod.VAULT_IDENTITY_NAME,
+            "vault_audience": target_mod.VAULT_AUDIENCE,
+            "consul": target_mod.CONSUL_IDENTITY_NAME,
+            "consul_audience": target_mod.CONSUL_AUDIENCE,
+            "ttl": target_mod.IDENTITY_TTL,
+        },
+    }
+
+
+def render_job(
+    spec: JobSpec,
+    templates_dir: Path | None = None,
+    run: RunInfo | None = None,
+    target: target_mod.Target | None = None,
+) -> dict[str, Any]:
     """The Nomad job for `spec`; `run` (from `nomadtf run`) goes into the job's Meta and the
-    tasks' spec file. Without one the job is the same for the same spec, byte for byte."""
+    tasks' spec file. Without one the job is the same for the same spec, byte for byte.
+    `target`: the Nomad it is for (recorded in the Meta); None renders for Nomad 1.6 and
+    records none, as nomadtf always did."""
     templates = template_set(templates_dir)
     roles = list(spec.roles)
     context = {
+        **rendering_context(spec, target),
         "spec": spec,
         "roles": roles,
         "service_names": {role: wire.service_name(spec.namespace, spec.name, role) for role in ROLES},
@@ -192,7 +231,7 @@ def render_job(spec: JobSpec, templates_dir: Path | None = None, run: RunInfo | 
         cluster_template = templates.get_template("cluster.ctmpl.j2").render(context)
         text = templates.get_template("job.json.j2").render(
             **context,
-            meta=job_meta(spec, run),
+            meta=job_meta(spec, run, target),
             task_env={role: task_env(spec, role) for role in roles},
             cluster_template=cluster_template,
             spec_template=spec_template(spec, run),

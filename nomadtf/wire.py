@@ -53,6 +53,7 @@ META_STRATEGY = "nomadtf.strategy"
 META_ROLE = "nomadtf.role"
 META_RUN = "nomadtf.run"
 META_MODEL_RUN = "nomadtf.model_run"  # the run whose model_dir a resumed run continues
+META_NOMAD_VERSION = "nomadtf.nomad_version"  # the Nomad the job was rendered for (target.py)
 
 # Files Nomad writes into the task directory (templates) and nomadtf writes there itself.
 SPEC_FILE = "nomadtf-spec.json"
@@ -129,6 +130,11 @@ def service_tags(role: str) -> list[str]:
 
 def parse_tags(tags: list[str]) -> dict[str, str]:
     return dict(t.split("=", 1) for t in tags if "=" in t)
+
+
+# The cluster profile (profile.py): `_` cannot begin a Nomad namespace, so no job's keys
+# (nomadtf/<namespace>/...) are ever here.
+KV_CLUSTER_PROFILE = "nomadtf/_cluster/profile"
 
 
 def kv_job_prefix(namespace: str, job_id: str) -> str:
