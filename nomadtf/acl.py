@@ -3,14 +3,22 @@
 Four policies, one job (`nomadtf acl policies JOB`):
 
 - **Nomad, the submitter** (one namespace): submit, read, scale and stop the job, read
-  its allocations and logs, restart an allocation. Nothing in other namespaces, no node
-  or agent rights.
+  its allocations and logs, restart an allocation; read the agent (its version is what the
+  job is rendered for, target.py). Nothing in other namespaces, no node rights.
 - **Consul, the submitter**: the job's runs' state under `nomadtf/<ns>/` (what `run`,
-  `status`, `scale` and `stop --purge` read and write) and service reads.
+  `status`, `scale` and `stop --purge` read and write), service reads, and the cluster
+  profile (profile.py).
 - **Consul, the job's tasks**: the job's own KV prefix, read on its own services, sessions
   (slot locks) and node reads for health queries. No service registration (Nomad registers
   the services), no other job's keys.
 - **Vault, the job's tasks**: read the Consul token path and the job's secrets.
+
+On Nomad 1.7+ (target.py) the tasks' Vault token comes from their workload identity: a
+**Vault JWT auth role** per job (`vault_jwt_role`), bound to the claims Nomad signs into the
+task's `vault_default` identity (audience vault.io, `nomad_namespace`, `nomad_job_id`),
+grants that Vault policy and nothing else. The JWT auth method it lives in trusts Nomad's
+JWKS; `jwt_auth_config` is its configuration as `nomad setup vault` writes it (once per
+cluster).
 
 Consul scopes sessions by node, not by owner: a task can create (and destroy) sessions on
 the nodes it may write sessions for. README's Security section says what that allows.
@@ -19,6 +27,8 @@ Usage:
     policies = job_policies(load_spec(Path("job.json")))
     policies.nomad_submitter, policies.consul_tasks, ...
     policy_name(spec)      # "nomadtf-<namespace>-<job>-<digest>" (wire.acl_name), what `acl apply` names them
+    vault_jwt_role(spec)   # the body of POST /v1/auth/<mount>/role/<policy_name(spec)>
+    jwt_auth_config("https://nomad.example:4646")
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from nomadtf import wire
+from nomadtf import target, wire
 from nomadtf.spec import JobSpec
 
 # What `run`, `status`, `logs`, `scale`, `stop` and `plan` call (nomad.py names each call's
@@ -44,6 +54,16 @@ NOMAD_SUBMITTER_CAPABILITIES = (
 )
 CONSUL_TOKEN_ROLE_TTL = "1h"
 CONSUL_TOKEN_ROLE_MAX_TTL = "24h"
+
+# Where Nomad's clients log tasks in (their `vault.jwt_auth_backend_path`; Nomad's default).
+JWT_AUTH_MOUNT = "jwt-nomad"
+# The tasks' token is periodic: Nomad renews it while the task runs and revokes it when the
+# task stops (its Consul token's lease dies with it). The explicit maximum caps a token that
+# outlives its task: the job's deadline (after which nomadtf stops the job) plus an hour.
+JWT_TOKEN_PERIOD = "30m"
+JWT_TOKEN_MAX_MARGIN_S = 3600
+JWT_SUPPORTED_ALGS = ("RS256", "EdDSA")  # what Nomad's keyring signs with
+JWT_DEFAULT_ROLE = "nomad-workloads"  # `nomad setup vault`'s, for jobs that name no role
 
 def policy_name(spec: JobSpec) -> str:
     """The name of the job's policies in Consul and Vault (and of its Consul engine role)."""
@@ -74,8 +94,10 @@ class JobPolicies:
 
 
 def nomad_submitter_policy(namespace: str) -> str:
+    """The job's namespace's capabilities, and agent read: `GET /v1/agent/self` says the
+    server's version, so the job is rendered for the Nomad it goes to."""
     caps = ", ".join(_q(c) for c in NOMAD_SUBMITTER_CAPABILITIES)
-    return f"namespace {_q(namespace)} {{\n  capabilities = [{caps}]\n}}\n"
+    return f"namespace {_q(namespace)} {{\n  capabilities = [{caps}]\n}}\nagent {{\n  policy = \"read\"\n}}\n"
 
 
 def consul_hcl(rules: dict[str, Any]) -> str:
@@ -91,6 +113,7 @@ def consul_submitter_rules(namespace: str) -> dict[str, Any]:
     """`run`, `status`, `scale` and `stop --purge`: the state of every run in the namespace."""
     prefix = wire.kv_job_prefix(namespace, "").rstrip("/") + "/"
     return {
+        "key": {wire.KV_CLUSTER_PROFILE: {"policy": "read"}},
         "key_prefix": {prefix: {"policy": "write"}},
         "service_prefix": {"": {"policy": "read"}},
         "node_prefix": {"": {"policy": "read"}},
@@ -113,24 +136,82 @@ def _vault_read_path(path: str) -> str:
     return f"path {_q(path)} {{\n  capabilities = [\"read\"]\n}}\n"
 
 
-def vault_tasks_policy(spec: JobSpec, token_path: str = "", kv_v2_mounts: tuple[str, ...] = ("secret",)) -> str:
+def vault_tasks_policy(
+    spec: JobSpec, token_path: str = "", kv_v2_mounts: tuple[str, ...] = ("secret",), consul_token: bool = True
+) -> str:
     """Read on the Consul token path (`token_path`, else the job's discovery.consul_token_path,
-    else its engine role's) and on every secret the job names (KV v2 paths get their `data/`
-    segment). The first line, a comment, names the job (`owner`)."""
+    else its engine role's; none when `consul_token` is False: a Consul without ACLs needs no
+    token) and on every secret the job names (KV v2 paths get their `data/` segment). The
+    first line, a comment, names the job (`owner`)."""
     def api_path(path: str) -> str:
         mount, _, rest = path.partition("/")
         return f"{mount}/data/{rest}" if mount in kv_v2_mounts else path
 
     blocks = [f"# {owner(spec)}\n"]
     token_path = token_path or spec.discovery.consul_token_path or consul_token_path(spec)
-    for path in [token_path, *(ref["path"] for ref in spec.secrets)]:
+    for path in [token_path] * consul_token + [ref["path"] for ref in spec.secrets]:
         block = _vault_read_path(api_path(path))
         if block not in blocks:
             blocks.append(block)
-    if token_path.split("/", 1)[0] not in kv_v2_mounts:
+    if consul_token and token_path.split("/", 1)[0] not in kv_v2_mounts:
         # A task revokes its own Consul token's lease when it ends (and no other lease).
         blocks.append(f"path {_q('sys/leases/revoke/' + token_path + '/*')} {{\n  capabilities = [\"update\"]\n}}\n")
     return blocks[0] + "\n".join(blocks[1:])
+
+
+def vault_jwt_role(spec: JobSpec, policies: list[str] | None = None) -> dict[str, Any]:
+    """The Vault JWT auth role a job's tasks log in with on Nomad 1.7+ (POST
+    /v1/auth/<mount>/role/<name>): only a Nomad workload identity for Vault (audience
+    vault.io) of this job in this namespace is accepted, and the token grants `policies`
+    (default: the job's own Vault policy). The claims mapped into the token's metadata are
+    what Vault's audit log then shows of each login."""
+    return {
+        "role_type": "jwt",
+        "bound_audiences": [target.VAULT_AUDIENCE],
+        "bound_claims_type": "string",
+        "bound_claims": {"nomad_namespace": spec.namespace, "nomad_job_id": spec.name},
+        "user_claim": "/nomad_job_id",
+        "user_claim_json_pointer": True,
+        "claim_mappings": {"nomad_namespace": "nomad_namespace", "nomad_job_id": "nomad_job_id", "nomad_task": "nomad_task"},
+        "token_type": "service",
+        "token_policies": list(policies or [policy_name(spec)]),
+        "token_period": JWT_TOKEN_PERIOD,
+        "token_explicit_max_ttl": f"{spec.recovery.deadline_ns // 10**9 + JWT_TOKEN_MAX_MARGIN_S}s",
+    }
+
+
+def jwt_auth_config(nomad_address: str, issuer: str | None = None, jwks_ca_pem: str | None = None) -> dict[str, Any]:
+    """The JWT auth method's configuration (POST /v1/auth/<mount>/config) as `nomad setup
+    vault` writes it: Vault verifies identities with Nomad's JWKS (Nomad 1.7+ serves it at
+    /.well-known/jwks.json); `bound_issuer` when the Nomad servers set `oidc_issuer` (their
+    identities then carry it as `iss`)."""
+    config: dict[str, Any] = {
+        "jwks_url": nomad_address.rstrip("/") + "/.well-known/jwks.json",
+        "jwt_supported_algs": list(JWT_SUPPORTED_ALGS),
+        "default_role": JWT_DEFAULT_ROLE,
+    }
+    if jwks_ca_pem:
+        config["jwks_ca_pem"] = jwks_ca_pem
+    if issuer:
+        config["bound_issuer"] = issuer
+    return config
+
+
+def nomad_vault_agent_config(vault_address: str, mount: str = JWT_AUTH_MOUNT) -> str:
+    """The Nomad agents' vault block for workload identities (servers and clients alike;
+    each ignores what is not its own). nomadtf's jobs carry their own vault_default
+    identity; `default_identity` serves every other job."""
+    return (
+        "vault {\n"
+        "  enabled = true\n"
+        f"  address = {_q(vault_address)}\n"
+        f"  jwt_auth_backend_path = {_q(mount)}\n"
+        "  default_identity {\n"
+        f"    aud = [{_q(target.VAULT_AUDIENCE)}]\n"
+        f"    ttl = {_q(target.IDENTITY_TTL)}\n"
+        "  }\n"
+        "}\n"
+    )
 
 
 def job_policies(spec: JobSpec) -> JobPolicies:

@@ -12,13 +12,20 @@ Vault policy's first line); a policy of that name that another job owns is never
     `consul/roles/<name>` (each task gets its own token, leased, revoked when it ends);
   - otherwise: one Consul token with that policy, kept in Vault's KV at
     `secret/nomadtf/consul-tokens/<namespace>/<job>` (`apply` again rotates it);
-- the Vault policy of the job's tasks: read on that path and on the job's secrets.
+- the Vault policy of the job's tasks: read on that path and on the job's secrets;
+- on Nomad 1.7+ (`jwt`), the job's Vault JWT auth role `auth/<mount>/role/<name>`
+  (acl.vault_jwt_role: this job's identities only, that policy only); with `jwt.config`
+  also the auth method itself (enabled at <mount> if missing, its config written: the
+  once-per-cluster step `nomad setup vault` does).
 
+A Consul without ACLs (the plain dev stack) needs no token: only the Vault half is written.
 Consul's failures are mapped where every Consul call's are (discovery.consul_call).
 
 Usage:
     applied = apply(spec)       # spec: a JobSpec -> Applied(name=..., token_path=..., mode=...)
-    revoke(spec)
+    apply(spec, jwt=JwtSetup(mount="jwt-nomad"))                        # + the job's role
+    apply(spec, jwt=JwtSetup("jwt-nomad", acl.jwt_auth_config(addr)))   # + the auth method
+    revoke(spec, jwt=JwtSetup())
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import hvac.exceptions
 
 from nomadtf import acl
 from nomadtf.discovery import consul_call, consul_client
-from nomadtf.errors import AclConflict, VaultError
+from nomadtf.errors import AclConflict, ConsulError, VaultError
 from nomadtf.spec import JobSpec
 from nomadtf.vault import vault_address, vault_tls
 
@@ -44,8 +51,18 @@ KV_MOUNT = "secret"
 @dataclass(frozen=True)
 class Applied:
     name: str
-    token_path: str
-    mode: str  # "engine" (a Consul secrets engine role) or "kv" (one token kept in KV)
+    token_path: str  # "" when Consul runs without ACLs
+    mode: str  # "engine" (a Consul secrets engine role), "kv" (one token kept in KV), "none" (Consul without ACLs)
+    jwt_role: str = ""  # auth/<mount>/role/<name>, when written (Nomad 1.7+)
+
+
+@dataclass(frozen=True)
+class JwtSetup:
+    """The Vault side of workload identities: the JWT auth mount Nomad's clients log tasks in
+    at, and (once per cluster) the auth method's configuration to write there."""
+
+    mount: str = acl.JWT_AUTH_MOUNT
+    config: dict[str, Any] | None = None
 
 
 # What a denial means here: an operator's token is needed (the job's own never may).
@@ -106,20 +123,98 @@ def check_owner(spec: JobSpec, consul_description: str | None, vault_policy: str
         raise AclConflict(f"Vault policy {name} exists and is not this job's (its first line is not '# {mark}'); nothing changed")
 
 
-def apply(spec: JobSpec, token_ttl: str = acl.CONSUL_TOKEN_ROLE_TTL) -> Applied:
-    """Create or update the job's task policies and its tasks' Consul token source.
+def ensure_jwt_auth(vault: hvac.Client, mount: str, config: dict[str, Any]) -> None:
+    """The JWT auth method at `mount`, enabled if missing, configured with `config`.
+
+    GET /v1/sys/auth ; POST /v1/sys/auth/:mount (when missing) ; POST /v1/auth/:mount/config
+    """
+    mounts = vault.sys.list_auth_methods()
+    existing = (mounts.get("data", mounts)).get(f"{mount}/")
+    if existing is None:
+        vault.sys.enable_auth_method("jwt", path=mount, description="Nomad workload identities (nomadtf acl apply)")
+    elif existing.get("type") != "jwt":
+        raise AclConflict(f"Vault auth mount {mount}/ is a {existing.get('type')} method, not jwt; nothing changed there")
+    vault.write(f"auth/{mount}/config", **config)
+
+
+def _jwt_role(vault: hvac.Client, mount: str, name: str) -> dict[str, Any] | None:
+    """GET /v1/auth/:mount/role/:name (None: there is none, or no such mount yet)"""
+    try:
+        response = vault.read(f"auth/{mount}/role/{name}")
+    except hvac.exceptions.InvalidPath:
+        return None
+    return (response or {}).get("data")
+
+
+def check_jwt_role_owner(spec: JobSpec, existing: dict[str, Any] | None) -> None:
+    """A JWT role of the job's name bound to another job's claims is not ours: AclConflict."""
+    if existing is None:
+        return
+    wanted = acl.vault_jwt_role(spec)["bound_claims"]
+    if existing.get("bound_claims") != wanted:
+        raise AclConflict(
+            f"Vault JWT role {acl.policy_name(spec)} exists and is bound to other claims ({existing.get('bound_claims')!r}, "
+            f"expected {wanted!r}); nothing changed"
+        )
+
+
+def _consul_acls_enabled(cons: consul.Consul) -> bool:
+    """False for a Consul that runs without ACLs (the plain dev stack): its tasks need no
+    token, so there is no Consul half to apply. GET /v1/acl/policies"""
+    try:
+        consul_call("listing policies", cons.acl.policy.list, needs=OPERATOR_TOKEN)
+    except ConsulError as exc:
+        if isinstance(exc.__cause__, consul.ACLDisabled):
+            return False
+        raise
+    return True
+
+
+def write_vault_side(vault: hvac.Client, spec: JobSpec, token_path: str, jwt: JwtSetup | None) -> str:
+    """The Vault half of `apply`: the tasks' policy (read on `token_path`, "" for none, and
+    the job's secrets) and, for workload identities, the job's JWT auth role (after the auth
+    method, when `jwt.config` asks for it). Returns the role's path, "" without `jwt`.
+
+    PUT /v1/sys/policy/:name ; [GET /v1/sys/auth, POST /v1/sys/auth/:mount,
+    POST /v1/auth/:mount/config] ; POST /v1/auth/:mount/role/:name
+    """
+    name = acl.policy_name(spec)
+    vault.sys.create_or_update_policy(name, acl.vault_tasks_policy(spec, token_path=token_path, consul_token=bool(token_path)))
+    if not jwt:
+        return ""
+    if jwt.config:
+        ensure_jwt_auth(vault, jwt.mount, jwt.config)
+    vault.write(f"auth/{jwt.mount}/role/{name}", **acl.vault_jwt_role(spec))
+    return f"auth/{jwt.mount}/role/{name}"
+
+
+def apply(spec: JobSpec, token_ttl: str = acl.CONSUL_TOKEN_ROLE_TTL, jwt: JwtSetup | None = None) -> Applied:
+    """Create or update the job's task policies, its tasks' Consul token source and, with
+    `jwt`, its JWT auth role (write_vault_side).
 
     GET /v1/acl/policies ; GET /v1/sys/policy/:name ; PUT /v1/acl/policy[/:id] ;
     GET /v1/sys/mounts ; POST /v1/consul/roles/:name or (KV) GET+POST /v1/secret/data/...,
-    PUT /v1/acl/token, DELETE /v1/acl/token/:accessor ; PUT /v1/sys/policy/:name
+    PUT /v1/acl/token, DELETE /v1/acl/token/:accessor ; PUT /v1/sys/policy/:name ;
+    [GET /v1/auth/:mount/role/:name, POST /v1/auth/:mount/role/:name]
     """
     name = acl.policy_name(spec)
     where = f"{spec.namespace}/{spec.name}"
     cons = consul_client()
     vault = _vault(spec)
+    if not _consul_acls_enabled(cons):
+        try:
+            check_owner(spec, None, _vault_policy_text(vault, name))
+            if jwt:
+                check_jwt_role_owner(spec, _jwt_role(vault, jwt.mount, name))
+            role = write_vault_side(vault, spec, "", jwt)
+        except hvac.exceptions.Forbidden:
+            raise VaultError("Vault denied writing the job's policy or JWT role to VAULT_TOKEN; use an operator's token") from None
+        return Applied(name, "", "none", role)
     existing = consul_call("listing policies", _consul_policy, cons, name, needs=OPERATOR_TOKEN)
     try:
         check_owner(spec, existing.get("Description", "") if existing else None, _vault_policy_text(vault, name))
+        if jwt:  # a mount not there yet answers 404: no role
+            check_jwt_role_owner(spec, _jwt_role(vault, jwt.mount, name))
     except hvac.exceptions.Forbidden:
         raise VaultError("Vault denied reading the job's policy to VAULT_TOKEN; use an operator's token") from None
     consul_call("writing the tasks' policy", _upsert_consul_policy, cons, existing, name, acl.consul_tasks_rules(spec), acl.owner(spec),
@@ -132,10 +227,10 @@ def apply(spec: JobSpec, token_ttl: str = acl.CONSUL_TOKEN_ROLE_TTL) -> Applied:
         else:
             applied = Applied(name, kv_token_path(spec), "kv")
             _rotate_kv_token(cons, vault, applied.token_path, name, where)
-        vault.sys.create_or_update_policy(name, acl.vault_tasks_policy(spec, token_path=applied.token_path))
+        role = write_vault_side(vault, spec, applied.token_path, jwt)
     except hvac.exceptions.Forbidden:
-        raise VaultError("Vault denied writing the job's policy or token source to VAULT_TOKEN; use an operator's token") from None
-    return applied
+        raise VaultError("Vault denied writing the job's policy, token source or JWT role to VAULT_TOKEN; use an operator's token") from None
+    return Applied(applied.name, applied.token_path, applied.mode, role)
 
 
 def _rotate_kv_token(cons: consul.Consul, vault: hvac.Client, path: str, name: str, where: str) -> None:
@@ -158,24 +253,31 @@ def _rotate_kv_token(cons: consul.Consul, vault: hvac.Client, path: str, name: s
             pass  # already gone
 
 
-def revoke(spec: JobSpec) -> None:
+def revoke(spec: JobSpec, jwt: JwtSetup | None = None) -> None:
     """Delete what `apply` created (a running job's tasks lose Consul at their next call);
-    nothing when a policy of that name is another job's.
+    nothing when a policy of that name is another job's. With `jwt`, the job's JWT role too;
+    the auth method stays, it is the cluster's.
 
-    GET /v1/acl/policies ; GET /v1/sys/policy/:name ; GET+DELETE /v1/secret/metadata/... ;
-    DELETE /v1/acl/token/:accessor ; GET /v1/sys/mounts ; DELETE /v1/consul/roles/:name ;
-    DELETE /v1/sys/policy/:name ; DELETE /v1/acl/policy/:id
+    GET /v1/acl/policies ; GET /v1/sys/policy/:name ; [GET+DELETE /v1/auth/:mount/role/:name] ;
+    GET+DELETE /v1/secret/metadata/... ; DELETE /v1/acl/token/:accessor ; GET /v1/sys/mounts ;
+    DELETE /v1/consul/roles/:name ; DELETE /v1/sys/policy/:name ; DELETE /v1/acl/policy/:id
     """
     name = acl.policy_name(spec)
     cons = consul_client()
     vault = _vault(spec)
-    existing = consul_call("listing policies", _consul_policy, cons, name, needs=OPERATOR_TOKEN)
+    acls = _consul_acls_enabled(cons)
+    existing = consul_call("listing policies", _consul_policy, cons, name, needs=OPERATOR_TOKEN) if acls else None
     check_owner(spec, existing.get("Description", "") if existing else None, _vault_policy_text(vault, name))
+    role = _jwt_role(vault, jwt.mount, name) if jwt else None
+    check_jwt_role_owner(spec, role)
+    if jwt and role is not None:
+        vault.delete(f"auth/{jwt.mount}/role/{name}")
     path = kv_token_path(spec)
     mount, _, rest = path.partition("/")
     try:
         stored = vault.secrets.kv.v2.read_secret_version(path=rest, mount_point=mount, raise_on_deleted_version=True)["data"]["data"]
-        consul_call("deleting the tasks' token", cons.acl.token.delete, stored["accessor"], needs=OPERATOR_TOKEN)
+        if acls:
+            consul_call("deleting the tasks' token", cons.acl.token.delete, stored["accessor"], needs=OPERATOR_TOKEN)
         vault.secrets.kv.v2.delete_metadata_and_all_versions(path=rest, mount_point=mount)
     except (hvac.exceptions.InvalidPath, KeyError):
         pass

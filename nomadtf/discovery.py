@@ -89,6 +89,20 @@ def consul_client(token: str | None = None) -> consul.Consul:
     return client
 
 
+def read_cluster_profile(client: consul.Consul | None = None) -> str | None:
+    """The cluster profile's text as its operator wrote it (profile.py); None when there is none.
+
+    GET /v1/kv/nomadtf/_cluster/profile
+    """
+    _, item = consul_call("reading the cluster profile", (client or consul_client()).kv.get, wire.KV_CLUSTER_PROFILE)
+    return item["Value"].decode() if item and item.get("Value") else None
+
+
+def write_cluster_profile(text: str, client: consul.Consul | None = None) -> None:
+    """PUT /v1/kv/nomadtf/_cluster/profile (an operator's token: key write there)"""
+    consul_call("writing the cluster profile", (client or consul_client()).kv.put, wire.KV_CLUSTER_PROFILE, text)
+
+
 def _instances(entries: list[dict[str, Any]]) -> dict[str, str]:
     """alloc id -> "host:port" of a service's health entries (its tasks' registrations). Pure."""
     out = {}

@@ -265,6 +265,22 @@ class NomadAPI:
             raise
         return resp.json(), int(resp.headers.get("X-Nomad-Index", index))
 
+    # ---- the agent ----------------------------------------------------------------------------
+
+    def agent_version(self) -> str:
+        """The Nomad version of the agent at NOMAD_ADDR, as it prints it ("1.6.1",
+        "1.10.0-beta.1"): what a job is rendered for (target.py). Needs agent:read under ACLs.
+
+        GET /v1/agent/self
+        """
+        data = self._json("reading the agent's version", "agent:read", self.client.agent, "self")
+        version = ((data.get("config") or {}).get("Version") or {})
+        text = version.get("Version") or ((data.get("member") or {}).get("Tags") or {}).get("build", "")
+        if not text:
+            raise NomadError("Nomad's /v1/agent/self named no version")
+        prerelease = version.get("VersionPrerelease")
+        return f"{text}-{prerelease}" if prerelease and "-" not in text else text
+
     # ---- jobs -----------------------------------------------------------------------------
 
     def validate(self, job: dict[str, Any]) -> list[str]:

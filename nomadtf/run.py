@@ -17,6 +17,7 @@ Usage:
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 import time
@@ -25,12 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nomadtf import render, wire
+from nomadtf import cluster_facts, render, wire
 from nomadtf.discovery import ConsulDiscovery
 from nomadtf.errors import FollowTimeout, JobFailed, JobStopped, NomadError, NomadtfError, ServerError
 from nomadtf.follow import Follower, JobView, final_lines, require_nomadtf_job, run_of, versions_of_run
 from nomadtf.nomad import NomadAPI
-from nomadtf.spec import JobSpec, RunInfo, expand_task_vars, load_spec
+from nomadtf.profile import offline_check_fill
+from nomadtf.spec import JobSpec, RunInfo, expand_task_vars, load_options, parse_spec
+from nomadtf.target import Target
 
 REPLACE_WAIT_S = 60.0  # how long --replace waits for the running run's allocations to stop
 
@@ -81,21 +84,38 @@ def client_model_dir(spec: JobSpec, namespace: str, run_dir: str) -> Path | None
 class Run:
     """One run of one job.json, from the options file to the training's outcome."""
 
-    def __init__(self, spec: JobSpec, api: NomadAPI, templates: Path | None = None):
+    def __init__(
+        self,
+        spec: JobSpec,
+        api: NomadAPI,
+        templates: Path | None = None,
+        target: Target | None = None,
+        notes: list[str] | None = None,
+    ):
         self.spec = spec
         self.api = api
         self.templates = templates
+        self.target = target  # the Nomad the job is rendered for (None: 1.6, as before targets)
+        self.notes = list(notes or [])  # what the cluster could not tell (cluster_facts)
         self.job_id: str = spec.name
         self.discovery: ConsulDiscovery | None = None
         # The job as `validate` and `plan` see it; `submit` renders it again with its run.
-        self.job: dict[str, Any] = render.render_job(spec, templates)
+        self.job: dict[str, Any] = render.render_job(spec, templates, target=target)
 
     @classmethod
     def from_job_file(cls, job_file: Path, variables: list[str], templates: Path | None = None) -> Run:
-        """Load and check the spec and that it renders (offline); the client speaks to the
-        job's namespace and region."""
-        spec = load_spec(job_file, variables)
-        return cls(spec, NomadAPI.from_env(namespace=spec.namespace, region=spec.region), templates)
+        """Load and check the spec, filled from the cluster's profile, and render it for the
+        server's Nomad version (cluster_facts); a job.json that is wrong in itself asks no
+        server anything. The client speaks to the job's namespace and region.
+
+        GET /v1/kv/nomadtf/_cluster/profile ; GET /v1/agent/self
+        """
+        raw = load_options(job_file, variables)
+        parse_spec(offline_check_fill(raw))  # every problem of job.json itself, before any server
+        facts = cluster_facts.at_submission(NomadAPI.from_env(), os.environ)
+        spec = parse_spec(facts.fill(raw))
+        api = NomadAPI.from_env(namespace=spec.namespace, region=spec.region)
+        return cls(spec, api, templates, facts.target, facts.notes)
 
     def submit(self, replace: bool = False, resume: bool = False) -> Submitted:
         """Validate with Nomad, handle a run of the same job that is still going (refused
@@ -112,7 +132,7 @@ class Run:
         POST /v1/jobs (EnforceIndex) ; GET /v1/job/:job_id/versions ;
         DELETE /v1/kv/nomadtf/<ns>/<job>/<other run>/?recurse
         """
-        notes: list[str] = []
+        notes: list[str] = list(self.notes)
         run_id = new_run_id()
         existing = self.api.job(self.job_id)
         if existing is not None and wire.META_VERSION not in (existing.get("Meta") or {}):
@@ -121,7 +141,7 @@ class Run:
                 "pick another name (nomadtf never replaces a job it did not start)"
             )
         model_run = self._model_run(existing, run_id, resume, notes)
-        job = render.render_job(self.spec, self.templates, RunInfo(run_id, time.time(), model_run))
+        job = render.render_job(self.spec, self.templates, RunInfo(run_id, time.time(), model_run), self.target)
         self.api.validate(job)
         discovery = ConsulDiscovery(self.job_id, self.api.namespace, run_id=run_id)
         try:

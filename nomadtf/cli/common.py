@@ -20,6 +20,14 @@ TemplatesDir = Annotated[
         "with nomadtf's wire module in reach, run with your tokens in the environment",
     ),
 ]
+NomadVersion = Annotated[
+    Optional[str],
+    typer.Option(
+        "--nomad-version",
+        help="Render for this Nomad (e.g. 2.0.5: workload identity for Vault); default NOMADTF_NOMAD_VERSION, "
+        "the cluster profile's, else 1.6. See docs/nomad-versions.md",
+    ),
+]
 Namespace = Annotated[
     Optional[str], typer.Option("--namespace", help="Nomad namespace ('*' lists all); default NOMAD_NAMESPACE or default")
 ]

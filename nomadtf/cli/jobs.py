@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from nomadtf.cli.common import JobFile, Namespace, Region, TemplatesDir, Vars, err, stamp, state
+from nomadtf.cli.common import JobFile, Namespace, NomadVersion, Region, TemplatesDir, Vars, err, stamp, state
 from nomadtf.cli.display import Display
 from nomadtf.errors import NomadtfError
 
@@ -194,18 +194,22 @@ def render(
     out: Annotated[Optional[Path], typer.Option("--out", help="Write to this file instead of stdout")] = None,
     tf_config: Annotated[bool, typer.Option("--tf-config", help="Show every task's TF_CONFIG instead")] = False,
     templates: TemplatesDir = None,
+    nomad_version: NomadVersion = None,
 ) -> None:
-    """Render job.json into the Nomad job (API JSON). Offline."""
+    """Render job.json into the Nomad job (API JSON) for a Nomad version. Offline."""
+    from nomadtf import cluster_facts, tfconfig
     from nomadtf import render as render_mod
-    from nomadtf import tfconfig
-    from nomadtf.spec import load_spec
+    from nomadtf.spec import load_options, parse_spec
 
-    spec = load_spec(job_file, var or [])
+    facts = cluster_facts.offline(nomad_version)
+    for note in facts.notes:
+        err(note)
+    spec = parse_spec(facts.fill(load_options(job_file, var or [])))
     if tf_config:
         configs = tfconfig.all_tf_configs(spec.name, spec.strategy, spec.counts)
         text = json.dumps(configs, indent=2, sort_keys=True) + "\n"
     else:
-        text = render_mod.job_json(render_mod.render_job(spec, templates))
+        text = render_mod.job_json(render_mod.render_job(spec, templates, target=facts.target))
     if out:
         out.write_text(text)
         err(f"wrote {out}")
@@ -220,6 +224,8 @@ def validate(job_file: JobFile, var: Vars = None, templates: TemplatesDir = None
     from nomadtf.run import Run
 
     job_run = Run.from_job_file(job_file, var or [], templates)
+    for note in job_run.notes:
+        err(note)
     typer.echo(f"{job_file}: valid ({job_run.spec.strategy}, roles {job_run.spec.counts})")
     for line in docker_image_needs(job_run.spec):
         typer.echo(line)
@@ -240,6 +246,8 @@ def plan(job_file: JobFile, var: Vars = None, templates: TemplatesDir = None) ->
 
     try:
         job_run = Run.from_job_file(job_file, var or [], templates)
+        for note in job_run.notes:
+            err(note)
         result = job_run.api.plan(job_run.job)
     except NomadtfError as exc:
         err(str(exc) if not state["debug"] else repr(exc))

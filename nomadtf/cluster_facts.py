@@ -1,0 +1,112 @@
+"""What the cluster says about itself when a job is submitted: the version of its Nomad
+(the rendering's target) and its profile (profile.py). Nothing here prints: what could not
+be read is said in `notes`, which the CLI shows.
+
+Order, for `run`, `plan`, `validate` and `acl apply`:
+- the target: the server's own version (GET /v1/agent/self); when that is refused (a token
+  without agent:read) or Nomad does not answer: NOMADTF_NOMAD_VERSION, else the profile's
+  `nomad_version`, else Nomad 1.6 with a note saying how to name it;
+- the profile: the file NOMADTF_CLUSTER_PROFILE names, else Consul KV
+  (wire.KV_CLUSTER_PROFILE), else none (every setting from job.json and the schema).
+Offline (`render`, `acl policies`): --nomad-version, NOMADTF_NOMAD_VERSION, the profile
+file's version; no server is asked. `acl apply` / `revoke` take --nomad-version or
+NOMADTF_NOMAD_VERSION before asking the server.
+
+Usage:
+    facts = at_submission(NomadAPI.from_env(), os.environ)
+    spec = parse_spec(facts.fill(load_options(path, overrides)))
+    render_job(spec, target=facts.target); facts.notes
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from nomadtf import discovery, wire
+from nomadtf import target as target_mod
+from nomadtf.errors import ServerError, SpecError
+from nomadtf.nomad import NomadAPI
+from nomadtf.profile import ClusterProfile, fill_job, offline_target, profile_from_file
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    target: target_mod.Target | None
+    profile: ClusterProfile | None
+    notes: list[str] = field(default_factory=list)
+
+    def fill(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """job.json's raw options (spec.load_options) with what the cluster says filled in."""
+        return fill_job(raw, self.profile, self.target)
+
+
+def read_profile(environ: Mapping[str, str] = os.environ) -> tuple[ClusterProfile | None, list[str]]:
+    """The profile from its file, else from Consul KV; a Consul that does not answer or
+    refuses the read gives none and a note (a profile that is there but broken fails).
+
+    GET /v1/kv/nomadtf/_cluster/profile
+    """
+    from_file = profile_from_file(environ)
+    if from_file:
+        return from_file, []
+    try:
+        text = discovery.read_cluster_profile()
+    except ServerError as exc:
+        return None, [f"no cluster profile: {exc}"]
+    if text is None:
+        return None, []
+    source = f"Consul KV {wire.KV_CLUSTER_PROFILE}"
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise SpecError(f"cluster profile ({source}): not JSON ({exc}); its operator rewrites it with `nomadtf acl profile FILE`") from exc
+    return ClusterProfile.from_json(data, source), []
+
+
+def server_target(api: NomadAPI, profile: ClusterProfile | None, environ: Mapping[str, str] = os.environ) -> tuple[target_mod.Target, list[str]]:
+    """The server's version; the fallbacks of the module docstring when it cannot be read.
+
+    GET /v1/agent/self
+    """
+    try:
+        found = target_mod.resolve(api.agent_version(), f"Nomad at {api.address}")
+    except ServerError as exc:
+        fallback = offline_target(None, profile, environ)
+        if fallback is not None:
+            return fallback, [f"could not read Nomad's version ({exc}); rendering for {fallback.version} ({fallback.source})"]
+        baseline = target_mod.Target(target_mod.BASELINE, target_mod.BASELINE, "default")
+        return baseline, [
+            f"could not read Nomad's version ({exc}); rendering for Nomad {target_mod.BASELINE}. On Nomad 1.7+ set "
+            f"{target_mod.ENV_NOMAD_VERSION} (or the cluster profile's nomad_version), or give the token agent:read"
+        ]
+    return found, list(found.notes)
+
+
+def at_submission(api: NomadAPI, environ: Mapping[str, str] = os.environ) -> ClusterFacts:
+    profile, notes = read_profile(environ)
+    found, target_notes = server_target(api, profile, environ)
+    return ClusterFacts(found, profile, notes + target_notes)
+
+
+def offline(flag: str | None, environ: Mapping[str, str] = os.environ) -> ClusterFacts:
+    profile = profile_from_file(environ)
+    found = offline_target(flag, profile, environ)
+    return ClusterFacts(found, profile, list(found.notes) if found else [])
+
+
+def for_operator(flag: str | None, environ: Mapping[str, str] = os.environ) -> ClusterFacts:
+    """`acl apply` / `revoke`: the profile (file or Consul); the target from --nomad-version
+    or NOMADTF_NOMAD_VERSION, else from the server as a submission would.
+
+    GET /v1/kv/nomadtf/_cluster/profile ; GET /v1/agent/self (without a version given)
+    """
+    profile, notes = read_profile(environ)
+    if flag or environ.get(target_mod.ENV_NOMAD_VERSION):
+        found = offline_target(flag, profile, environ)
+        return ClusterFacts(found, profile, notes + list(found.notes if found else ()))
+    found, target_notes = server_target(NomadAPI.from_env(), profile, environ)
+    return ClusterFacts(found, profile, notes + target_notes)

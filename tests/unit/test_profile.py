@@ -1,0 +1,196 @@
+"""The cluster profile: what it fills into a job, in which order the target is chosen, and
+how it travels through Consul KV (against a stand-in Consul on 127.0.0.1 that speaks the KV
+API py-consul calls)."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import json
+import os
+import threading
+
+import pytest
+
+from nomadtf import cluster_facts, discovery, wire
+from nomadtf.errors import SpecError, UnreachableError
+from nomadtf.profile import ClusterProfile, consul_token_path, fill_job, offline_target, profile_from_file
+from nomadtf.render import render_job
+from nomadtf.spec import load_options, parse_spec
+from nomadtf.target import BASELINE, ENV_NOMAD_VERSION, resolve
+from tests.helpers import nomadtf
+from tests.unit.test_render import JOB_EXAMPLES, task
+
+SECURE = ClusterProfile(
+    consul_address="https://127.0.0.1:8501",
+    consul_ca_file="/etc/nomadtf/ca.pem",
+    vault_address="https://127.0.0.1:8200",
+    vault_ca_file="/etc/nomadtf/ca.pem",
+    consul_token_source="engine",
+    job_vault_policy=True,
+    source="test",
+)
+
+
+def test_the_profile_fills_what_job_json_leaves_unset_and_nothing_it_sets():
+    spec = parse_spec(fill_job(load_options(JOB_EXAMPLES["secrets"], ["discovery.consul_address=10.0.0.1:8500"]), SECURE, None))
+    own = wire.acl_name("default", "digits-secrets")
+    assert spec.discovery.consul_address == "10.0.0.1:8500"  # --var wins
+    assert spec.discovery.consul_ca_file == "/etc/nomadtf/ca.pem"
+    assert spec.discovery.consul_token_path == f"consul/creds/{own}"
+    assert spec.vault["address"] == "https://127.0.0.1:8200" and spec.vault["ca_file"] == "/etc/nomadtf/ca.pem"
+    assert spec.vault["policies"] == ["nomadtf-digits-read", own]  # job.json's, and the job's own
+    chief = task(render_job(spec), "chief")
+    assert chief["Env"]["CONSUL_HTTP_ADDR"] == "10.0.0.1:8500" and chief["Env"]["VAULT_CACERT"] == "/etc/nomadtf/ca.pem"
+    assert chief["Vault"]["Policies"] == ["nomadtf-digits-read", own]
+
+
+def test_job_json_overrides_every_setting_of_the_profile():
+    raw = {
+        "name": "x",
+        "discovery": {"consul_address": "a:1", "consul_ca_file": "/a", "consul_token_path": "kv/mine"},
+        "vault": {"address": "https://v", "ca_file": "/v", "policies": ["mine"]},
+    }
+    filled = fill_job(raw, SECURE, None)
+    assert filled["discovery"] == raw["discovery"]
+    assert filled["vault"] == {**raw["vault"], "policies": ["mine", wire.acl_name("default", "x")]}
+    approle = fill_job({"name": "x", "vault": {"auth": "approle", "role": "r"}}, SECURE, None)
+    assert "policies" not in approle["vault"]  # nomadtf logs in itself: no Nomad policy to add
+
+
+def test_without_a_profile_a_job_is_left_as_written_on_1_6_and_gets_its_own_policy_on_1_7():
+    raw = {"name": "x", "secrets": [{"path": "secret/a/b", "key": "k", "env": "K"}]}
+    assert fill_job(raw, None, None) == raw
+    assert fill_job(raw, None, resolve("1.6.1", "test")) == raw
+    assert fill_job(raw, None, resolve("2.0.5", "test"))["vault"]["policies"] == [wire.acl_name("default", "x")]
+    assert "policies" not in fill_job({**raw, "vault": {"workflow": "token"}}, None, resolve("1.9.0", "test"))["vault"]
+
+
+def test_the_token_sources_follow_acl_applys_convention():
+    assert consul_token_path("engine", "ml", "train") == f"consul/creds/{wire.acl_name('ml', 'train')}"
+    assert consul_token_path("kv", "ml", "train") == "secret/nomadtf/consul-tokens/ml/train"
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        ({"consul_adress": "x"}, "did you mean 'consul_address'"),
+        ({"consul_token_source": "vault"}, "consul_token_source must be one of engine, kv"),
+        ({"vault_ca_file": ""}, "vault_ca_file must be a non-empty string"),
+        ({"job_vault_policy": "yes"}, "job_vault_policy must be a boolean"),
+        ([], "must be a JSON object"),
+        ({"nomad_version": "two"}, "write it as Nomad prints it"),
+    ],
+)
+def test_a_broken_profile_is_refused_naming_the_field(data, problem):
+    with pytest.raises(SpecError, match=problem):
+        ClusterProfile.from_json(data, "test")
+
+
+def test_a_profile_survives_its_own_json():
+    assert ClusterProfile.from_json(SECURE.to_json(), "again") == ClusterProfile(**{**SECURE.__dict__, "source": "again"})
+
+
+def test_the_offline_target_comes_from_the_flag_then_the_environment_then_the_profile(tmp_path):
+    profile = ClusterProfile(nomad_version="1.11.3", source="p")
+    assert str(offline_target("2.0.5", profile, {ENV_NOMAD_VERSION: "1.8.0"}).version) == "2.0.5"
+    assert str(offline_target(None, profile, {ENV_NOMAD_VERSION: "1.8.0"}).version) == "1.8.0"
+    assert str(offline_target(None, profile, {}).version) == "1.11.3"
+    assert offline_target(None, None, {}) is None
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"nomad_version": "2.0.5"}))
+    facts = cluster_facts.offline(None, {"NOMADTF_CLUSTER_PROFILE": str(path)})
+    assert facts.profile == profile_from_file({"NOMADTF_CLUSTER_PROFILE": str(path)})
+    assert str(facts.target.version) == "2.0.5" and facts.target.source == f"cluster profile {path}"
+
+
+class _FakeNomad:
+    """NomadAPI's agent_version, answering or refusing as a server would."""
+
+    address = "http://127.0.0.1:1"
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    def agent_version(self):
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+def test_the_server_says_the_target_and_a_refusal_falls_back_with_a_note():
+    found, notes = cluster_facts.server_target(_FakeNomad("2.0.5"), None, {})
+    assert str(found.version) == "2.0.5" and notes == []
+    newer, notes = cluster_facts.server_target(_FakeNomad("2.2.0"), None, {})
+    assert newer.rendering_version == resolve("2.0.5", "t").version and "newer than 2.0.5" in notes[0]
+    refused = UnreachableError("cannot reach Nomad")
+    found, notes = cluster_facts.server_target(_FakeNomad(refused), ClusterProfile(nomad_version="1.11.3", source="p"), {})
+    assert str(found.version) == "1.11.3" and "cannot reach Nomad" in notes[0]
+    found, notes = cluster_facts.server_target(_FakeNomad(refused), None, {})
+    assert found.version == BASELINE and ENV_NOMAD_VERSION in notes[0] and "agent:read" in notes[0]
+
+
+@pytest.fixture
+def consul_kv(monkeypatch):
+    """A stand-in Consul on 127.0.0.1 holding a KV store: GET and PUT /v1/kv/<key>."""
+    store: dict[str, bytes] = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _key(self):
+            return self.path.split("?", 1)[0].removeprefix("/v1/kv/")
+
+        def do_GET(self):  # noqa: N802
+            key = self._key()
+            if key not in store:
+                self.send_response(404)
+                self.send_header("X-Consul-Index", "1")
+                self.end_headers()
+                return
+            body = json.dumps([{"Key": key, "Value": base64.b64encode(store[key]).decode(), "ModifyIndex": 1, "CreateIndex": 1, "Flags": 0, "LockIndex": 0}]).encode()
+            self.send_response(200)
+            self.send_header("X-Consul-Index", "1")
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_PUT(self):  # noqa: N802
+            store[self._key()] = self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Length", "4")
+            self.end_headers()
+            self.wfile.write(b"true")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("CONSUL_HTTP_ADDR", f"127.0.0.1:{server.server_address[1]}")
+    monkeypatch.delenv("CONSUL_HTTP_TOKEN", raising=False)
+    monkeypatch.delenv("NOMADTF_CLUSTER_PROFILE", raising=False)
+    yield store
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_operators_profile_reaches_every_submission_through_consul_kv(consul_kv, tmp_path):
+    assert cluster_facts.read_profile() == (None, [])
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(SECURE.to_json()))
+    written = nomadtf("acl", "profile", str(path), env={"CONSUL_HTTP_ADDR": os.environ["CONSUL_HTTP_ADDR"]})
+    assert written.returncode == 0, written.stderr
+    assert json.loads(consul_kv[wire.KV_CLUSTER_PROFILE]) == SECURE.to_json()
+    profile, notes = cluster_facts.read_profile()
+    assert profile == ClusterProfile(**{**SECURE.__dict__, "source": f"Consul KV {wire.KV_CLUSTER_PROFILE}"}) and notes == []
+    consul_kv[wire.KV_CLUSTER_PROFILE] = b"{not json"
+    with pytest.raises(SpecError, match="not JSON"):
+        cluster_facts.read_profile()
+    assert discovery.read_cluster_profile() == "{not json"
+
+
+def test_a_consul_that_does_not_answer_gives_no_profile_and_a_note(monkeypatch):
+    monkeypatch.setenv("CONSUL_HTTP_ADDR", "127.0.0.1:1")
+    monkeypatch.delenv("NOMADTF_CLUSTER_PROFILE", raising=False)
+    profile, notes = cluster_facts.read_profile()
+    assert profile is None and "cannot reach Consul" in notes[0]
