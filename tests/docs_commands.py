@@ -41,10 +41,10 @@ SHELL_FENCES = {"bash", "sh", "shell", "console"}
 # The exit codes a shown command may end with (default: 0 only).
 OFFLINE: dict[str, set[int]] = {
     r"nomadtf( [a-z-]+)* --help": {0},
-    r"nomadtf render examples/\S+( --var \S+| --tf-config)*": {0},
+    r"nomadtf render examples/\S+( --var \S+| --tf-config| --nomad-version \S+)*": {0},
     r"nomadtf validate examples/\S+": {0},  # with Nomad out of reach: the schema and the cross-field rules
     r"nomadtf convert-dcos examples/dcos/options.json( --out \S+)?": {0},
-    r"nomadtf acl policies examples/\S+": {0},
+    r"nomadtf acl policies examples/\S+( --nomad-version \S+)?": {0},
     r"nomadtf dev config (server|client)( --\S+( [^-]\S*)?)*": {0},
 }
 ON_STACK: dict[str, set[int]] = {
@@ -80,11 +80,14 @@ RUN_BY: dict[str, str] = {
         "tests/stack/test_multiclient.py::test_dev_cli_up_with_gpu_clients_finds_the_cluster_and_status_shows_its_gpus",
     r"nomadtf dev up --clients 3 --secure": "tests/stack/test_multiclient.py::test_dev_cli_sees_the_cluster",
     r"nomadtf dev env --cluster": "tests/stack/test_multiclient.py::test_dev_cli_sees_the_cluster",
-    # The secure stack's steps (acl apply, then run with what it printed), on the secrets example.
-    r"nomadtf acl apply examples/digits/job.json":
-        "tests/stack/test_secure.py::test_the_ps_example_trains_with_acls_and_tls_and_secrets_stay_where_they_belong",
-    r"nomadtf run examples/digits/job.json --var entrypoint.workdir=\$PWD/examples/digits( --var \S+)+":
-        "tests/stack/test_secure.py::test_the_ps_example_trains_with_acls_and_tls_and_secrets_stay_where_they_belong",
+    # The secure stack's steps: the cluster profile once, acl apply, then the secrets example
+    # as it is (a stand-in Consul holds the profile: the shared stacks' KV would fill others' jobs).
+    r"nomadtf acl profile cluster-profile.json":
+        "tests/unit/test_profile.py::test_the_operators_profile_reaches_every_submission_through_consul_kv",
+    r"nomadtf acl apply examples/secrets/job.json":
+        "tests/stack/test_profile.py::test_the_secrets_example_runs_unchanged_on_the_secure_stack",
+    r"nomadtf run examples/secrets/job.json --var entrypoint.workdir=\$PWD/examples/digits":
+        "tests/stack/test_profile.py::test_the_secrets_example_runs_unchanged_on_the_secure_stack",
     # Inside a Vagrant VM. No VM can run here (no hypervisor): the test validates the
     # Vagrantfile, and its neighbours the configs the VMs are provisioned with.
     r"/opt/nomadtf/venv/bin/nomadtf run examples/digits/job.json( --var \S+)+":

@@ -114,6 +114,10 @@ def test_more_gpus_than_exist_is_explained_and_run_fails_fast(stack, tmp_path):
         ({"count": 1, "min_memory": "40 GiB"}, False),
         ({"count": 1, "model": "Tesla-V100-SXM2-16GB"}, True),
         ({"count": 1, "model": "NVIDIA A100-SXM4-40GB"}, False),
+        # The model is matched exactly: how a role is kept off (or put on) the MIG slices that
+        # nomad-device-nvidia 1.1 lists as GPUs named "<model> MIG 1g.5gb" (docs/nomad-versions.md).
+        ({"count": 1, "model": "Tesla-V100-SXM2-16GB MIG 1g.5gb"}, False),
+        ({"count": 1, "model": "Tesla-V100"}, False),
         # An affinity is a preference: a model nobody offers still places on what there is.
         ({"count": 1, "affinities": [{"attribute": "${device.model}", "value": "NVIDIA A100-SXM4-40GB", "weight": 80}]}, True),
     ],

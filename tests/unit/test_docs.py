@@ -103,9 +103,10 @@ def test_full_jobs_shown_in_the_docs_are_the_examples_as_they_are():
 
 
 def test_acl_names_in_the_docs_are_the_ones_acl_apply_makes():
-    digits = wire.acl_name("default", "digits")
-    names = {name for path in DOC_FILES for name in re.findall(r"nomadtf-default-digits-[0-9a-f]{8}", path.read_text())}
-    assert names == {digits}
+    shown = {m.groups() for path in DOC_FILES for m in re.finditer(r"nomadtf-default-([a-z0-9-]+?)-([0-9a-f]{8})\b", path.read_text())}
+    assert shown, "no doc shows a job's ACL name any more"
+    for job, digest in shown:
+        assert f"nomadtf-default-{job}-{digest}" == wire.acl_name("default", job), (job, digest)
 
 
 def test_the_readmes_links_lead_somewhere():

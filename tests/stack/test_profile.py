@@ -1,0 +1,101 @@
+"""One job.json for every cluster: examples/secrets/job.json runs with no cluster setting in
+job.json or on the command line, on the plain stack and on the secure one, after the
+operator's one-time setup (the cluster profile, then `nomadtf acl apply` for the job).
+
+The profile reaches these runs through NOMADTF_CLUSTER_PROFILE rather than the stacks'
+Consul KV: both stacks are shared by every test, and a profile in their KV would fill other
+tests' jobs too. Reading it from Consul KV (and `nomadtf acl profile` writing it there) is
+tests/unit/test_profile.py's, through a stand-in Consul; both sources feed the same fill.
+The `--var`s left are not the cluster's: a unique name and small CPU asks (the stacks are
+shared), this checkout's workdir (the docs' recipes pass it too), and fewer steps."""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+
+import pytest
+import requests
+
+from nomadtf import wire
+from nomadtf.devstack import stack as stack_mod
+from tests.helpers import EXAMPLES, nomadtf, unique
+
+pytestmark = pytest.mark.stack
+
+EXAMPLE = EXAMPLES / "secrets" / "job.json"
+EXAMPLE_SECRET = "secret/data/nomadtf/digits"  # what examples/secrets/job.json reads
+
+
+def _store_example_secret(api, vault_url: str) -> None:
+    """The example's secret, unless the stack holds one already (it is shared)."""
+    if api.get(f"{vault_url}/v1/{EXAMPLE_SECRET}", timeout=10).status_code != 200:
+        data = {"api_token": secrets.token_hex(8), "tls_key": secrets.token_hex(8)}
+        api.post(f"{vault_url}/v1/{EXAMPLE_SECRET}", json={"data": data}, timeout=10).raise_for_status()
+
+
+def _run_example(tmp_path, env: dict, profile: dict) -> tuple[str, str, int, dict]:
+    """The operator's setup (the profile, `acl apply`), then the run; (name, output, exit
+    code, the environment both used)."""
+    path = tmp_path / "cluster-profile.json"
+    path.write_text(json.dumps(profile))
+    env = {**env, "NOMADTF_CLUSTER_PROFILE": str(path)}
+    name = unique("profile-secrets")
+    job_vars = ["--var", f"name={name}"]
+    applied = nomadtf("acl", "apply", str(EXAMPLE), *job_vars, env=env, timeout=60)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    # Smaller CPU asks than the example's 2300 MHz: the shared stacks run other tests' jobs.
+    small = [arg for role in ("chief", "worker", "ps") for arg in ("--var", f"roles.{role}.cpu=200")]
+    result = nomadtf(
+        "run", str(EXAMPLE), *job_vars, "--var", f"entrypoint.workdir={EXAMPLES / 'digits'}", "--var", "context.steps=200",
+        *small, "--timeout", "6m", env=env, timeout=420,
+    )
+    return name, result.stdout + result.stderr, result.returncode, env
+
+
+def _cleanup(name: str, env: dict) -> None:
+    nomadtf("stop", name, "--purge", env=env, timeout=60)
+    nomadtf("acl", "revoke", str(EXAMPLE), "--var", f"name={name}", env=env, timeout=60)
+
+
+def test_the_secrets_example_runs_unchanged_on_the_plain_stack(stack, tmp_path):
+    operator = requests.Session()  # the plain stack's root token, as `nomadtf dev env` gives it
+    operator.headers["X-Vault-Token"] = stack.root_token()
+    _store_example_secret(operator, stack_mod.VAULT_ADDR)
+    name, out, code, env = _run_example(tmp_path, {}, {"job_vault_policy": True})
+    try:
+        assert code == 0, out
+        assert float(re.findall(r"final_accuracy=([0-9.]+)", out)[-1]) > 0.8, out
+        job = operator.get(f"{stack_mod.NOMAD_ADDR}/v1/job/{name}", timeout=10).json()
+        chief = next(g for g in job["TaskGroups"] if g["Name"] == "chief")["Tasks"][0]
+        # The job's own policy, which `acl apply` wrote, is what reads the secrets.
+        assert chief["Vault"]["Policies"] == ["nomadtf-digits-read", wire.acl_name("default", name)]
+    finally:
+        _cleanup(name, env)
+
+
+def test_the_secrets_example_runs_unchanged_on_the_secure_stack(secure_cluster, tmp_path):
+    api, found = secure_cluster.api().session(), secure_cluster.api().urls
+    ca = str(secure_cluster.secure_state.ca_file)
+    _store_example_secret(api, found["vault"])
+    profile = {
+        "consul_address": "https://127.0.0.1:8501",  # every client's own agent, from its namespace
+        "consul_ca_file": ca,
+        "vault_address": found["vault"],
+        "vault_ca_file": ca,
+        "consul_token_source": "engine",
+        "job_vault_policy": True,
+    }
+    name, out, code, env = _run_example(tmp_path, secure_cluster.env(), profile)
+    try:
+        assert code == 0, out
+        assert float(re.findall(r"final_accuracy=([0-9.]+)", out)[-1]) > 0.8, out
+        job = api.get(f"{found['nomad']}/v1/job/{name}", timeout=10).json()
+        chief = next(g for g in job["TaskGroups"] if g["Name"] == "chief")["Tasks"][0]
+        own = wire.acl_name("default", name)
+        assert chief["Env"]["CONSUL_HTTP_ADDR"] == "https://127.0.0.1:8501" and chief["Env"]["VAULT_CACERT"] == ca
+        assert chief["Vault"]["Policies"] == ["nomadtf-digits-read", own]
+        assert job["Meta"][wire.META_NOMAD_VERSION] == "1.6.1"  # read from the server
+    finally:
+        _cleanup(name, env)
