@@ -21,7 +21,7 @@ JWKS; `jwt_auth_config` is its configuration as `nomad setup vault` writes it (o
 cluster).
 
 Consul scopes sessions by node, not by owner: a task can create (and destroy) sessions on
-the nodes it may write sessions for. README's Security section says what that allows.
+the nodes it may write sessions for. docs/operations/secure-stack.md ("What is and is not protected") says what that allows.
 
 Usage:
     policies = job_policies(load_spec(Path("job.json")))

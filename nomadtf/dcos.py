@@ -314,7 +314,13 @@ def _placement(section: _Section, role: str, notes: list[str]) -> list[dict[str,
 def _nomad_constraint(attribute: str, operator: str, value: str | None, role: str) -> dict[str, str] | str:
     """The Nomad constraint that means the same, or why there is none and what to write instead."""
     if operator == "GROUP_BY":
-        return "Nomad's counterpart is a spread block, which job.json does not have"
+        # Not converted: a spread says "prefer", Marathon's GROUP_BY said "balance exactly";
+        # the user decides whether a preference is enough.
+        spread_over = "${node.unique.name}" if attribute == "hostname" else f"${{meta.{attribute}}}"
+        return (
+            f"Nomad's counterpart is a spread (a preference, not a rule): add "
+            f'roles.{role}.spread [{{"attribute": "{spread_over}"}}] if that is enough'
+        )
     if attribute != "hostname":
         return (
             f"Mesos agent attribute {attribute!r} has no fixed Nomad counterpart; if your Nomad clients "

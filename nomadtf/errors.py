@@ -21,7 +21,7 @@
         ├── JobTimedOut               the run passed its recovery.deadline (exit 5)
         └── JobLost                   every task ended and none recorded why (exit 6)
 
-`cli.py` is the only place that catches these, prints `str(error)` and exits with
+`nomadtf/cli/` is the only place that catches these, prints `str(error)` and exits with
 `error.exit_code`.
 """
 

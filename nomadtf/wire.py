@@ -1,4 +1,4 @@
-"""Every name that crosses the wire, built in one place (documented in the README).
+"""Every name that crosses the wire, built in one place (documented in docs/design/names.md).
 
 Consul services (registered by Nomad from each group's service block):
     <job>-<role>                     in Nomad's `default` namespace

@@ -73,7 +73,7 @@ def consul_in(cluster: ClusterStack, index: int, path: str):
 
 
 def secured(spec: dict, cluster: ClusterStack, tmp_path: Path) -> dict:
-    """`spec` made ready for the cluster, the way README's Security section says: on the
+    """`spec` made ready for the cluster, the way docs/operations/secure-stack.md says: on the
     secure stack the agents' CA for Consul and Vault, Vault's address, and what
     `nomadtf acl apply` (run here as the operator) prints: the tasks' Consul token path and
     their Vault policy. On a plain stack, unchanged."""

@@ -1,6 +1,6 @@
 """The benches under bench/ run end to end on the local stack, briefly (CI's smoke test):
 each prints its table with every figure measured. No figure is judged here; the benches
-print ratios and targets for a person to read (README has the full runs)."""
+print ratios and targets for a person to read (docs/benchmarks.md has the full runs)."""
 
 from __future__ import annotations
 

@@ -67,7 +67,8 @@ def test_the_example_lists_what_does_not_carry_over():
     assert notes_about(notes, "tensorboard.port 6006")
     assert len(notes_about(notes, "nomadtf reserves no disk")) == 3  # ps, worker, gpu_worker
     assert notes_about(
-        notes, "worker.placement_constraint 'rack_id:GROUP_BY:2'; Nomad's counterpart is a spread block"
+        notes, "worker.placement_constraint 'rack_id:GROUP_BY:2'; Nomad's counterpart is a spread (a preference, "
+        'not a rule): add roles.worker.spread [{"attribute": "${meta.rack_id}"}]'
     )
     [secret] = notes_about(notes, "service.secrets[0]")
     assert (
@@ -191,7 +192,7 @@ def test_placement_constraints_that_map(constraint, expected):
         ("hostname:LIKE:10.0.0.159|10.0.1.202", "${attr.unique.network.ip-address}"),
         ("hostname:CLUSTER:10.0.0.159", "${attr.unique.hostname}"),
         ("rack_id:CLUSTER:rack-1", "${meta.rack_id} to roles.ps.constraints"),
-        ("@zone:GROUP_BY:3", "spread block"),
+        ("@zone:GROUP_BY:3", 'roles.ps.spread [{"attribute": "${meta.@zone}"}]'),
     ],
 )
 def test_placement_constraints_that_do_not_map_are_listed(constraint, hint):

@@ -426,7 +426,7 @@ def test_invalid_inputs_never_reach_nomad_consul_or_vault(tmp, servers, job, com
     code, out, err = invoke([command, str(path), "--detach"] if command == "run" else [command, str(path)], env=servers)
     assert _Recorder.requests == [], f"{command} sent {_Recorder.requests} for an invalid job: {err}"
     assert "Traceback" not in out + err
-    # `plan` keeps `nomad job plan`'s exit codes: 255 for any error (README).
+    # `plan` keeps `nomad job plan`'s exit codes: 255 for any error (docs/reference/commands.md).
     assert code == (255 if command == "plan" else 2), f"{command} exit {code}: {err}"
     problems = [m[1] for line in err.splitlines() if (m := PROBLEM_LINE.match(line))]
     assert problems and all(names_a_field(p, path) for p in problems), err

@@ -31,7 +31,7 @@ def changed(members: list[Member], role: str, index: int, kind: str) -> list[Mem
 
 
 # Every (strategy, our role, peer role, kind) -> does our child restart? The expectation is
-# written out by hand (the README's recovery table), not derived from roles.TABLE.
+# written out by hand (the recovery table of docs/guide/recovery.md), not derived from roles.TABLE.
 EXPECTED_RESTARTS = {
     ("parameter_server", "chief"): {("ps", "moved"), ("ps", "restarted"), ("worker", "moved")},
     ("multi_worker_mirrored", "chief"): {("worker", "moved"), ("worker", "restarted")},
