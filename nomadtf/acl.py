@@ -4,10 +4,13 @@ Four policies, one job (`nomadtf acl policies JOB`):
 
 - **Nomad, the submitter** (one namespace): submit, read, scale and stop the job, read
   its allocations and logs, restart an allocation; read the agent (its version is what the
-  job is rendered for, target.py). Nothing in other namespaces, no node rights.
+  job is rendered for, target.py) and the nodes (admission knows the cluster's size: node
+  names and resources, never another namespace's jobs). Nothing in other namespaces.
 - **Consul, the submitter**: the job's runs' state under `nomadtf/<ns>/` (what `run`,
-  `status`, `scale` and `stop --purge` read and write), service reads, and the cluster
-  profile (profile.py).
+  `status`, `scale` and `stop --purge` read and write), service reads, the cluster
+  profile (profile.py), and the admission queue: read all of it (entries name no job),
+  write the namespace's own entries, the records behind them (job names: the namespace's
+  alone) and the admission lock, sessions to hold them.
 - **Consul, the job's tasks**: the job's own KV prefix, read on its own services, sessions
   (slot locks) and node reads for health queries. No service registration (Nomad registers
   the services), no other job's keys.
@@ -94,10 +97,14 @@ class JobPolicies:
 
 
 def nomad_submitter_policy(namespace: str) -> str:
-    """The job's namespace's capabilities, and agent read: `GET /v1/agent/self` says the
-    server's version, so the job is rendered for the Nomad it goes to."""
+    """The job's namespace's capabilities, agent read (`GET /v1/agent/self` says the
+    server's version, so the job is rendered for the Nomad it goes to) and node read."""
     caps = ", ".join(_q(c) for c in NOMAD_SUBMITTER_CAPABILITIES)
-    return f"namespace {_q(namespace)} {{\n  capabilities = [{caps}]\n}}\nagent {{\n  policy = \"read\"\n}}\n"
+    # node read: GET /v1/nodes?resources=true, how admission tells "never" from "not now".
+    return (
+        f"namespace {_q(namespace)} {{\n  capabilities = [{caps}]\n}}\n"
+        "agent {\n  policy = \"read\"\n}\nnode {\n  policy = \"read\"\n}\n"
+    )
 
 
 def consul_hcl(rules: dict[str, Any]) -> str:
@@ -110,13 +117,21 @@ def consul_hcl(rules: dict[str, Any]) -> str:
 
 
 def consul_submitter_rules(namespace: str) -> dict[str, Any]:
-    """`run`, `status`, `scale` and `stop --purge`: the state of every run in the namespace."""
+    """`run`, `status`, `scale` and `stop --purge`: the state of every run in the namespace;
+    `run`'s place in the admission queue."""
     prefix = wire.kv_job_prefix(namespace, "").rstrip("/") + "/"
     return {
-        "key": {wire.KV_CLUSTER_PROFILE: {"policy": "read"}},
-        "key_prefix": {prefix: {"policy": "write"}},
+        "key": {wire.KV_CLUSTER_PROFILE: {"policy": "read"}, wire.KV_ADMISSION_LOCK: {"policy": "write"}},
+        "key_prefix": {
+            prefix: {"policy": "write"},
+            wire.KV_QUEUE_PREFIX: {"policy": "read"},
+            wire.kv_queue_prefix(namespace): {"policy": "write"},
+            wire.kv_queued_runs_prefix(namespace): {"policy": "write"},
+        },
         "service_prefix": {"": {"policy": "read"}},
         "node_prefix": {"": {"policy": "read"}},
+        # Sessions hold a queued run's entry and the lock (they go when the submitter does).
+        "session_prefix": {"": {"policy": "write"}},
     }
 
 

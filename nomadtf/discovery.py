@@ -26,6 +26,7 @@ import tenacity
 
 from nomadtf import wire
 from nomadtf.errors import ConsulError, ServerError, UnreachableError
+from nomadtf.queue import Entry, QueuedRun
 from nomadtf.tfconfig import RENDEZVOUS_ROLES, Member
 
 SESSION_TTL_S = 15
@@ -443,6 +444,12 @@ class ConsulDiscovery:
         _, items = consul_call("listing sessions", self.consul.session.list)
         return [s for s in items if s.get("Name", "").startswith(f"nomadtf {self.job_id} ")]
 
+    def delete_run_keys(self) -> None:
+        """This run's keys, all of them (a run sent back to the admission queue starts afresh).
+
+        DELETE /v1/kv/nomadtf/<ns>/<job>/<run>/?recurse"""
+        consul_call("deleting the run's keys", self.consul.kv.delete, wire.kv_prefix(*self._kv, self.run_id), recurse=True)
+
     def delete_job_keys(self, keep_run: str = "") -> None:
         """Every run's keys but `keep_run`'s (a new run keeps its own: its tasks may have
         written already).  DELETE /v1/kv/nomadtf/<ns>/<job>/?recurse (`stop --purge`), or
@@ -455,3 +462,145 @@ class ConsulDiscovery:
         for key in keys or []:
             if key != f"{prefix}{keep_run}/":
                 consul_call("deleting an earlier run's keys", self.consul.kv.delete, key, recurse=key.endswith("/"))
+
+
+class AdmissionQueue:
+    """The cluster's admission queue and lock in Consul KV (wire.KV_ADMISSION). Sessions
+    come from `ConsulDiscovery.open_session` (one renewer thread per submitter).
+
+    Usage:
+        queue = AdmissionQueue()
+        queue.enqueue(entry, session)          # False: that run is queued already
+        index, entries = queue.entries()       # every queued run, in no particular order
+        index, entries = queue.entries(index, wait_s=300)   # after the next change
+        if queue.acquire_lock(session, "team-a/digits"): ...; queue.release_lock(session)
+    """
+
+    def __init__(self, client: consul.Consul | None = None):
+        self.consul = client or consul_client()
+
+    def entries(self, index: int = 0, wait_s: float | None = None) -> tuple[int, list[Entry]]:
+        """(index, entries); with `index` a blocking query that answers on the next change of
+        any entry (or after `wait_s`).
+
+        GET /v1/kv/nomadtf/_admission/queue/?recurse[&index=&wait=]"""
+        new_index, items = consul_call(
+            "reading the admission queue",
+            self.consul.kv.get,
+            wire.KV_QUEUE_PREFIX,
+            recurse=True,
+            index=index or None,
+            wait=f"{max(1, int(wait_s))}s" if index and wait_s else None,
+        )
+        return int(new_index), [Entry.from_kv(item) for item in items or []]
+
+    def enqueue(self, entry: Entry, session: str | None) -> bool:
+        """Add a run, held by `session` (an attended run: the key goes when the session
+        dies) or by none (unattended). False when it could not be added (held already).
+        Run ids are random, so a key never names two runs.
+
+        PUT /v1/kv/nomadtf/_admission/queue/<ns>/<ticket>?acquire=<session> (or ?cas=0)"""
+        key = wire.kv_queue_entry(entry.namespace, entry.ticket)
+        if session:
+            return bool(consul_call("queueing the run", self.consul.kv.put, key, entry.value(), acquire=session))
+        return bool(consul_call("queueing the run", self.consul.kv.put, key, entry.value(), cas=0))
+
+    def update(self, entry: Entry, session: str | None) -> bool:
+        """Rewrite an entry in place (its CreateIndex, so its place, stays).
+
+        PUT /v1/kv/nomadtf/_admission/queue/<ns>/<ticket>[?acquire=<session>]"""
+        key = wire.kv_queue_entry(entry.namespace, entry.ticket)
+        return bool(consul_call("updating the queued run", self.consul.kv.put, key, entry.value(), acquire=session or None))
+
+    def release(self, entry: Entry, session: str) -> bool:
+        """Let go of an attended entry without removing it: it stays queued, unattended,
+        after `session` ends (what leaving on Ctrl-C does).
+
+        PUT /v1/kv/nomadtf/_admission/queue/<ns>/<ticket>?release=<session>"""
+        key = wire.kv_queue_entry(entry.namespace, entry.ticket)
+        return bool(consul_call("leaving the run queued", self.consul.kv.put, key, entry.value(), release=session))
+
+    def remove(self, namespace: str, ticket: str) -> None:
+        """A run leaves the queue: its entry and its record.
+
+        DELETE /v1/kv/nomadtf/_admission/queue/<ns>/<ticket> ; DELETE .../runs/<ns>/<ticket>"""
+        consul_call("removing the run from the queue", self.consul.kv.delete, wire.kv_queue_entry(namespace, ticket))
+        consul_call("removing the queued run's record", self.consul.kv.delete, wire.kv_queued_run(namespace, ticket))
+
+    def put_record(self, record: QueuedRun, session: str | None = None) -> bool:
+        """Write the run behind a ticket; held by `session` like its entry (None: unheld,
+        and if it was held by `session_to_release`, released).
+
+        PUT /v1/kv/nomadtf/_admission/runs/<ns>/<ticket>[?acquire=<session>]"""
+        key = wire.kv_queued_run(record.namespace, record.ticket)
+        return bool(consul_call("recording the queued run", self.consul.kv.put, key, record.value(), acquire=session or None))
+
+    def release_record(self, record: QueuedRun, session: str) -> bool:
+        """PUT /v1/kv/nomadtf/_admission/runs/<ns>/<ticket>?release=<session>"""
+        key = wire.kv_queued_run(record.namespace, record.ticket)
+        return bool(consul_call("leaving the run queued", self.consul.kv.put, key, record.value(), release=session))
+
+    def record(self, namespace: str, ticket: str) -> QueuedRun | None:
+        """GET /v1/kv/nomadtf/_admission/runs/<ns>/<ticket>"""
+        _, item = consul_call("reading a queued run", self.consul.kv.get, wire.kv_queued_run(namespace, ticket))
+        return QueuedRun.from_kv(item) if item and item.get("Value") else None
+
+    def records(self, namespace: str) -> list[QueuedRun]:
+        """Every queued run of a namespace ("*": of every namespace the token may read).
+
+        GET /v1/kv/nomadtf/_admission/runs/<ns>/?recurse"""
+        prefix = wire.KV_RUNS_PREFIX if namespace == "*" else wire.kv_queued_runs_prefix(namespace)
+        _, items = consul_call("reading the queued runs", self.consul.kv.get, prefix, recurse=True)
+        return [QueuedRun.from_kv(item) for item in items or [] if item.get("Value")]
+
+    def acquire_leader(self, session: str, who: str) -> bool:
+        """Become the admission service's leader (False: another replica is). The lead goes
+        with `session`, so a replica that dies hands it on.
+
+        PUT /v1/kv/nomadtf/_admission/leader?acquire=<session>"""
+        return bool(consul_call("taking the admission lead", self.consul.kv.put, wire.KV_ADMISSION_LEADER, who, acquire=session))
+
+    def leader(self, index: int = 0, wait_s: float | None = None) -> tuple[int, str]:
+        """(index, who leads: the value its leader wrote, "" when none); with `index` a
+        blocking query that answers on the lead's next change.
+
+        GET /v1/kv/nomadtf/_admission/leader[?index=&wait=]"""
+        new_index, item = consul_call(
+            "reading the admission lead",
+            self.consul.kv.get,
+            wire.KV_ADMISSION_LEADER,
+            index=index or None,
+            wait=f"{max(1, int(wait_s))}s" if index and wait_s else None,
+        )
+        if not item or not item.get("Session"):
+            return int(new_index), ""
+        return int(new_index), (item.get("Value") or b"").decode()
+
+    def session_alive(self, session: str) -> bool:
+        """GET /v1/session/info/:id"""
+        _, info = consul_call("reading a session", self.consul.session.info, session)
+        return bool(info)
+
+    def acquire_lock(self, session: str, holder: str) -> bool:
+        """Take the admission lock (False: another admitter holds it). It is released when
+        `session` ends, so a crashed admitter never keeps it.
+
+        PUT /v1/kv/nomadtf/_admission/lock?acquire=<session>"""
+        return bool(consul_call("taking the admission lock", self.consul.kv.put, wire.KV_ADMISSION_LOCK, holder, acquire=session))
+
+    def release_lock(self, session: str) -> None:
+        """PUT /v1/kv/nomadtf/_admission/lock?release=<session>"""
+        consul_call("releasing the admission lock", self.consul.kv.put, wire.KV_ADMISSION_LOCK, "", release=session)
+
+    def wait_for_lock(self, index: int, wait_s: float) -> tuple[int, str]:
+        """(index, the session holding the lock or "") after the lock's next change.
+
+        GET /v1/kv/nomadtf/_admission/lock?index=&wait="""
+        new_index, item = consul_call(
+            "waiting for the admission lock",
+            self.consul.kv.get,
+            wire.KV_ADMISSION_LOCK,
+            index=index or None,
+            wait=f"{max(1, int(wait_s))}s" if index else None,
+        )
+        return int(new_index), (item or {}).get("Session") or ""

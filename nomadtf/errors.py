@@ -17,6 +17,8 @@
     │   └── CannotRecord              a task's failure that Consul cannot hold: exit 78, said on stderr
     └── JobFailed                     the run failed (exit 1); see nomadtf/outcome.py
         ├── FollowTimeout             --timeout passed before the run ended; it goes on (exit 3)
+        ├── QueueTimeout              --timeout passed while the run waited in the queue; removed (exit 3)
+        ├── QueueInterrupted          Ctrl-C while queued: removed or left queued, as asked (exit 130)
         ├── JobStopped                stopped from outside: stop, purge, another run (exit 4)
         ├── JobTimedOut               the run passed its recovery.deadline (exit 5)
         └── JobLost                   every task ended and none recorded why (exit 6)
@@ -114,6 +116,19 @@ class JobFailed(NomadtfError):
 
 class FollowTimeout(JobFailed):
     exit_code = 3
+
+
+class QueueTimeout(JobFailed):
+    """The run waited in the admission queue past --timeout; it was removed, nothing submitted."""
+
+    exit_code = 3
+
+
+class QueueInterrupted(JobFailed):
+    """Ctrl-C while the run waited in the queue; the message says whether it was removed
+    or left queued (`--on-interrupt`)."""
+
+    exit_code = 130
 
 
 class JobStopped(JobFailed):

@@ -252,10 +252,12 @@ class NomadAPI:
         with translated(self.settings, what, needs):
             return self._send(requester, *path, **kwargs).json()
 
-    def _blocking(self, what: str, requester: Requester, *path: str, index: int, wait_s: float) -> tuple[Any, int]:
+    def _blocking(
+        self, what: str, requester: Requester, *path: str, index: int, wait_s: float, params: dict[str, Any] | None = None
+    ) -> tuple[Any, int]:
         """A blocking query: Nomad answers as soon as something changes, or after `wait_s`
         (plus up to 1/16 jitter). Returns (body or None when not found, X-Nomad-Index)."""
-        params = {"index": index, "wait": f"{wait_s:g}s"}
+        params = {**(params or {}), "index": index, "wait": f"{wait_s:g}s"}
         try:
             with translated(self.settings, what):
                 resp = self._send(requester, *path, params=params, timeout=wait_s * 1.1 + CALL_TIMEOUT_S)
@@ -346,6 +348,31 @@ class NomadAPI:
         """DELETE /v1/job/:job_id?purge="""
         params = {"purge": "true"} if purge else {}
         return self._json(f"stopping {job_id}", "submit-job", self.client.job, job_id, method="delete", params=params)
+
+    # ---- the cluster: nodes, every namespace's allocations -------------------------------
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """Every client node with its resources and what its operator reserved.
+
+        GET /v1/nodes?resources=true"""
+        return self._json("the node list", "node:read", self.client.nodes, params={"resources": "true"})
+
+    def cluster_allocations(self, index: int = 0, wait_s: float = 30.0) -> tuple[list[dict[str, Any]], int]:
+        """(allocations with their resources, X-Nomad-Index) in every namespace the token
+        may read; with `index` a blocking query that answers on the next change of any.
+
+        GET /v1/allocations?namespace=*&resources=true&task_states=false[&index=&wait=]"""
+        params = {"namespace": "*", "resources": "true", "task_states": "false"}
+        if index:
+            allocs, new_index = self._blocking("the allocation list", self.client.allocations, index=index, wait_s=wait_s, params=params)
+            return allocs or [], new_index
+        with translated(self.settings, "the allocation list", "read-job"):
+            resp = self._send(self.client.allocations, params=params)
+        return resp.json(), int(resp.headers.get("X-Nomad-Index", 0))
+
+    def namespaces(self) -> list[str]:
+        """The namespaces the token may use (Nomad lists no others).  GET /v1/namespaces"""
+        return [ns["Name"] for ns in self._json("the namespace list", "read-job", self.client.namespaces)]
 
     # ---- allocations and evaluations ------------------------------------------------------
 

@@ -1,9 +1,13 @@
-"""Nomad plan results and placement failures, explained in words. Pure."""
+"""Nomad plan results and placement failures, explained in words, and told apart: a job
+that can never fit from one that does not fit now (`classify`). Pure."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from nomadtf import capacity
+from nomadtf.capacity import NodeCapacity
 
 
 @dataclass
@@ -84,7 +88,85 @@ def group_counts(job: dict[str, Any] | None) -> dict[str, int]:
     return {group["Name"]: group.get("Count", 1) for group in (job or {}).get("TaskGroups") or []}
 
 
-def describe_plan(result: dict[str, Any], job: dict[str, Any] | None = None) -> PlanSummary:
+# What `classify` decides.
+FITS = "fits"  # the plan places every allocation now
+NOT_NOW = "not now"  # capacity is in use: it fits once enough is released (nomadtf run queues it)
+NEVER = "never"  # no node could ever hold it, or the whole job exceeds the cluster: fail fast
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A plan's verdict: `reasons` has one line per group that did not place (as
+    `explain_placement_failure` says it); `why_never` is set for NEVER."""
+
+    verdict: str
+    reasons: list[str] = field(default_factory=list)
+    why_never: str = ""
+
+    def failure_text(self) -> str:
+        """What `nomadtf run` says when it fails fast."""
+        text = "the job cannot be placed:\n  " + "\n  ".join(self.reasons)
+        return text + (f"\n  it can never fit: {self.why_never}" if self.why_never else "")
+
+
+def _never_by_feasibility(metric: dict[str, Any]) -> str:
+    """Why no node passes the group's feasibility checks ("" when some node does): no
+    node evaluated at all, or every node filtered (constraints, devices it does not have,
+    drivers, distinct_hosts); none was merely out of room."""
+    if not metric.get("NodesEvaluated"):
+        return "no client node is ready in the job's datacenters"
+    if not metric.get("NodesExhausted") and metric.get("NodesFiltered"):
+        return "no node meets its constraints (constraints, devices, drivers or distinct hosts)"
+    return ""
+
+
+def _never_by_size(job: dict[str, Any], nodes: list[NodeCapacity]) -> str:
+    """Why the whole job could not fit even on an empty cluster ("" when it could)."""
+    asks = capacity.job_asks(job)
+    if capacity.fits_when_empty(asks, nodes):
+        return ""
+    if not nodes:
+        return "no client node is ready in the job's datacenters"
+    largest = capacity.largest_node(nodes)
+    for ask in asks:
+        if ask.resources.cpu > largest.cpu:
+            return f"a {ask.group} allocation asks cpu {ask.resources.cpu} MHz; the largest node offers {largest.cpu} MHz"
+        if ask.resources.memory > largest.memory:
+            return f"a {ask.group} allocation asks memory {ask.resources.memory} MB; the largest node offers {largest.memory} MB"
+    needs, cluster = capacity.job_needs(job), capacity.cluster_capacity(nodes)
+    short = capacity.short_of(needs, cluster)
+    if short:
+        what = short[0]
+        asked = {"cpu": f"{needs.cpu} MHz", "memory": f"{needs.memory} MB"}.get(what) or f"x{needs.devices[what]}"
+        offered = {"cpu": f"{cluster.cpu} MHz", "memory": f"{cluster.memory} MB"}.get(what) or "x" + str(
+            sum(n for g, n in cluster.devices.items() if capacity.device_matches(what, g))
+        )
+        return f"the whole job asks {what} {asked}; the {len(nodes)} node(s) it may use offer {offered} in all"
+    return f"its {len(asks)} allocations do not pack onto the {len(nodes)} node(s) it may use even when they are empty"
+
+
+def classify(result: dict[str, Any], job: dict[str, Any], nodes: list[NodeCapacity]) -> Placement:
+    """FITS, NOT_NOW or NEVER for a plan `result` (POST /v1/job/:id/plan) of `job` (the
+    body of POST /v1/jobs), given the `nodes` that could take it (capacity.node_capacities).
+
+    NEVER when some group has no feasible node at all, or when the whole job could not be
+    packed onto those nodes were they empty; otherwise a failed placement is NOT_NOW:
+    capacity in use, which a finished job gives back."""
+    failed = result.get("FailedTGAllocs") or {}
+    if not failed:
+        return Placement(FITS)
+    inner = job.get("Job", job)
+    devices, counts = requested_devices(inner), group_counts(inner)
+    reasons = [explain_placement_failure(g, m, devices.get(g), counts.get(g)) for g, m in sorted(failed.items())]
+    for group, metric in sorted(failed.items()):
+        why = _never_by_feasibility(metric)
+        if why:
+            return Placement(NEVER, reasons, f"{group}: {why}")
+    why = _never_by_size(job, nodes)
+    return Placement(NEVER, reasons, why) if why else Placement(NOT_NOW, reasons)
+
+
+def describe_plan(result: dict[str, Any], job: dict[str, Any] | None = None, placement: Placement | None = None) -> PlanSummary:
     summary = PlanSummary()
     diff_type = (result.get("Diff") or {}).get("Type", "None")
     summary.changes = diff_type != "None"
@@ -97,4 +179,8 @@ def describe_plan(result: dict[str, Any], job: dict[str, Any] | None = None) -> 
     for group, metric in sorted((result.get("FailedTGAllocs") or {}).items()):
         summary.failures = True
         summary.lines.append(explain_placement_failure(group, metric, devices.get(group), counts.get(group)))
+    if placement is not None and placement.verdict == NEVER:
+        summary.lines.append(f"it can never fit: {placement.why_never}")
+    elif placement is not None and placement.verdict == NOT_NOW:
+        summary.lines.append("it does not fit now (capacity in use); nomadtf run queues it until enough is free")
     return summary

@@ -16,6 +16,17 @@ without a run, e.g. by `nomadtf render`):
     nomadtf/<namespace>/<job>/<run>/progress                   {"step": n, "metrics": {...}}
     nomadtf/<namespace>/<job>/<run>/environment/<role>/<i>     job.json `environment`: {"state":
                                                                "waiting"|"building"|"ready"|"failed", ...}
+The admission queue, one for the cluster (`_` is never in a Nomad namespace's name, so no
+job's prefix can reach it):
+    nomadtf/_admission/queue/<namespace>/<ticket>      a queued run: {"priority", "enqueued_at", "needs", ...};
+                                                        held by its submitter's session while one follows it;
+                                                        the ticket is a digest of namespace/job/run: every
+                                                        submitter reads the queue, none learns another's names
+    nomadtf/_admission/runs/<namespace>/<ticket>       the run behind a ticket: job, run id, and for a run
+                                                        left unattended (`--detach`) its rendered job; only
+                                                        the namespace's submitters and the service read it
+    nomadtf/_admission/lock                            held (session) while one run is planned, registered, placed
+    nomadtf/_admission/leader                          held (session) by the admission service's leader
 Tasks watch only .../cluster/ (what decides); progress and environment live beside it, so
 their writes wake nobody. A task of an older run that is still stopping can never touch the
 current run's keys.
@@ -54,6 +65,7 @@ META_ROLE = "nomadtf.role"
 META_RUN = "nomadtf.run"
 META_MODEL_RUN = "nomadtf.model_run"  # the run whose model_dir a resumed run continues
 META_NOMAD_VERSION = "nomadtf.nomad_version"  # the Nomad the job was rendered for (target.py)
+META_SERVICE = "nomadtf.service"  # nomadtf's own service jobs (the admission service): not runs
 
 # Files Nomad writes into the task directory (templates) and nomadtf writes there itself.
 SPEC_FILE = "nomadtf-spec.json"
@@ -188,6 +200,45 @@ def kv_environment_prefix(namespace: str, job_id: str, run_id: str = "") -> str:
 
 def kv_environment(namespace: str, job_id: str, role: str, index: int, run_id: str = "") -> str:
     return f"{kv_environment_prefix(namespace, job_id, run_id)}{role}/{index}"
+
+
+KV_ADMISSION = "nomadtf/_admission/"
+KV_QUEUE_PREFIX = KV_ADMISSION + "queue/"
+KV_RUNS_PREFIX = KV_ADMISSION + "runs/"
+KV_ADMISSION_LOCK = KV_ADMISSION + "lock"
+KV_ADMISSION_LEADER = KV_ADMISSION + "leader"
+
+
+def queue_ticket(namespace: str, job_id: str, run_id: str) -> str:
+    """A queued run's name in the shared queue: nobody who does not know the job learns it."""
+    return hashlib.sha256(f"{namespace}/{job_id}/{run_id}".encode()).hexdigest()[:20]
+
+
+def kv_queue_prefix(namespace: str) -> str:
+    """One namespace's queued runs (its submitters write here, and read the whole queue)."""
+    return f"{KV_QUEUE_PREFIX}{namespace}/"
+
+
+def kv_queue_entry(namespace: str, ticket: str) -> str:
+    """One queued run (cluster-wide: the queue orders every namespace's runs together)."""
+    return kv_queue_prefix(namespace) + ticket
+
+
+def kv_queued_runs_prefix(namespace: str) -> str:
+    """The records of one namespace's queued runs (what `status` and `stop` read)."""
+    return f"{KV_RUNS_PREFIX}{namespace}/"
+
+
+def kv_queued_run(namespace: str, ticket: str) -> str:
+    return kv_queued_runs_prefix(namespace) + ticket
+
+
+def admission_session_name(namespace: str, job_id: str, run_id: str) -> str:
+    """The session a submitter holds its queue entry (and, in its turn, the lock) with."""
+    return f"nomadtf-admission {namespace}/{job_id} {run_id}"
+
+
+ADMISSION_SERVICE_JOB = "nomadtf-admission"  # the Nomad service job `nomadtf admission deploy` registers
 
 
 ACL_NAME_MAX = 128  # Consul's limit on a policy name

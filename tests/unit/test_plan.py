@@ -3,7 +3,16 @@ returns from PUT /v1/job/:job_id/plan (JobPlanResponse with AllocMetric per fail
 
 from __future__ import annotations
 
-from nomadtf.plan import describe_plan, explain_placement_failure, requested_devices
+from nomadtf.capacity import NodeCapacity, Resources
+from nomadtf.plan import (
+    FITS,
+    NEVER,
+    NOT_NOW,
+    classify,
+    describe_plan,
+    explain_placement_failure,
+    requested_devices,
+)
 from nomadtf.render import render_job
 from nomadtf.spec import load_spec
 from tests.helpers import EXAMPLES
@@ -134,3 +143,70 @@ def test_quota_exhaustion_is_reported():
 def test_requested_devices_per_group_from_the_rendered_job():
     assert requested_devices(GPU_JOB) == {"chief": ["nvidia/gpu x1"], "worker": ["nvidia/gpu x2"], "ps": []}
     assert requested_devices(None) == {}
+
+
+# ---- never or not now --------------------------------------------------------------------
+
+
+def _nodes(*cpus, gpus=0):
+    return [NodeCapacity(f"n{i}", f"n{i}", Resources(cpu, 24000, {"nvidia/gpu/Tesla-V100-SXM2-16GB": gpus})) for i, cpu in enumerate(cpus)]
+
+
+def _job(**groups):
+    """A rendered job's shape: group -> (count, cpu, gpus per task)."""
+    task_groups = []
+    for name, (count, cpu, gpus) in groups.items():
+        resources = {"CPU": cpu, "MemoryMB": 500, "Devices": [{"Name": "nvidia/gpu", "Count": gpus}] if gpus else None}
+        task_groups.append({"Name": name, "Count": count, "Tasks": [{"Name": name, "Resources": resources}]})
+    return {"Job": {"ID": "j", "Datacenters": ["*"], "TaskGroups": task_groups}}
+
+
+def _cpu_exhausted(group, nodes=1):
+    return {group: alloc_metric(NodesEvaluated=nodes, NodesExhausted=nodes, DimensionExhausted={"cpu": nodes}, NodesAvailable={"dc1": nodes})}
+
+
+def test_a_plan_that_places_everything_fits():
+    assert classify(plan_result("Added", {"w": tg_updates(place=1)}), _job(w=(1, 100, 0)), _nodes(5200)).verdict == FITS
+
+
+def test_capacity_in_use_is_not_now():
+    placement = classify(plan_result("Added", {}, _cpu_exhausted("chief")), _job(chief=(1, 3380, 0)), _nodes(5200))
+    assert placement.verdict == NOT_NOW and not placement.why_never
+    assert placement.reasons == ["chief: cannot be placed: 1 of 1 nodes have too little cpu"]
+
+
+def test_more_than_any_node_has_is_never_and_says_so():
+    placement = classify(plan_result("Added", {}, _cpu_exhausted("chief")), _job(chief=(1, 9000, 0)), _nodes(5200, 5200))
+    assert placement.verdict == NEVER
+    assert placement.why_never == "a chief allocation asks cpu 9000 MHz; the largest node offers 5200 MHz"
+    assert placement.failure_text().startswith("the job cannot be placed:\n  chief: cannot be placed: ")
+
+
+def test_the_whole_job_beyond_the_cluster_is_never_though_each_task_fits_a_node():
+    # The issue's two teams: 65 % each fits (not now); one job of 120 % never does.
+    assert classify(plan_result("Added", {}, _cpu_exhausted("worker")), _job(chief=(1, 3000, 0), worker=(1, 3000, 0)), _nodes(5200)).verdict == NEVER
+    gpus = classify(plan_result("Added", {}, {"worker": alloc_metric(NodesEvaluated=1, NodesExhausted=1, DimensionExhausted={"devices: no devices match request": 1})}),
+                    _job(worker=(2, 100, 6)), _nodes(5200, gpus=6))  # fmt: skip
+    assert gpus.verdict == NEVER and gpus.why_never == "the whole job asks nvidia/gpu x12; the 1 node(s) it may use offer x6 in all"
+
+
+def test_constraints_nothing_satisfies_and_no_ready_node_are_never():
+    filtered = {"chief": alloc_metric(NodesEvaluated=3, NodesFiltered=3, ConstraintFiltered={"missing devices": 3})}
+    placement = classify(plan_result("Added", {}, filtered), _job(chief=(1, 100, 1)), _nodes(5200, 5200, 5200))
+    assert placement.verdict == NEVER and placement.why_never.startswith("chief: no node meets its constraints")
+    nobody = {"chief": alloc_metric(NodesEvaluated=0)}
+    assert classify(plan_result("Added", {}, nobody), _job(chief=(1, 100, 0)), []).verdict == NEVER
+
+
+def test_some_nodes_filtered_others_busy_is_not_now():
+    metric = alloc_metric(NodesEvaluated=3, NodesFiltered=2, ConstraintFiltered={"distinct_hosts": 2}, NodesExhausted=1, DimensionExhausted={"cpu": 1})
+    placement = classify(plan_result("Added", {}, {"worker": metric}), _job(worker=(3, 1000, 0)), _nodes(5200, 5200, 5200))
+    assert placement.verdict == NOT_NOW
+
+
+def test_plan_says_never_or_not_now_after_the_reasons():
+    never = classify(plan_result("Added", {}, _cpu_exhausted("chief")), _job(chief=(1, 9000, 0)), _nodes(5200))
+    lines = describe_plan(plan_result("Added", {}, _cpu_exhausted("chief")), None, never).lines
+    assert lines[-1] == "it can never fit: a chief allocation asks cpu 9000 MHz; the largest node offers 5200 MHz"
+    later = classify(plan_result("Added", {}, _cpu_exhausted("chief")), _job(chief=(1, 3000, 0)), _nodes(5200))
+    assert describe_plan(plan_result("Added", {}, _cpu_exhausted("chief")), None, later).lines[-1].startswith("it does not fit now")
