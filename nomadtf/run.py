@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from nomadtf import cluster_facts, render, wire
+from nomadtf.admission import Admission
 from nomadtf.discovery import ConsulDiscovery
 from nomadtf.errors import FollowTimeout, JobFailed, JobStopped, NomadError, NomadtfError, ServerError
 from nomadtf.follow import Follower, JobView, final_lines, require_nomadtf_job, run_of, versions_of_run
@@ -47,6 +48,9 @@ class Submitted:
     run_id: str = ""
     first_version: int = 0
     notes: list[str] = field(default_factory=list)
+    # (place, length) of a run left queued for the admission service (--detach); nothing
+    # is registered yet, so there is no evaluation to follow.
+    queued_at: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -117,10 +121,12 @@ class Run:
         api = NomadAPI.from_env(namespace=spec.namespace, region=spec.region)
         return cls(spec, api, templates, facts.target, facts.notes)
 
-    def submit(self, replace: bool = False, resume: bool = False) -> Submitted:
+    def submit(self, replace: bool = False, resume: bool = False, admission: Admission | None = None) -> Submitted:
         """Validate with Nomad, handle a run of the same job that is still going (refused
         unless `replace`), work out what `resume` continues, clear the job's old Consul
-        state, register the new run. Nothing is sent unless every check passed.
+        state, and register the new run through `admission` (admission.py: fail fast when
+        it can never fit, wait in the queue while it does not fit now, all or nothing).
+        Nothing is sent unless every check passed.
 
         Registration is a check-and-set on the job's JobModifyIndex as read here (0: no job
         yet): of two `nomadtf run` of one name at the same moment exactly one registers, the
@@ -129,6 +135,7 @@ class Run:
 
         POST /v1/validate/job ; GET /v1/job/:job_id ; [DELETE /v1/job/:job_id and blocking
         GET /v1/job/:job_id/allocations with --replace] ; GET .../progress of the previous run ;
+        admission's calls (POST /v1/job/:job_id/plan, the queue in Consul) ;
         POST /v1/jobs (EnforceIndex) ; GET /v1/job/:job_id/versions ;
         DELETE /v1/kv/nomadtf/<ns>/<job>/<other run>/?recurse
         """
@@ -156,6 +163,34 @@ class Run:
                     f"add --replace to stop it and start a new run, or stop it first (nomadtf stop {self.job_id})"
                 )
             modify_index = self._stop_running(existing, notes)
+        admission = admission or Admission(self.api)
+        admitted = admission.admit(
+            job,
+            lambda index: self._register(run_id, model_run, index),
+            modify_index,
+            gang_timeout_s=self.spec.admission.gang_timeout_s,
+        )
+        notes += admitted.notes
+        if admitted.registration is None:
+            return Submitted(self.job_id, self.api.namespace, "", self.api.ui_url(self.job_id), run_id, 0, notes,
+                             (admitted.place, admitted.length))  # fmt: skip
+        self.discovery = discovery
+        try:
+            discovery.delete_job_keys(keep_run=run_id)  # earlier runs' state goes, never ours
+        except ServerError as exc:
+            notes.append(f"could not delete earlier runs' Consul keys (harmless: every run has its own): {exc}")
+        # The newest: a registration that admission sent back (placed in part) left an older one.
+        first = max(versions_of_run(self.api.versions(self.job_id), run_id), default=0)
+        return Submitted(
+            self.job_id, self.api.namespace, admitted.registration["EvalID"], self.api.ui_url(self.job_id), run_id, first, notes
+        )
+
+    def _register(self, run_id: str, model_run: str, modify_index: int) -> dict[str, Any]:
+        """Render the run as of now (recovery.deadline counts from its admission, not from
+        its time in the queue) and register it, a check-and-set on `modify_index`.
+
+        POST /v1/jobs (EnforceIndex) ; GET /v1/job/:job_id after a refusal"""
+        job = render.render_job(self.spec, self.templates, RunInfo(run_id, time.time(), model_run), self.target)
         try:
             registered = self.api.register(job, modify_index=modify_index)
         except NomadError as exc:
@@ -168,15 +203,7 @@ class Run:
                 " or add --replace to stop it"
             ) from exc
         self.job = job
-        self.discovery = discovery
-        try:
-            discovery.delete_job_keys(keep_run=run_id)  # earlier runs' state goes, never ours
-        except ServerError as exc:
-            notes.append(f"could not delete earlier runs' Consul keys (harmless: every run has its own): {exc}")
-        first = min(versions_of_run(self.api.versions(self.job_id), run_id), default=0)
-        return Submitted(
-            self.job_id, self.api.namespace, registered["EvalID"], self.api.ui_url(self.job_id), run_id, first, notes
-        )
+        return registered
 
     def _model_run(self, existing: dict[str, Any] | None, run_id: str, resume: bool, notes: list[str]) -> str:
         """Whose model_dir this run trains in: its own (fresh), or with `resume` the

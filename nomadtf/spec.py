@@ -585,6 +585,19 @@ class Discovery:
 
 
 @dataclass(frozen=True)
+class Admission:
+    """job.json `admission`: how `nomadtf run` admits the job on a shared cluster."""
+
+    gang_timeout_s: float  # a job placed only in part this long is stopped and queued again
+
+    @classmethod
+    def from_normalized(cls, section: dict[str, Any] | None) -> Admission:
+        # A task reading a spec file written before `admission` existed never uses it.
+        default = schema()["properties"]["admission"]["properties"]["gang_timeout"]["default"]
+        return cls(parse_seconds((section or {}).get("gang_timeout", default)))
+
+
+@dataclass(frozen=True)
 class JobEnvironment:
     """job.json `environment`: the Python environment the code runs in (nomadtf.venvs)."""
 
@@ -631,6 +644,7 @@ class JobSpec:
     vault: dict[str, Any]
     recovery: Recovery
     discovery: Discovery
+    admission: Admission
     environment: JobEnvironment | None  # None: the code runs with nomadtf's own interpreter
     run_id: str  # set by `nomadtf run` for each submission (wire.META_RUN); "" before
     submitted_at: float | None
@@ -697,6 +711,7 @@ class JobSpec:
                 debounce_s=parse_seconds(disc["debounce"]),
                 consul_token_path=disc.get("consul_token_path", ""),
             ),
+            admission=Admission.from_normalized(document.get("admission")),
             environment=JobEnvironment.from_normalized(document.get("environment")),
             run_id=run.get("id", ""),
             submitted_at=run.get("submitted_at"),

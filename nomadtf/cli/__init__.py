@@ -15,6 +15,7 @@ import typer
 
 from nomadtf.cli import jobs
 from nomadtf.cli.acl import acl_app
+from nomadtf.cli.admission import admission_app
 from nomadtf.cli.common import err, state
 from nomadtf.cli.dev import dev_app
 from nomadtf.cli.env import env_app
@@ -29,6 +30,7 @@ app = typer.Typer(
 app.add_typer(dev_app, name="dev")
 app.add_typer(env_app, name="env")
 app.add_typer(acl_app, name="acl")
+app.add_typer(admission_app, name="admission")
 jobs.register(app)
 
 @app.callback()

@@ -33,27 +33,47 @@ def task(role: Annotated[str, typer.Option("--role", help="chief, worker, ps, ev
 def run(
     job_file: JobFile,
     var: Vars = None,
-    detach: Annotated[bool, typer.Option("--detach", help="Return once Nomad accepted the job")] = False,
-    timeout: Annotated[Optional[str], typer.Option("--timeout", help="Give up following after this long (e.g. 30m); exit 3, the run goes on")] = None,
+    detach: Annotated[bool, typer.Option("--detach", help="Return once Nomad accepted the job, or once a run that must wait is queued for the admission service")] = False,
+    timeout: Annotated[Optional[str], typer.Option("--timeout", help="Give up after this long (e.g. 30m), exit 3: a run still queued is removed, a running one goes on")] = None,
+    on_interrupt: Annotated[str, typer.Option("--on-interrupt", help="What Ctrl-C does to a run waiting in the queue: remove it, or leave it queued for the admission service")] = "remove",
     templates: TemplatesDir = None,
     replace: Annotated[bool, typer.Option("--replace", help="Stop a run of this job that is still going, then start this one")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the latest checkpoint of the job's previous run")] = False,
 ) -> None:
     """Validate, render, submit a new run, and follow it to its outcome.
 
-    Exit codes: 0 succeeded, 1 failed, 2 bad job.json, 3 --timeout passed (the run goes on),
-    4 stopped from outside, 5 past recovery.deadline, 6 lost, 130 interrupted (the run goes on).
+    A run that does not fit now waits in the cluster's queue and says what it waits for
+    (docs/guide/queueing.md); one that can never fit fails at once.
+
+    Exit codes: 0 succeeded, 1 failed, 2 bad job.json, 3 --timeout passed (a queued run is
+    removed, a running one goes on), 4 stopped from outside, 5 past recovery.deadline,
+    6 lost, 130 interrupted (a running run goes on; a queued one as --on-interrupt says).
     """
+    from nomadtf.admission import LEAVE, REMOVE, Admission
     from nomadtf.run import Run
 
+    if on_interrupt not in (REMOVE, LEAVE):
+        raise typer.BadParameter(f"{on_interrupt!r}: write {REMOVE} or {LEAVE}", param_hint="--on-interrupt")
     timeout_s = _timeout_s(timeout) if timeout else None
+    started = time.monotonic()
     job_run = Run.from_job_file(job_file, var or [], templates)
-    submitted = job_run.submit(replace=replace, resume=resume)
+    admission = Admission(
+        job_run.api, on_status=lambda s: stamp(f"queued: {s.describe()}"), on_event=stamp, timeout_s=timeout_s,
+        on_interrupt=on_interrupt, detach=detach,
+    )  # fmt: skip
+    submitted = job_run.submit(replace=replace, resume=resume, admission=admission)
+    where = "" if submitted.namespace == "default" else f" --namespace {submitted.namespace}"
+    if submitted.queued_at is not None:
+        place, length = submitted.queued_at
+        stamp(f"queued {submitted.job_id} run {submitted.run_id} at place {place} of {length}; the admission service submits it in its turn")
+        typer.echo(f"see it with: nomadtf status {submitted.job_id}{where}  |  remove it with: nomadtf stop {submitted.job_id}{where}")
+        return
+    if timeout_s is not None:  # one --timeout for the wait in the queue and the run together
+        timeout_s = max(1.0, timeout_s - (time.monotonic() - started))
     for note in submitted.notes:
         stamp(note)
     stamp(f"submitted {submitted.job_id} run {submitted.run_id} (evaluation {submitted.eval_id[:8]}); Nomad UI: {submitted.ui_url}")
     job_id = submitted.job_id
-    where = "" if submitted.namespace == "default" else f" --namespace {submitted.namespace}"
     if detach:
         typer.echo(f"follow it with: nomadtf status {job_id}{where}  |  nomadtf logs {job_id}{where} --role chief --follow")
         return
@@ -90,14 +110,23 @@ def status(
     region: Region = None,
 ) -> None:
     """The jobs nomadtf started (matched by their Meta), or one of them in detail."""
-    from nomadtf.discovery import ConsulDiscovery
+    from nomadtf.admission import queued_runs
+    from nomadtf.discovery import AdmissionQueue, ConsulDiscovery
+    from nomadtf.errors import JobFailed, ServerError
     from nomadtf.follow import alloc_slot, job_report, nomadtf_jobs, restarts_of
     from nomadtf.nomad import NomadAPI
 
     api = NomadAPI.from_env(namespace=namespace, region=region)
+    try:
+        queued = queued_runs(AdmissionQueue(), api.namespace, job_id)
+    except ServerError:
+        queued = []  # the queue lives in Consul; what Nomad knows is still worth showing
     if job_id is None:
         states = nomadtf_jobs(api)
-        if not states:
+        for line in queued:
+            name = line.record.job_id if line.record.namespace == "default" else f"{line.record.job_id}@{line.record.namespace}"
+            typer.echo(f"{name:<24} {line.describe()}")
+        if not states and not queued:
             typer.echo("no nomadtf jobs")
             return
         for state in states:
@@ -107,7 +136,14 @@ def status(
             name = job["ID"] if job.get("Namespace", "default") == "default" else f"{job['ID']}@{job['Namespace']}"
             typer.echo(f"{name:<24} {job['Status']:<8} {age / 60:6.1f}m  {roles}")
         return
-    report = job_report(api, job_id, lambda run_id: ConsulDiscovery(job_id, api.namespace, run_id=run_id))
+    for line in queued:
+        typer.echo(f"{job_id}: {line.describe()}")
+    try:
+        report = job_report(api, job_id, lambda run_id: ConsulDiscovery(job_id, api.namespace, run_id=run_id))
+    except JobFailed:
+        if queued:
+            return  # only queued: nothing in Nomad yet
+        raise
     state, job = report.state, report.state.job
     meta = job.get("Meta") or {}
     typer.echo(
@@ -180,11 +216,27 @@ def stop(
     namespace: Namespace = None,
     region: Region = None,
 ) -> None:
-    """Stop a nomadtf job; nothing else is touched."""
+    """Stop a nomadtf job, and take its runs out of the admission queue; nothing else is touched."""
+    from nomadtf.admission import withdraw
+    from nomadtf.discovery import AdmissionQueue
+    from nomadtf.errors import JobFailed, ServerError
     from nomadtf.nomad import NomadAPI
     from nomadtf.run import stop_job
 
-    stop_job(NomadAPI.from_env(namespace=namespace, region=region), job_id, purge=purge)
+    api = NomadAPI.from_env(namespace=namespace, region=region)
+    try:
+        removed = withdraw(AdmissionQueue(), api.namespace, job_id)
+    except ServerError as exc:
+        removed = []
+        err(f"could not look at the admission queue: {exc}")
+    for run_id in removed:
+        typer.echo(f"removed {job_id} run {run_id} from the queue")
+    try:
+        stop_job(api, job_id, purge=purge)
+    except JobFailed:
+        if removed and api.job(job_id) is None:
+            return  # it was only queued
+        raise
     typer.echo(f"stopped {job_id}" + (" and purged it" if purge else ""))
 
 
@@ -237,11 +289,30 @@ def validate(job_file: JobFile, var: Vars = None, templates: TemplatesDir = None
     for warning in warnings:
         typer.echo(f"Nomad warning: {warning}")
     typer.echo(f"Nomad at {job_run.api.address}: valid")
+    typer.echo(_placement_line(job_run))
+
+
+def _placement_line(job_run) -> str:
+    """Whether the job fits now, later (it would queue) or never, from Nomad's plan."""
+    from nomadtf import plan as plan_mod
+    from nomadtf.admission import Admission
+    from nomadtf.errors import ServerError
+
+    try:
+        placement = Admission(job_run.api).check(job_run.job)
+    except ServerError as exc:
+        return f"placement not checked: {exc}"
+    if placement.verdict == plan_mod.FITS:
+        return "placement: it fits now"
+    if placement.verdict == plan_mod.NOT_NOW:
+        return "placement: it does not fit now (capacity in use); nomadtf run queues it until enough is free"
+    return f"placement: it can never fit: {placement.why_never}"
 
 
 def plan(job_file: JobFile, var: Vars = None, templates: TemplatesDir = None) -> None:
     """Nomad's plan for the job. Exit 0: no change; 1: changes or placement problems; 255: error."""
     from nomadtf import plan as plan_mod
+    from nomadtf.admission import Admission
     from nomadtf.run import Run
 
     try:
@@ -249,10 +320,11 @@ def plan(job_file: JobFile, var: Vars = None, templates: TemplatesDir = None) ->
         for note in job_run.notes:
             err(note)
         result = job_run.api.plan(job_run.job)
+        placement = Admission(job_run.api).classify(result, job_run.job)
     except NomadtfError as exc:
         err(str(exc) if not state["debug"] else repr(exc))
         raise typer.Exit(255) from exc
-    summary = plan_mod.describe_plan(result, job_run.job["Job"])
+    summary = plan_mod.describe_plan(result, job_run.job["Job"], placement)
     typer.echo("\n".join(summary.lines))
     raise typer.Exit(1 if summary.changes or summary.failures else 0)
 

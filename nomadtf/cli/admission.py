@@ -1,0 +1,68 @@
+"""`nomadtf admission`: the admission service that admits queued runs nobody follows
+(docs/guide/queueing.md)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Annotated, Optional
+
+import typer
+
+from nomadtf.cli.common import Namespace, stamp
+
+admission_app = typer.Typer(no_args_is_help=True, help="The admission service: admits queued runs that nobody follows.")
+
+
+@admission_app.command()
+def serve() -> None:
+    """Run one replica of the admission service here (what `deploy` runs in the cluster).
+    One replica leads and admits; the others stand by. SIGTERM or Ctrl-C ends it."""
+    from nomadtf.admission_service import AdmissionService
+    from nomadtf.nomad import NomadAPI
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt  # also out of a blocking query: the lead is handed on at once
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        AdmissionService(NomadAPI.from_env(), on_event=stamp).serve(threading.Event())
+    except KeyboardInterrupt:
+        pass
+    stamp("admission service replica stopped")
+
+
+@admission_app.command()
+def deploy(
+    count: Annotated[int, typer.Option("--count", min=1, help="Replicas (one leads, the others stand by)")] = 2,
+    python: Annotated[Optional[str], typer.Option("--python", help="Interpreter on the clients with nomadtf installed; default: this one, with this checkout's code")] = None,
+    namespace: Namespace = None,
+) -> None:
+    """Run the admission service in the cluster as a Nomad service job (nomadtf-admission);
+    it reaches Nomad and Consul at the addresses this shell uses."""
+    from nomadtf import wire
+    from nomadtf.admission_service import service_env, service_job
+    from nomadtf.nomad import NomadAPI
+
+    api = NomadAPI.from_env(namespace=namespace)
+    job = service_job(count, python, service_env(os.environ), namespace=api.namespace)
+    registered = api.register(job)
+    stamp(f"deployed {wire.ADMISSION_SERVICE_JOB} ({count} replicas) in namespace {api.namespace} (evaluation {registered['EvalID'][:8]})")
+
+
+@admission_app.command()
+def status() -> None:
+    """Who leads, and the runs that wait, in order, by namespace and priority (no job
+    names: `nomadtf status` shows your namespace's queued runs by name)."""
+    from nomadtf import queue
+    from nomadtf.discovery import AdmissionQueue
+
+    kv = AdmissionQueue()
+    _, leader = kv.leader()
+    _, entries = kv.entries()
+    typer.echo(f"leader: {leader or 'none (no admission service runs: nomadtf admission deploy)'}")
+    typer.echo(f"queued runs: {len(entries)} ({sum(not e.attended for e in entries)} unattended)")
+    for place, entry in enumerate(queue.ordered(entries), start=1):
+        who = "followed by its submitter" if entry.attended else "for the admission service"
+        typer.echo(f"  {place}. namespace {entry.namespace}, priority {entry.priority}, {who}")
