@@ -66,3 +66,11 @@ def test_bench_supervisor_counts_a_small_jobs_consul_requests(stack):
     assert "NOT MEASURED" not in out and "not steady state" not in out, out
     numbers = figures(out, "4 (mwm)")
     assert measured(numbers) and len(numbers) >= 5, out
+
+
+@pytest.mark.timeout(300)
+def test_bench_admission_times_a_release_and_counts_a_small_queue(stack):
+    out = bench("bench_admission.py", "--cases", "stopped", "--queued", "2", "--window", "5", timeout=240)
+    assert measured(figures(out, "stopped")) and len(figures(out, "stopped")) == 3, out
+    numbers = figures(out, "2 ")
+    assert measured(numbers) and len(numbers) == 5, out
