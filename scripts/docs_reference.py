@@ -36,6 +36,7 @@ GUIDE = {
     "vault": "../guide/secrets.md",
     "recovery": "../guide/recovery.md#the-settings",
     "discovery": "../guide/recovery.md#the-settings",
+    "admission": "../guide/queueing.md#all-or-nothing-gang-admission",
 }
 
 HEADER = """\

@@ -52,6 +52,7 @@ ON_STACK: dict[str, set[int]] = {
     r"nomadtf plan examples/\S+": {0, 1},  # 1: the job would change (it is new); placement is asserted apart
     r"nomadtf dev status": {0},
     r"nomadtf dev env": {0},
+    r"nomadtf admission status": {0},
 }
 # Each shown command that starts or stops something, and the existing test that runs it.
 RUN_BY: dict[str, str] = {
@@ -88,6 +89,10 @@ RUN_BY: dict[str, str] = {
         "tests/stack/test_profile.py::test_the_secrets_example_runs_unchanged_on_the_secure_stack",
     r"nomadtf run examples/secrets/job.json --var entrypoint.workdir=\$PWD/examples/digits":
         "tests/stack/test_profile.py::test_the_secrets_example_runs_unchanged_on_the_secure_stack",
+    # Two teams' runs of one job.json at once: both succeed, one after the other.
+    r"nomadtf run job.json --var namespace=team-[ab]":
+        "tests/stack/test_queueing.py::test_two_teams_at_once_both_succeed_one_after_the_other_and_the_second_says_why_it_waited",
+    r"nomadtf admission deploy": "tests/stack/test_queueing.py::test_admission_deploy_runs_the_service_in_the_cluster",
     # Inside a Vagrant VM. No VM can run here (no hypervisor): the test validates the
     # Vagrantfile, and its neighbours the configs the VMs are provisioned with.
     r"/opt/nomadtf/venv/bin/nomadtf run examples/digits/job.json( --var \S+)+":
