@@ -1,5 +1,5 @@
 """Admission: a run that does not fit now waits its turn in a queue, and a job starts all
-at once or not at all (gang admission). docs/queueing.md tells the whole design.
+at once or not at all (gang admission). docs/guide/queueing.md tells the whole design.
 
 1. **Never or not now.** Nomad's plan (POST /v1/job/:id/plan) says whether the whole job
    fits now. When it does not, `plan.classify` tells "never" (no node could ever hold a
@@ -16,7 +16,10 @@ at once or not at all (gang admission). docs/queueing.md tells the whole design.
    in the queue.
 
 Waiting is blocking queries: a run behind the head waits on the queue's keys (one change
-wakes it), the head on Nomad's allocations (capacity is freed only when they change).
+wakes it), the head on Nomad's allocations (it plans again only when one lets go of
+resources). A run nobody follows (`detach`, or Ctrl-C with LEAVE) stays queued with its
+rendered job for the admission service (admission_service.py), which admits it through
+`admit_unattended`: the same lock, plan and gang rules.
 
 Usage:
     admission = Admission(api, on_status=show, on_event=log, timeout_s=600, on_interrupt=REMOVE)

@@ -505,13 +505,6 @@ class AdmissionQueue:
             return bool(consul_call("queueing the run", self.consul.kv.put, key, entry.value(), acquire=session))
         return bool(consul_call("queueing the run", self.consul.kv.put, key, entry.value(), cas=0))
 
-    def update(self, entry: Entry, session: str | None) -> bool:
-        """Rewrite an entry in place (its CreateIndex, so its place, stays).
-
-        PUT /v1/kv/nomadtf/_admission/queue/<ns>/<ticket>[?acquire=<session>]"""
-        key = wire.kv_queue_entry(entry.namespace, entry.ticket)
-        return bool(consul_call("updating the queued run", self.consul.kv.put, key, entry.value(), acquire=session or None))
-
     def release(self, entry: Entry, session: str) -> bool:
         """Let go of an attended entry without removing it: it stays queued, unattended,
         after `session` ends (what leaving on Ctrl-C does).
@@ -528,8 +521,7 @@ class AdmissionQueue:
         consul_call("removing the queued run's record", self.consul.kv.delete, wire.kv_queued_run(namespace, ticket))
 
     def put_record(self, record: QueuedRun, session: str | None = None) -> bool:
-        """Write the run behind a ticket; held by `session` like its entry (None: unheld,
-        and if it was held by `session_to_release`, released).
+        """Write the run behind a ticket, held by `session` like its entry (None: unheld).
 
         PUT /v1/kv/nomadtf/_admission/runs/<ns>/<ticket>[?acquire=<session>]"""
         key = wire.kv_queued_run(record.namespace, record.ticket)

@@ -22,9 +22,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-WAITING = "waiting"  # in the queue, not being admitted
-ADMITTING = "admitting"  # its admitter holds the lock: planned, registering, waiting for placement
-
 
 @dataclass(frozen=True)
 class Entry:
@@ -44,7 +41,6 @@ class Entry:
     enqueued_at: float  # unix time, for display only (order is `order`)
     needs: dict[str, Any] = field(default_factory=dict)  # capacity.Resources as a dict
     attended: bool = True
-    state: str = WAITING
     gang_timeout_s: float = 30.0
     key: str = ""  # the Consul key (set when read back)
     order: int = 0  # the key's CreateIndex (set when read back)

@@ -171,7 +171,7 @@ class Run:
             gang_timeout_s=self.spec.admission.gang_timeout_s,
         )
         notes += admitted.notes
-        if admitted.registration is None:
+        if admitted.queued:
             return Submitted(self.job_id, self.api.namespace, "", self.api.ui_url(self.job_id), run_id, 0, notes,
                              (admitted.place, admitted.length))  # fmt: skip
         self.discovery = discovery

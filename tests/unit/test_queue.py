@@ -32,7 +32,7 @@ def test_an_entry_names_no_job_and_no_run():
     back = Entry.from_kv(stored)
     assert (back.priority, back.order, back.session, back.needs["cpu"], back.attended) == (60, 42, "s-1", 3380, True)
     assert back.key.startswith(wire.kv_queue_prefix("team-a"))
-    assert set(json.loads(item.value())) == {"namespace", "ticket", "priority", "enqueued_at", "needs", "attended", "state", "gang_timeout_s"}
+    assert set(json.loads(item.value())) == {"namespace", "ticket", "priority", "enqueued_at", "needs", "attended", "gang_timeout_s"}
 
 
 def test_tickets_keep_runs_apart():
