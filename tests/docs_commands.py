@@ -82,9 +82,9 @@ RUN_BY: dict[str, str] = {
     r"nomadtf dev up --clients 3 --secure": "tests/stack/test_multiclient.py::test_dev_cli_sees_the_cluster",
     r"nomadtf dev env --cluster": "tests/stack/test_multiclient.py::test_dev_cli_sees_the_cluster",
     # The secure stack's steps: the cluster profile once, acl apply, then the secrets example
-    # as it is (a stand-in Consul holds the profile: the shared stacks' KV would fill others' jobs).
+    # as it is, with the profile in the secure stack's real Consul KV.
     r"nomadtf acl profile cluster-profile.json":
-        "tests/unit/test_profile.py::test_the_operators_profile_reaches_every_submission_through_consul_kv",
+        "tests/stack/test_profile.py::test_the_secrets_example_runs_unchanged_on_the_secure_stack",
     r"nomadtf acl apply examples/secrets/job.json":
         "tests/stack/test_profile.py::test_the_secrets_example_runs_unchanged_on_the_secure_stack",
     r"nomadtf run examples/secrets/job.json --var entrypoint.workdir=\$PWD/examples/digits":

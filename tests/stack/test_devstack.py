@@ -176,7 +176,8 @@ def test_down_leaves_no_process_and_up_comes_back(stack):
     pids = [c.pid for c in stack.components()]
     started = [p for c in stack.components() for p in processes.tree(psutil.Process(c.pid))]
     try:
-        out = subprocess.run([sys.executable, "-m", "nomadtf", "dev", "down"], capture_output=True, text=True)
+        # --single: the several-client stack the session may hold (secure_cluster) stays up.
+        out = subprocess.run([sys.executable, "-m", "nomadtf", "dev", "down", "--single"], capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
         assert not any(processes.pid_alive(p) for p in pids)
         # The agents are this test process's children: until it reaps them they are zombies,

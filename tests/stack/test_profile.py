@@ -2,11 +2,11 @@
 job.json or on the command line, on the plain stack and on the secure one, after the
 operator's one-time setup (the cluster profile, then `nomadtf acl apply` for the job).
 
-The profile reaches these runs through NOMADTF_CLUSTER_PROFILE rather than the stacks'
-Consul KV: both stacks are shared by every test, and a profile in their KV would fill other
-tests' jobs too. Reading it from Consul KV (and `nomadtf acl profile` writing it there) is
-tests/unit/test_profile.py's, through a stand-in Consul; both sources feed the same fill.
-The `--var`s left are not the cluster's: a unique name and small CPU asks (the stacks are
+On the secure stack the profile travels the way an operator sets it: `nomadtf acl profile`
+writes it to the stack's Consul KV and every submission reads it from there. Tests run one
+after another, and each removes the profile before it ends, so no other test's job is
+filled by it. On the plain stack it comes from the file NOMADTF_CLUSTER_PROFILE names (the
+other source; both feed the same fill). The `--var`s left are not the cluster's: a unique name and small CPU asks (the stacks are
 shared), this checkout's workdir (the docs' recipes pass it too), and fewer steps."""
 
 from __future__ import annotations
@@ -35,12 +35,18 @@ def _store_example_secret(api, vault_url: str) -> None:
         api.post(f"{vault_url}/v1/{EXAMPLE_SECRET}", json={"data": data}, timeout=10).raise_for_status()
 
 
-def _run_example(tmp_path, env: dict, profile: dict) -> tuple[str, str, int, dict]:
+def _run_example(tmp_path, env: dict, profile: dict, through_consul: bool) -> tuple[str, str, int, dict]:
     """The operator's setup (the profile, `acl apply`), then the run; (name, output, exit
     code, the environment both used)."""
     path = tmp_path / "cluster-profile.json"
     path.write_text(json.dumps(profile))
-    env = {**env, "NOMADTF_CLUSTER_PROFILE": str(path)}
+    if through_consul:
+        stored = nomadtf("acl", "profile", str(path), env=env, timeout=60)
+        assert stored.returncode == 0, stored.stdout + stored.stderr
+        shown = nomadtf("acl", "profile", env=env, timeout=60)
+        assert shown.returncode == 0 and json.loads(shown.stdout) == profile, shown.stdout + shown.stderr
+    else:
+        env = {**env, "NOMADTF_CLUSTER_PROFILE": str(path)}
     name = unique("profile-secrets")
     job_vars = ["--var", f"name={name}"]
     applied = nomadtf("acl", "apply", str(EXAMPLE), *job_vars, env=env, timeout=60)
@@ -63,7 +69,7 @@ def test_the_secrets_example_runs_unchanged_on_the_plain_stack(stack, tmp_path):
     operator = requests.Session()  # the plain stack's root token, as `nomadtf dev env` gives it
     operator.headers["X-Vault-Token"] = stack.root_token()
     _store_example_secret(operator, stack_mod.VAULT_ADDR)
-    name, out, code, env = _run_example(tmp_path, {}, {"job_vault_policy": True})
+    name, out, code, env = _run_example(tmp_path, {}, {"job_vault_policy": True}, through_consul=False)
     try:
         assert code == 0, out
         assert float(re.findall(r"final_accuracy=([0-9.]+)", out)[-1]) > 0.8, out
@@ -87,7 +93,12 @@ def test_the_secrets_example_runs_unchanged_on_the_secure_stack(secure_cluster, 
         "consul_token_source": "engine",
         "job_vault_policy": True,
     }
-    name, out, code, env = _run_example(tmp_path, secure_cluster.env(), profile)
+    consul = secure_cluster.api().consul()
+    try:
+        name, out, code, env = _run_example(tmp_path, secure_cluster.env(), profile, through_consul=True)
+    except BaseException:
+        consul.kv.delete(wire.KV_CLUSTER_PROFILE)
+        raise
     try:
         assert code == 0, out
         assert float(re.findall(r"final_accuracy=([0-9.]+)", out)[-1]) > 0.8, out
@@ -98,4 +109,24 @@ def test_the_secrets_example_runs_unchanged_on_the_secure_stack(secure_cluster, 
         assert chief["Vault"]["Policies"] == ["nomadtf-digits-read", own]
         assert job["Meta"][wire.META_NOMAD_VERSION] == "1.6.1"  # read from the server
     finally:
+        consul.kv.delete(wire.KV_CLUSTER_PROFILE)  # an operator's profile, not other tests'
         _cleanup(name, env)
+
+
+def test_a_profile_that_is_not_json_is_refused_naming_where_it_is(stack, tmp_path):
+    """What the operator stored is read from the real Consul KV; a broken one is an error
+    that says where it is, not a silent run without the cluster's settings."""
+    from nomadtf import cluster_facts, discovery
+    from nomadtf.errors import SpecError
+
+    consul = stack.api().consul()
+    try:
+        discovery.write_cluster_profile("{not json", consul)
+        assert discovery.read_cluster_profile(consul) == "{not json"
+        with pytest.raises(SpecError, match="not JSON"):
+            cluster_facts.read_profile()
+        bad = nomadtf("validate", str(EXAMPLE), "--var", "name=profile-bad", timeout=60)  # reads it at submission
+        assert bad.returncode == 2 and wire.KV_CLUSTER_PROFILE in bad.stderr, bad.stdout + bad.stderr
+    finally:
+        consul.kv.delete(wire.KV_CLUSTER_PROFILE)
+    assert discovery.read_cluster_profile(consul) is None

@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
-import requests
 
 from nomadtf import acl, wire
 from nomadtf.acl_setup import check_owner
 from nomadtf.errors import AclConflict, SpecError
 from nomadtf.nomad import NomadSettings
 from nomadtf.spec import JobSpec, load_spec, normalize, parse_spec
-from tests.helpers import nomadtf, probe_job, unique, write_job
+from tests.helpers import nomadtf, probe_job, write_job
 
 # Joined with "-", both read "ml-team-x".
 TWINS = (("ml", "team-x"), ("ml-team", "x"))
@@ -91,75 +90,3 @@ def test_render_follows_nomad_namespace_like_status_does(tmp_path):
     assert policies.returncode == 0 and wire.acl_name("team-r", "ns-render") in policies.stdout, policies.stderr
     empty = nomadtf("render", str(write_job(tmp_path, {**probe_job("ns-empty"), "namespace": ""})), timeout=60)
     assert empty.returncode == 2 and "namespace: '' is not a Nomad namespace" in empty.stderr, empty.stderr
-
-
-# ---- `acl apply` on the secure stack ---------------------------------------------------------------
-
-
-def _as(token_header: str, token: str, ca: str) -> requests.Session:
-    session = requests.Session()
-    session.trust_env = False
-    session.verify = ca
-    session.headers[token_header] = token
-    return session
-
-
-@pytest.mark.stack
-def test_acl_apply_for_two_jobs_whose_names_joined_alike_keeps_each_to_its_own(secure_cluster, tmp_path):
-    """`ml/team-x` then `ml-team/x`: both keep working, neither reads the other's secrets or
-    keys, and revoking one leaves the other's policies alone."""
-    api, found = secure_cluster.api().session(), secure_cluster.api().urls
-    ca = str(secure_cluster.secure_state.ca_file)
-    tag = unique("n").split("-")[1]
-    jobs = [(f"ml{tag}", "team-x"), (f"ml{tag}-team", "x")]
-    env = secure_cluster.env()
-    specs: list[dict] = []
-    task_vault: list[requests.Session] = []
-    for i, (namespace, name) in enumerate(jobs):
-        secret = f"nomadtf-names/{tag}/{i}"
-        api.post(f"{found['vault']}/v1/secret/data/{secret}", json={"data": {"value": f"secret-of-{i}"}}, timeout=10).raise_for_status()
-        spec = {
-            **probe_job(name), "namespace": namespace,
-            "secrets": [{"path": f"secret/{secret}", "key": "value", "env": "NAMES_SECRET"}],
-            "vault": {"address": found["vault"], "ca_file": ca},
-        }
-        (tmp_path / str(i)).mkdir()
-        applied = nomadtf("acl", "apply", str(write_job(tmp_path / str(i), spec)), env=env, timeout=60)
-        assert applied.returncode == 0, applied.stderr
-        printed = json.loads(applied.stdout.split("add to job.json:", 1)[1])
-        specs.append({**spec, "discovery": printed["discovery"], "vault": {**spec["vault"], **printed["vault"]}, "_secret": secret})
-    names = [s["vault"]["policies"][0] for s in specs]
-    assert names[0] != names[1]
-    try:
-        for spec in specs:
-            token = api.post(f"{found['vault']}/v1/auth/token/create", json={"policies": spec["vault"]["policies"], "ttl": "10m"}, timeout=10)
-            task_vault.append(_as("X-Vault-Token", token.json()["auth"]["client_token"], ca))
-        for i, vault in enumerate(task_vault):
-            other = 1 - i
-            own_secret = vault.get(f"{found['vault']}/v1/secret/data/{specs[i]['_secret']}", timeout=10)
-            assert own_secret.status_code == 200 and own_secret.json()["data"]["data"]["value"] == f"secret-of-{i}"
-            assert vault.get(f"{found['vault']}/v1/secret/data/{specs[other]['_secret']}", timeout=10).status_code == 403
-            creds = vault.get(f"{found['vault']}/v1/{specs[i]['discovery']['consul_token_path']}", timeout=10)
-            assert creds.status_code == 200, creds.text
-            assert vault.get(f"{found['vault']}/v1/{specs[other]['discovery']['consul_token_path']}", timeout=10).status_code == 403
-            consul = _as("X-Consul-Token", creds.json()["data"]["token"], ca)
-            own_ns, own_job = jobs[i]
-            other_ns, other_job = jobs[other]
-            assert consul.put(f"{found['consul']}/v1/kv/nomadtf/{own_ns}/{own_job}/probe", data=b"1", timeout=10).status_code == 200
-            assert consul.put(f"{found['consul']}/v1/kv/nomadtf/{other_ns}/{other_job}/probe", data=b"1", timeout=10).status_code == 403
-        # Revoking the second job leaves the first one's policies in place.
-        revoked = nomadtf("acl", "revoke", str(tmp_path / "1" / "x.json"), env=env, timeout=60)
-        assert revoked.returncode == 0, revoked.stderr
-        assert api.get(f"{found['vault']}/v1/sys/policies/acl/{names[1]}", timeout=10).status_code == 404
-        assert api.get(f"{found['vault']}/v1/sys/policies/acl/{names[0]}", timeout=10).status_code == 200
-        assert task_vault[0].get(f"{found['vault']}/v1/secret/data/{specs[0]['_secret']}", timeout=10).status_code == 200
-        # A Vault policy of the first job's name that is not the job's: `acl apply` refuses it.
-        api.put(f"{found['vault']}/v1/sys/policies/acl/{names[1]}", json={"policy": 'path "secret/data/*" { capabilities = ["read"] }'},
-                timeout=10).raise_for_status()
-        refused = nomadtf("acl", "apply", str(tmp_path / "1" / "x.json"), env=env, timeout=60)
-        assert refused.returncode == 1 and "is not this job's" in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
-        consul_names = {p["Name"] for p in api.get(f"{found['consul']}/v1/acl/policies", timeout=10).json()}
-        assert names[1] not in consul_names  # nothing half-done
-    finally:
-        api.delete(f"{found['vault']}/v1/sys/policies/acl/{names[1]}", timeout=10)
-        nomadtf("acl", "revoke", str(tmp_path / "0" / "team-x.json"), env=env, timeout=60)

@@ -1,24 +1,19 @@
 """The cluster profile: what it fills into a job, in which order the target is chosen, and
-how it travels through Consul KV (against a stand-in Consul on 127.0.0.1 that speaks the KV
-API py-consul calls)."""
+what a Consul that does not answer gives. Its trip through the real Consul KV is
+tests/stack/test_profile.py's."""
 
 from __future__ import annotations
 
-import base64
-import http.server
 import json
-import os
-import threading
 
 import pytest
 
-from nomadtf import cluster_facts, discovery, wire
+from nomadtf import cluster_facts, wire
 from nomadtf.errors import SpecError, UnreachableError
 from nomadtf.profile import ClusterProfile, consul_token_path, fill_job, offline_target, profile_from_file
 from nomadtf.render import render_job
 from nomadtf.spec import load_options, parse_spec
 from nomadtf.target import BASELINE, ENV_NOMAD_VERSION, resolve
-from tests.helpers import nomadtf
 from tests.unit.test_render import JOB_EXAMPLES, task
 
 SECURE = ClusterProfile(
@@ -128,65 +123,6 @@ def test_the_server_says_the_target_and_a_refusal_falls_back_with_a_note():
     assert str(found.version) == "1.11.3" and "cannot reach Nomad" in notes[0]
     found, notes = cluster_facts.server_target(_FakeNomad(refused), None, {})
     assert found.version == BASELINE and ENV_NOMAD_VERSION in notes[0] and "agent:read" in notes[0]
-
-
-@pytest.fixture
-def consul_kv(monkeypatch):
-    """A stand-in Consul on 127.0.0.1 holding a KV store: GET and PUT /v1/kv/<key>."""
-    store: dict[str, bytes] = {}
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def _key(self):
-            return self.path.split("?", 1)[0].removeprefix("/v1/kv/")
-
-        def do_GET(self):  # noqa: N802
-            key = self._key()
-            if key not in store:
-                self.send_response(404)
-                self.send_header("X-Consul-Index", "1")
-                self.end_headers()
-                return
-            body = json.dumps([{"Key": key, "Value": base64.b64encode(store[key]).decode(), "ModifyIndex": 1, "CreateIndex": 1, "Flags": 0, "LockIndex": 0}]).encode()
-            self.send_response(200)
-            self.send_header("X-Consul-Index", "1")
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_PUT(self):  # noqa: N802
-            store[self._key()] = self.rfile.read(int(self.headers["Content-Length"]))
-            self.send_response(200)
-            self.send_header("Content-Length", "4")
-            self.end_headers()
-            self.wfile.write(b"true")
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setenv("CONSUL_HTTP_ADDR", f"127.0.0.1:{server.server_address[1]}")
-    monkeypatch.delenv("CONSUL_HTTP_TOKEN", raising=False)
-    monkeypatch.delenv("NOMADTF_CLUSTER_PROFILE", raising=False)
-    yield store
-    server.shutdown()
-    server.server_close()
-
-
-def test_the_operators_profile_reaches_every_submission_through_consul_kv(consul_kv, tmp_path):
-    assert cluster_facts.read_profile() == (None, [])
-    path = tmp_path / "profile.json"
-    path.write_text(json.dumps(SECURE.to_json()))
-    written = nomadtf("acl", "profile", str(path), env={"CONSUL_HTTP_ADDR": os.environ["CONSUL_HTTP_ADDR"]})
-    assert written.returncode == 0, written.stderr
-    assert json.loads(consul_kv[wire.KV_CLUSTER_PROFILE]) == SECURE.to_json()
-    profile, notes = cluster_facts.read_profile()
-    assert profile == ClusterProfile(**{**SECURE.__dict__, "source": f"Consul KV {wire.KV_CLUSTER_PROFILE}"}) and notes == []
-    consul_kv[wire.KV_CLUSTER_PROFILE] = b"{not json"
-    with pytest.raises(SpecError, match="not JSON"):
-        cluster_facts.read_profile()
-    assert discovery.read_cluster_profile() == "{not json"
 
 
 def test_a_consul_that_does_not_answer_gives_no_profile_and_a_note(monkeypatch):
