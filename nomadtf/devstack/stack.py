@@ -214,8 +214,11 @@ class DevStack:
         comps = self.components()
         if not comps or self.marker_path.is_file() or any(c.create_time is not None for c in comps):
             return
-        # psutil derives start times from a boot time in whole seconds: allow that much.
-        written = self.record_path.stat().st_mtime + 1.0
+        # psutil derives start times from the kernel's boot time, which is whole seconds and
+        # moves when the wall clock is slewed (NTP on a VM): a process started just before
+        # the record can look up to a few seconds younger. A PID reused since the record was
+        # written shows a start minutes or days after it, so 5 s of slack loses nothing.
+        written = self.record_path.stat().st_mtime + 5.0
         adopted = []
         for comp in comps:
             try:

@@ -129,4 +129,4 @@ def test_parameter_server_soak(stack, tmp_path):
 
 
 def test_mirrored_soak(stack, tmp_path):
-    _soak(stack, tmp_path, "multi_worker_mirrored", steps=6000, faults=5, extra=3, min_soak_s=90)
+    _soak(stack, tmp_path, "multi_worker_mirrored", steps=7500, faults=5, extra=3, min_soak_s=90)
