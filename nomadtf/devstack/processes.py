@@ -12,7 +12,10 @@ Usage:
 
 from __future__ import annotations
 
+import os
 import signal
+import time
+from pathlib import Path
 
 import psutil
 
@@ -32,6 +35,22 @@ def pid_alive(pid: int) -> bool:
 def started_at(pid: int) -> float:
     """The start time psutil reports for `pid`, to record beside it."""
     return psutil.Process(pid).create_time()
+
+
+def age(pid: int) -> float:
+    """Seconds since `pid` started, on the kernel's boot clock.
+
+    psutil's create_time adds the process's start (counted from boot) to a boot time it
+    derives from the wall clock once and keeps; after the wall clock is stepped or slewed
+    (NTP on a VM) that sum can be seconds off. An age measured on the boot clock alone is not.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        raise psutil.NoSuchProcess(pid) from None
+    # The command name (field 2) may hold spaces and parentheses: count from its last ")".
+    start_ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, starttime
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
 
 
 def find(pid: int, create_time: float) -> psutil.Process | None:

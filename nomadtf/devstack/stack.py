@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -214,17 +215,18 @@ class DevStack:
         comps = self.components()
         if not comps or self.marker_path.is_file() or any(c.create_time is not None for c in comps):
             return
-        # psutil derives start times from the kernel's boot time, which is whole seconds and
-        # moves when the wall clock is slewed (NTP on a VM): a process started just before
-        # the record can look up to a few seconds younger. A PID reused since the record was
-        # written shows a start minutes or days after it, so 5 s of slack loses nothing.
-        written = self.record_path.stat().st_mtime + 5.0
+        # The record's age against each process's age: both are short intervals measured
+        # now, so neither a stepped wall clock nor psutil's cached boot time moves them. A PID
+        # reused since the record was written is younger than the record; 1 s covers the
+        # kernel's clock ticks and the file system's timestamp.
+        record_age = time.time() - self.record_path.stat().st_mtime
         adopted = []
         for comp in comps:
             try:
                 proc = psutil.Process(comp.pid)
                 started = proc.create_time()
-                if Path(comp.binary).name not in " ".join(proc.cmdline()) or started > written:
+                younger = processes.age(comp.pid) + 1.0 < record_age
+                if Path(comp.binary).name not in " ".join(proc.cmdline()) or younger:
                     return
             except psutil.Error:
                 return
