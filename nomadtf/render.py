@@ -119,6 +119,7 @@ def _compiled_template_set(templates_dir: str) -> jinja2.Environment:
     )
     templates.globals["runs_user_code"] = runs_user_code
     templates.globals["needs_vault_token"] = needs_vault_token
+    templates.globals["docker_volumes"] = docker_volumes
     # Sorted keys make the output byte-identical for the same input.
     templates.policies["json.dumps_kwargs"] = {"sort_keys": True, "default": _undefined_json}
     return templates
@@ -135,6 +136,22 @@ def task_env(spec: JobSpec, role: str) -> dict[str, str]:
     if spec.vault.get("ca_file"):
         env["VAULT_CACERT"] = spec.vault["ca_file"]
     return env
+
+
+def model_dir_root(model_dir: str) -> str:
+    """The directory of `model_dir` that no task variable names: what a docker task mounts
+    from its client so that the job's tasks share checkpoints (/tmp/nomadtf for the default
+    /tmp/nomadtf/${NOMAD_NAMESPACE}/${NOMAD_JOB_ID}/${NOMADTF_RUN_ID})."""
+    fixed = model_dir.split("$", 1)[0]
+    root = fixed if "$" not in model_dir else fixed.rsplit("/", 1)[0]
+    return root.rstrip("/") or "/"
+
+
+def docker_volumes(spec: JobSpec) -> list[str]:
+    """The docker driver's bind mounts of a task: model_dir's root at the same path, then
+    job.json's driver.volumes."""
+    root = model_dir_root(spec.model_dir)
+    return [f"{root}:{root}", *spec.driver.volumes]
 
 
 def needs_vault_token(spec: JobSpec, role: str) -> bool:
@@ -259,7 +276,7 @@ def docker_image_needs(spec: JobSpec) -> list[str]:
     images = " and ".join(dict.fromkeys(i for i in (driver.image, driver.gpu_image) if i))
     needs = [
         f"docker: {images} must contain:",
-        "  - python3 and nohup on PATH (the task runs `nohup python3 -m nomadtf task --role <role>`)",
+        "  - python3 on PATH (the task runs `python3 -m nomadtf task --role <role>`, under Docker's init)",
         "  - nomadtf with its dependencies for that python3 (pip install nomadtf)",
         "  - TensorFlow in the version the code needs (a CUDA build in driver.gpu_image for GPU roles)",
     ]

@@ -150,6 +150,9 @@ class FailedTask:
         )
 
 
+_MEMORY_FIX = re.compile(r"killed for exceeding its \d+ MiB: raise (roles\.\w+\.memory(?:_max)?)")
+
+
 def failure_text(job_id: str, reason: str, task: FailedTask | None) -> str:
     """The report `nomadtf run` prints when a run failed: the reason, the failing task with
     its exit code, its traceback (or last meaningful stderr lines), and what to do."""
@@ -169,7 +172,12 @@ def failure_text(job_id: str, reason: str, task: FailedTask | None) -> str:
     else:
         lines.append(f"  {task.name} wrote nothing to stderr but TensorFlow's notices")
     logs = f"nomadtf logs {job_id} --role {task.role} --index {task.index} --stderr"
-    lines.append(f"what to do: fix what {task.name}'s stderr above names, then run the job again; its whole log: {logs}")
+    memory = _MEMORY_FIX.search(reason or "")
+    if memory:  # an OOM kill (runtime/oom.py): the limit is the fault, not the code
+        field_name = memory[1]
+        lines.append(f"what to do: raise {field_name} in job.json (or --var {field_name}=MiB), then run the job again; its whole log: {logs}")
+    else:
+        lines.append(f"what to do: fix what {task.name}'s stderr above names, then run the job again; its whole log: {logs}")
     return "\n".join(lines)
 
 

@@ -390,7 +390,17 @@ def cross_field_problems(document: dict[str, Any]) -> list[str]:
         problems.append("entrypoint: strategy 'legacy_server' calls main(server, log_dir, context); give 'function': 'module:main'")
     driver = document["driver"]
     if driver["name"] == "docker" and not driver.get("image"):
-        problems.append("driver.image: the docker driver needs an image with TensorFlow and nomadtf")
+        problems.append("driver.image: the docker driver needs an image with TensorFlow and nomadtf (`nomadtf dev image build` makes one)")
+    if driver["name"] == "exec":
+        # Nomad's exec driver runs a task in a chroot of the client's /bin, /lib, /usr and /etc:
+        # a nomadtf and a TensorFlow installed in a virtual environment or under /opt are not
+        # in it, and the task dies with "No module named nomadtf" before it can say why.
+        problems.append(
+            "driver.name: 'exec' runs each task in a chroot of the client's system directories, which holds no "
+            "nomadtf or TensorFlow of a virtual environment; use 'docker' (isolation, with driver.image) or 'raw_exec'"
+        )
+    if driver["name"] != "docker" and driver["volumes"]:
+        problems.append("driver.volumes: only the docker driver mounts volumes; remove them or use driver docker")
     if document["secrets"] and document["vault"]["auth"] == "nomad" and not document["vault"]["policies"]:
         problems.append("vault.policies: secrets are read with the token Nomad gives the task; list the Vault policies that allow reading them")
     if document["discovery"].get("consul_token_path") and document["vault"]["auth"] == "nomad" and not document["vault"]["policies"]:
@@ -435,11 +445,6 @@ def environment_problems(document: dict[str, Any]) -> list[str]:
         problems.append(
             "environment: with the docker driver the image is the job's environment; install these requirements "
             "in driver.image (it must also hold python3 with nomadtf, see `nomadtf validate`), or use driver raw_exec"
-        )
-    if driver == "exec":
-        problems.append(
-            "environment: the exec driver gives every task a fresh chroot, where a client-wide cache of "
-            "environments cannot live; use driver raw_exec"
         )
     return problems
 
@@ -535,6 +540,7 @@ class Driver:
     python: str  # the interpreter raw_exec and exec tasks start
     image: str | None  # docker
     gpu_image: str | None  # docker, for the roles with GPUs; None: `image`
+    volumes: tuple[str, ...] = ()  # docker: more HOST:CONTAINER[:ro] mounts
 
 
 @dataclass(frozen=True)
@@ -688,7 +694,7 @@ class JobSpec:
             model_dir=document["model_dir"],
             context=document["context"],
             env=dict(document["env"]),
-            driver=Driver(driver["name"], driver["python"], driver.get("image"), driver.get("gpu_image")),
+            driver=Driver(driver["name"], driver["python"], driver.get("image"), driver.get("gpu_image"), tuple(driver["volumes"])),
             secrets=tuple(document["secrets"]),
             vault=document["vault"],
             recovery=Recovery(

@@ -32,6 +32,9 @@ def dev_up(
     secure: Annotated[
         bool, typer.Option("--secure", help="ACLs (default deny) and TLS on Nomad, Consul and OpenBao; runs as the several-client stack")
     ] = False,
+    docker: Annotated[
+        bool, typer.Option("--docker", help="A private Docker daemon and Nomad's docker driver beside raw_exec (single-node stack)")
+    ] = False,
 ) -> None:
     """Build or find the binaries and start Consul, OpenBao and Nomad on 127.0.0.1
     (--clients N or --secure: a server on 198.18.0.1 and N client namespaces)."""
@@ -41,7 +44,7 @@ def dev_up(
     stack = devstack.for_options(clients, secure)
     chosen = parse_client_list(gpu_clients) if gpu_clients is not None else None
     started = time.monotonic()
-    if not stack.up(stamp, timeout=timeout, gpus=gpus, clients=clients, gpu_clients=chosen, secure=secure):
+    if not stack.up(stamp, timeout=timeout, gpus=gpus, clients=clients, gpu_clients=chosen, secure=secure, docker=docker or None):
         err(f"the {stack.title} is already up ({stack.state_dir})")
         return
     err(f"{stack.title} up in {time.monotonic() - started:.1f}s; state in {stack.state_dir}")
@@ -157,3 +160,28 @@ def dev_config(
         gpus=gpus,
     )
     typer.echo(wiring.nomad_config(machine) if agent is Agent.nomad else wiring.consul_config(machine), nl=False)
+
+
+image_app = typer.Typer(no_args_is_help=True, help="Task images for the local stack's Docker daemon (`dev up --docker`).")
+dev_app.add_typer(image_app, name="image")
+
+
+@image_app.command("build")
+def dev_image_build(
+    tf: Annotated[Optional[str], typer.Option("--tf", help="TensorFlow version (default: this installation's)")] = None,
+    gpu: Annotated[bool, typer.Option("--gpu", help="tensorflow[and-cuda] instead of tensorflow-cpu (several GB of CUDA wheels)")] = False,
+) -> None:
+    """Build the repository's Dockerfile on a Debian base made here (cached) and print the
+    image reference on the last line (for driver.image / driver.gpu_image)."""
+    from nomadtf import devstack
+    from nomadtf.devstack import images
+    from nomadtf.errors import DevStackError
+
+    stack = devstack.running()
+    daemon = getattr(stack, "daemon", None)
+    if daemon is None or not stack.is_up() or not stack.recorded_docker():
+        raise DevStackError("no local stack with Docker runs: `nomadtf dev up --docker` first")
+    started = time.monotonic()
+    ref = images.build(daemon.client(timeout=600), stamp, tf_version=tf, gpu=gpu)
+    err(f"image ready in {time.monotonic() - started:.0f}s")
+    typer.echo(ref)

@@ -203,12 +203,15 @@ class ClusterStack:
         clients: int = 3,
         gpu_clients: Sequence[int] | None = None,
         secure: bool = False,
+        docker: bool | None = None,
     ) -> bool:
         """Start the server machine and `clients` client namespaces, `gpus` fake GPUs on
         each client of `gpu_clients` (None: every client). `gpus` None means as the running
         cluster has, or none; `secure`: ACLs and TLS everywhere. Returns False when that
         cluster already runs (a no-op); another shape running is an error that names the
-        command for this one."""
+        command for this one. Docker is the single-node stack's so far (`docker`)."""
+        if docker:
+            raise DevStackError("--docker runs on the single-node stack only (a daemon per client namespace is not built yet): drop --clients/--secure")
         layout.check_clients(clients)
         if os.geteuid() != 0:
             raise DevStackError("the several-client stack creates network namespaces and a bridge: run it as root")

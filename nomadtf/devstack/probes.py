@@ -107,9 +107,9 @@ def node_gpu_count(node: dict) -> int:
     return sum(len(d.get("Instances") or []) for d in devices if d.get("Vendor") == "nvidia" and d.get("Type") == "gpu")
 
 
-def nomad_node_ready(api: StackApi, gpus: int = 0, name: str | None = None) -> bool:
-    """A Nomad client is ready to run our jobs: status ready, raw_exec healthy, every one
-    of `gpus` fake GPUs fingerprinted. With `name`, that node, and it talks to its own
+def nomad_node_ready(api: StackApi, gpus: int = 0, name: str | None = None, drivers: tuple[str, ...] = ("raw_exec",)) -> bool:
+    """A Nomad client is ready to run our jobs: status ready, each of `drivers` healthy, every
+    one of `gpus` fake GPUs fingerprinted. With `name`, that node, and it talks to its own
     Consul agent (the agent's node name is the node's).
 
     GET /v1/nodes?resources=true ; with `name`, GET /v1/node/:node_id
@@ -118,7 +118,8 @@ def nomad_node_ready(api: StackApi, gpus: int = 0, name: str | None = None) -> b
     for stub in client.nodes.get_nodes(resources=True):
         if stub.get("Status") != "ready" or name not in (None, stub.get("Name")):
             continue
-        healthy = ((stub.get("Drivers") or {}).get("raw_exec") or {}).get("Healthy")
+        found = stub.get("Drivers") or {}
+        healthy = all((found.get(driver) or {}).get("Healthy") for driver in drivers)
         if healthy and node_gpu_count(stub) >= gpus:
             if name is None:
                 return True

@@ -157,6 +157,7 @@ class Stack(Protocol):
         clients: int = ...,
         gpu_clients: Sequence[int] | None = None,
         secure: bool = False,
+        docker: bool | None = None,
     ) -> bool: ...
 
     def down(self, progress: Progress, grace: float = 15.0) -> None: ...

@@ -9,11 +9,12 @@ Everything lives under one state directory (`~/.local/state/nomadtf/dev`, $NOMAD
     <state>/nomad.hcl      Nomad agent config (consul + vault wiring, the device plugin)
     <state>/<name>.log     each server's output
     <state>/nomad-data/    Nomad's data dir (allocations, task logs)
+    <state>/docker.sock    with `up --docker`: the stack's own Docker daemon (docker.py)
 
 Usage:
     stack = DevStack.default()
-    stack.up(progress=print, timeout=120, gpus=6)
-    stack.env()      # NOMAD_ADDR, CONSUL_HTTP_ADDR, VAULT_ADDR, VAULT_TOKEN
+    stack.up(progress=print, timeout=120, gpus=6, docker=True)
+    stack.env()      # NOMAD_ADDR, CONSUL_HTTP_ADDR, VAULT_ADDR, VAULT_TOKEN (DOCKER_HOST)
     stack.api().nomad().nodes.get_nodes()
     stack.down(progress=print)
 """
@@ -31,6 +32,7 @@ from pathlib import Path
 import psutil
 
 from nomadtf.devstack import agents, binaries, bootstrap, gpu_plugin, probes, processes, teardown, wiring
+from nomadtf.devstack.docker import Daemon
 from nomadtf.devstack.probes import wait_for
 from nomadtf.devstack.protocol import Progress, StackApi, Status, StatusRow
 from nomadtf.devstack.record import MARKER, MARKER_TEXT, Component, Record, claim_state_dir, write_private
@@ -42,7 +44,8 @@ VAULT_PORTS = {"openbao http": 8200}
 NOMAD_PORTS = {"nomad http": 4646, "nomad rpc": 4647, "nomad serf": 4648}
 
 # Nomad first, so its tasks stop while Consul and OpenBao still answer them.
-STOP_ORDER = ("nomad", "openbao", "consul")
+# Docker after Nomad: the containers Nomad did not stop in time are removed with the daemon.
+STOP_ORDER = ("nomad", "docker", "openbao", "consul")
 
 NOMAD_ADDR = f"http://{HOST}:4646"
 CONSUL_ADDR = f"{HOST}:8500"
@@ -80,7 +83,9 @@ class DevStack:
         self.gpus = 0  # fake NVIDIA GPUs the Nomad client advertises (`up --gpus N`)
         # When set, the plugin advertises exactly these (real) GPUs instead of `gpus` made-up ones.
         self.gpu_inventory: gpu_plugin.GpuInventory | None = None
-        self.record = Record(state_dir / "stack.json", defaults={"gpus": 0})
+        self.docker = False  # a private Docker daemon and Nomad's docker driver (`up --docker`)
+        self.daemon = Daemon.for_stack(state_dir)
+        self.record = Record(state_dir / "stack.json", defaults={"gpus": 0, "docker": False})
         self.record_path = self.record.path
         self.token_path = state_dir / "root-token"
         self.marker_path = state_dir / MARKER
@@ -96,7 +101,7 @@ class DevStack:
 
     def is_up(self) -> bool:
         comps = self.components()
-        return len(comps) == 3 and all(c.process() for c in comps)
+        return len(comps) == 3 + self.recorded_docker() and all(c.process() for c in comps)
 
     def root_token(self) -> str:
         try:
@@ -111,22 +116,32 @@ class DevStack:
         except (OSError, ValueError):
             return 0
 
+    def recorded_docker(self) -> bool:
+        """Whether the recorded stack has its own Docker daemon."""
+        try:
+            return bool(self.record.get("docker"))
+        except (OSError, ValueError):
+            return False
+
     def api(self) -> StackApi:
         """Plain HTTP on 127.0.0.1, no ACLs; OpenBao's root token once `up` chose it."""
         token = self.token_path.read_text().strip() if self.token_path.is_file() else None
         return StackApi(NOMAD_ADDR, f"http://{CONSUL_ADDR}", VAULT_ADDR, vault_token=token)
 
     def env(self) -> dict[str, str]:
-        return {
+        env = {
             "NOMAD_ADDR": NOMAD_ADDR,
             "CONSUL_HTTP_ADDR": CONSUL_ADDR,
             "VAULT_ADDR": VAULT_ADDR,
             "VAULT_TOKEN": self.root_token(),
         }
+        if self.recorded_docker():
+            env["DOCKER_HOST"] = self.daemon.host
+        return env
 
     def status(self) -> Status:
         """One row per server (never the token); the fake GPUs after them."""
-        addresses = {"consul": f"http://{CONSUL_ADDR}", "openbao": VAULT_ADDR, "nomad": NOMAD_ADDR}
+        addresses = {"consul": f"http://{CONSUL_ADDR}", "openbao": VAULT_ADDR, "nomad": NOMAD_ADDR, "docker": self.daemon.host}
         rows = tuple(
             StatusRow(
                 component=comp.name,
@@ -152,16 +167,20 @@ class DevStack:
         clients: int = 1,
         gpu_clients: Sequence[int] | None = None,
         secure: bool = False,
+        docker: bool | None = None,
     ) -> bool:
         """Start the stack. Returns False when it was already up (a no-op). `gpus`: fake
         NVIDIA GPUs on the Nomad client through the project's device plugin (None: as the
-        last `up` of this object, else none). One client, no ACLs: more clients, GPUs on
-        some of them, or ACLs and TLS are the several-client stack's."""
+        last `up` of this object, else none). `docker`: a private Docker daemon and Nomad's
+        docker driver beside raw_exec (None: as the last `up` of this object). One client,
+        no ACLs: more clients, GPUs on some of them, or ACLs and TLS are the several-client
+        stack's."""
         if gpu_clients is not None:
             raise DevStackError("--gpu-clients is for the several-client stack: add --clients N (2 or more)")
         if clients != 1 or secure:
             raise DevStackError("the single-node stack has one Nomad client and no ACLs: `--clients N` or `--secure` is the several-client stack")
         self.gpus = self.gpus if gpus is None else gpus
+        self.docker = self.docker if docker is None else docker
         self._adopt_legacy_record()
         if self.is_up():
             running = self.recorded_gpus()
@@ -170,7 +189,10 @@ class DevStack:
                     f"the running local stack has {running} fake GPUs, not {gpus}; "
                     f"`nomadtf dev down`, then `nomadtf dev up --gpus {gpus}`"
                 )
+            if docker and not self.recorded_docker():
+                raise DevStackError("the running local stack has no Docker daemon; `nomadtf dev down`, then `nomadtf dev up --docker`")
             self.gpus = running
+            self.docker = self.recorded_docker()
             return False
         if self.components():
             progress("a previous stack is partly running; stopping it first")
@@ -195,10 +217,18 @@ class DevStack:
             nomad_token = bootstrap.configure_openbao(api.vault())
             progress(f"openbao ready at {VAULT_ADDR} (KV v2 at secret/, role {wiring.VAULT_ROLE})")
 
+            if self.docker:
+                started.append(self.daemon.start())
+                self._record(started)
+                self.daemon.wait_ready(timeout, started[-1].log)
+                progress(f"docker ready at {self.daemon.host} (images in {self.daemon.data_root})")
+
             started.append(self._start_nomad(bins["nomad"], nomad_token, plugin))
             self._record(started)
-            wait_for(lambda: probes.nomad_node_ready(api, self.gpus), timeout, "nomad", started[-1].log)
+            drivers = ("raw_exec", "docker") if self.docker else ("raw_exec",)
+            wait_for(lambda: probes.nomad_node_ready(api, self.gpus, drivers=drivers), timeout, "nomad", started[-1].log)
             gpus_line = f"; {self.gpus} fake GPUs ({gpu_plugin.DEFAULT_MODEL})" if self.gpus else ""
+            gpus_line += "; drivers raw_exec and docker" if self.docker else ""
             progress(f"nomad ready at {NOMAD_ADDR} (UI at {NOMAD_ADDR}/ui/){gpus_line}")
         except BaseException:
             self.down(lambda _msg: None)
@@ -250,6 +280,7 @@ class DevStack:
         data_dir.mkdir(exist_ok=True)
         config = self.state_dir / "nomad.hcl"
         extra = self.plugin_hcl(plugin.parent) if plugin else ""
+        extra += self.daemon.plugin_hcl() if self.docker else ""
         write_private(config, nomad_config(data_dir) + extra)
         return agents.start_nomad_dev(self.state_dir, binary, config, vault_token)
 
@@ -260,7 +291,7 @@ class DevStack:
         return gpu_plugin.client_plugin_hcl(plugin_dir, self.gpus, seed="nomadtf-dev")
 
     def _record(self, comps: list[Component]) -> None:
-        self.record.save(components=[asdict(c) for c in comps], gpus=self.gpus or self.recorded_gpus())
+        self.record.save(components=[asdict(c) for c in comps], gpus=self.gpus or self.recorded_gpus(), docker=self.docker or self.recorded_docker())
 
     def restart_consul(self, progress: Progress, timeout: float = 60.0) -> None:
         """Stop and start the Consul agent alone (a -dev agent forgets its catalog and KV:
@@ -289,6 +320,14 @@ class DevStack:
             "over while all of it runs, or stop the PIDs in its stack.json and delete the directory yourself",
         )
         comps = sorted(self.components(), key=lambda c: STOP_ORDER.index(c.name))
+        if any(c.name == "docker" and c.process() for c in comps):
+            nomad_comp = next((c for c in comps if c.name == "nomad"), None)
+            running = nomad_comp.process() if nomad_comp else None
+            if running is not None:  # Nomad first: it would restart the containers removed under it
+                processes.stop(processes.tree(running), grace)
+            removed = self.daemon.remove_containers()
+            if removed:
+                progress(f"removed {removed} containers of the stack's Docker daemon")
         # Every tree is collected before anything stops (teardown.py says why).
         groups = []
         for comp in comps:

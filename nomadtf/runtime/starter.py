@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from nomadtf import roles, wire
-from nomadtf.runtime import jobenv, launch, warm
+from nomadtf.runtime import jobenv, launch, versions, warm
 from nomadtf.runtime.alloc import AllocInfo
 from nomadtf.runtime.child import Child
 from nomadtf.spec import JobSpec
@@ -39,6 +39,7 @@ class ChildStarter:
         self.on_exit = on_exit
         self.job_env: jobenv.Ready | None = None  # job.json `environment`, held until we exit
         self.warm = warm.WarmStart()  # the child started while we wait for the cluster
+        self.said_versions = False  # the child's Python and TensorFlow, logged at its first start
 
     def missing_script(self, spec: JobSpec) -> str | None:
         """Why our child cannot start: its entrypoint script is not there (a mistake no restart
@@ -62,6 +63,9 @@ class ChildStarter:
         Path(spec.model_dir).mkdir(parents=True, exist_ok=True)
         env = launch.child_env(spec, self.role, index, members, generation, dict(os.environ), str(self.progress_file), secret_env)
         argv, env, cwd = self._command(spec, env)
+        if not self.said_versions:
+            log.info("our child runs %s", versions.describe(argv[0]))
+            self.said_versions = True
         log.info("generation %d: starting %s with TF_CONFIG %s", generation, " ".join(argv[1:4]), env.get(wire.ENV_TF_CONFIG, "(none)"))
         return self.warm.take(argv, env, cwd) or Child(argv, env, cwd, self.on_exit)
 

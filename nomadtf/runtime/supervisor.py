@@ -24,7 +24,7 @@ from nomadtf import health as health_endpoint
 from nomadtf import roles, wire
 from nomadtf.discovery import ConsulDiscovery
 from nomadtf.errors import RendezvousTimeout, ServerError, TaskError, VaultError
-from nomadtf.runtime import deadline, policy, progresswatch, startup
+from nomadtf.runtime import deadline, oom, policy, progresswatch, startup
 from nomadtf.runtime.alloc import AllocInfo
 from nomadtf.runtime.budget import AllocationBudget
 from nomadtf.runtime.child import Child, become_subreaper, make_undumpable, reap_orphans
@@ -65,6 +65,7 @@ class Running:
     started: float = 0.0  # monotonic
     for_peer_change: bool = False  # (re)started because peers we depend on changed
     exit_seen: bool = False  # its exit was acted on before its exit event arrived
+    oom_kills: int | None = None  # our memory cgroup's OOM kills when it started (runtime/oom.py)
 
 
 class Supervisor:
@@ -306,6 +307,8 @@ class Supervisor:
         return None
 
     def _on_child_exit(self, code: int) -> int | None:
+        if self.running and oom.killed_for_memory(self.running.oom_kills, code):
+            return self._on_oom()
         state = self.membership.recorded_state()
         act = policy.on_child_exit(code, self.spec.recovery.permanent_exit_codes, state, self.membership.completes_job, roles.is_soft(self.role))
         if act is Act.SUCCEED_JOB and self.spec.success == "all_workers":
@@ -330,6 +333,18 @@ class Supervisor:
         self.loop.call_at(time.monotonic() + self.spec.discovery.rendezvous_timeout_s, "rendezvous-deadline")
         self.starter.start_ahead(self.spec, self.me.index)  # most checks end in a restart
         return self._check_peers()
+
+    def _on_oom(self) -> int | None:
+        """Our child was killed for exceeding the role's memory: the same limit would kill it
+        again, so a training role fails the job at once, saying which field to raise. A side
+        role's child restarts in place as after any failure, and says why."""
+        cfg = self.spec.roles[self.role]
+        why = oom.why(self.role, cfg.memory_max or cfg.memory, "memory_max" if cfg.memory_max else "memory")
+        log.error("our child was %s", why)
+        if roles.is_soft(self.role):
+            return self._recover(why)
+        self.membership.record_failure(oom.EXIT_CODE, why)
+        return oom.EXIT_CODE
 
     def _check_peers(self) -> int | None:
         assert self.running is not None
@@ -400,8 +415,9 @@ class Supervisor:
     # ---- the child --------------------------------------------------------------------------
 
     def _start_child(self, members: list[Member], generation: int) -> None:
+        oom_kills = oom.kills()
         child = self.starter.start(self.spec, self.me.index, members, generation, self.secrets.env)
-        self.running = Running(child, members, generation, time.monotonic(), for_peer_change=self.start_for_peer_change)
+        self.running = Running(child, members, generation, time.monotonic(), for_peer_change=self.start_for_peer_change, oom_kills=oom_kills)
         self.start_for_peer_change = False
         self.phase = Phase.RUNNING
         self.progress.restart(time.monotonic())

@@ -5,7 +5,8 @@ Context keys: "sleep" (seconds, -1 = forever), "until_file" (wait until that pat
 RuntimeError), "exit" (exit code), "checkpoint_step" (write a TensorFlow-style
 `checkpoint` index naming that step into the model dir), "sleep_by_index" ({"1": 5}: that
 task index sleeps this long instead), "report_sigterm" (print the time a SIGTERM arrives,
-then exit 0, as code that saves a checkpoint on SIGTERM would).
+then exit 0, as code that saves a checkpoint on SIGTERM would), "allocate_mb" (hold that
+many MiB, touched, 32 MiB at a time: past the task's memory limit the kernel kills it).
 """
 
 import hashlib
@@ -44,6 +45,12 @@ if context.get("raise"):
     raise ValueError("boom from user code")
 if os.environ["NOMADTF_ROLE"] in context.get("raise_in_roles", []):
     raise RuntimeError(f"{os.environ['NOMADTF_ROLE']} cannot start: boom from side-role code")
+held = []
+for _ in range(context.get("allocate_mb", 0) // 32):
+    held.append(bytearray(32 * 2**20))  # zero-filled: every page is touched
+    time.sleep(0.02)
+if held:
+    print(f"probe holds {len(held) * 32} MiB", flush=True)
 while context.get("until_file") and not os.path.exists(context["until_file"]):
     time.sleep(0.2)
 sleep = context.get("sleep", 0)

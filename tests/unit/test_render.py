@@ -18,7 +18,7 @@ import pytest
 from nomadtf import __version__
 from nomadtf.dcos import convert_options
 from nomadtf.errors import RenderError, SpecError
-from nomadtf.render import default_templates_dir, embedded_spec, job_json, render_job
+from nomadtf.render import default_templates_dir, embedded_spec, job_json, model_dir_root, render_job
 from nomadtf.spec import JobSpec, load_spec, normalize, parse_spec, read_options
 from tests.helpers import EXAMPLES, nomadtf
 
@@ -31,6 +31,7 @@ JOB_EXAMPLES = {
     "gpu": EXAMPLES / "gpu" / "job.json",
     "legacy": EXAMPLES / "legacy" / "job.json",
     "secrets": EXAMPLES / "secrets" / "job.json",
+    "docker": EXAMPLES / "docker" / "job.json",
 }
 
 
@@ -155,6 +156,23 @@ def test_docker_gpu_roles_get_the_gpu_image():
     job = render_job(example_spec("dcos"))
     assert task(job, "worker")["Config"]["image"] == "mesosphere/dcos-tensorflow:v1.3-gpu"
     assert task(job, "ps")["Config"]["image"] == "mesosphere/dcos-tensorflow:v1.3"
+
+
+def test_docker_tasks_run_nomadtf_on_the_host_network_with_model_dir_mounted():
+    spec = load_spec(JOB_EXAMPLES["docker"], ['driver.volumes=["/data/shared:/data:ro"]'])
+    config = task(render_job(spec), "worker")["Config"]
+    assert config["entrypoint"] == ["python3", "-m", "nomadtf"] and config["args"] == ["task", "--role", "worker"]
+    assert config["network_mode"] == "host" and config["init"] is True
+    # The default model_dir is under /tmp/nomadtf on the client: the tasks share it there.
+    assert config["volumes"] == ["/tmp/nomadtf:/tmp/nomadtf", "/data/shared:/data:ro"]
+    assert task(render_job(spec), "worker")["Resources"]["MemoryMB"] == 1024
+
+
+def test_model_dir_root_is_what_no_task_variable_names():
+    assert model_dir_root("/tmp/nomadtf/${NOMAD_NAMESPACE}/${NOMAD_JOB_ID}/${NOMADTF_RUN_ID}") == "/tmp/nomadtf"
+    assert model_dir_root("/mnt/shared/models/${NOMAD_JOB_ID}") == "/mnt/shared/models"
+    assert model_dir_root("/mnt/shared/run-${NOMADTF_RUN_ID}/ckpt") == "/mnt/shared"
+    assert model_dir_root("/mnt/shared/fixed") == "/mnt/shared/fixed"
 
 
 def test_secrets_give_a_vault_block_and_no_value():

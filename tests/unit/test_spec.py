@@ -130,6 +130,18 @@ BAD_INPUTS = {
         set_in("driver", {"name": "docker"}),
         ["driver.image: the docker driver needs an image"],
     ),
+    "the exec driver": (
+        set_in("driver", {"name": "exec"}),
+        ["driver.name: 'exec' runs each task in a chroot of the client's system directories"],
+    ),
+    "volumes without docker": (
+        set_in("driver", {"name": "raw_exec", "volumes": ["/a:/b"]}),
+        ["driver.volumes: only the docker driver mounts volumes"],
+    ),
+    "a volume that is not HOST:CONTAINER": (
+        set_in("driver", {"name": "docker", "image": "tf", "volumes": ["data:/data"]}),
+        ["driver.volumes"],
+    ),
     "secrets without vault policies": (
         set_in("secrets", [{"path": "secret/team/s3", "key": "access", "env": "AWS_KEY"}]),
         ["vault.policies: secrets are read with the token Nomad gives the task"],

@@ -161,7 +161,7 @@ def test_environment_problems_name_the_field(environment, expected):
 def test_environment_needs_raw_exec():
     with pytest.raises(SpecError, match="with the docker driver the image is the job's environment"):
         normalize(job(environment={"requirements": ["six"]}, driver={"name": "docker", "image": "tf:2.20"}))
-    with pytest.raises(SpecError, match="the exec driver gives every task a fresh chroot"):
+    with pytest.raises(SpecError, match="'exec' runs each task in a chroot of the client's system directories"):
         normalize(job(environment={"requirements": ["six"]}, driver={"name": "exec"}))
 
 

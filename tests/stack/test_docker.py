@@ -1,0 +1,152 @@
+"""Every role in a container through Nomad's docker driver (issue #23), on the real local
+stack with its own Docker daemon (`dev up --docker`) and the image `nomadtf dev image
+build` makes from the repository's Dockerfile: nothing mocked, the containers are real.
+
+The image is built once per session (and cached in the daemon's data root between runs on
+one machine)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from nomadtf.devstack import images
+from tests.helpers import JOBS, all_logs, nomadtf, probe_job, purge, unique, wait_until, write_job
+
+pytestmark = [pytest.mark.stack, pytest.mark.docker]
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "docker" / "job.json"
+MiB = 2**20
+
+
+def _progress(message: str) -> None:
+    sys.stderr.write(f"[image] {message}\n")
+
+
+@pytest.fixture(scope="session")
+def docker_client(stack):
+    return stack.daemon.client(timeout=900)
+
+
+@pytest.fixture(scope="session")
+def task_image(docker_client) -> str:
+    """The image of this checkout for this installation's TensorFlow."""
+    return images.build(docker_client, _progress)
+
+
+def _job_containers(client, job_id: str) -> list:
+    return client.containers.list(filters={"label": f"com.hashicorp.nomad.job_name={job_id}"})
+
+
+class ContainerWatch:
+    """The containers of one job, seen while it runs (Nomad removes them once they stop)."""
+
+    def __init__(self, client, job_id: str):
+        self.client, self.job_id = client, job_id
+        self.seen: dict[str, dict] = {}  # container id -> its `docker inspect`
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> ContainerWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.5):
+            try:
+                for container in _job_containers(self.client, self.job_id):
+                    self.seen.setdefault(container.id, container.attrs)
+            except Exception:  # noqa: BLE001 (a container gone between list and inspect)
+                continue
+
+    def tasks(self) -> dict[str, list[dict]]:
+        """task name -> the containers it had."""
+        out: dict[str, list[dict]] = {}
+        for attrs in self.seen.values():
+            out.setdefault(attrs["Config"]["Labels"]["com.hashicorp.nomad.task_name"], []).append(attrs)
+        return out
+
+
+def test_the_docker_example_trains_with_every_task_in_a_container_of_its_memory(stack, docker_client, task_image, tmp_path):
+    job = json.loads(EXAMPLE.read_text())
+    job_id = unique("docker")
+    job.update(name=job_id, driver={"name": "docker", "image": task_image})
+    job["context"]["steps"] = 300
+    with ContainerWatch(docker_client, job_id) as watch:
+        out = nomadtf("run", str(write_job(tmp_path, job)), "--timeout", "8m")
+    try:
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "succeeded" in out.stdout + out.stderr
+        tasks = watch.tasks()
+        assert sorted(tasks) == ["chief", "ps", "worker"], tasks.keys()
+        assert len(tasks["worker"]) >= 2  # one container per task, each worker its own
+        for role, containers in tasks.items():
+            for attrs in containers:
+                assert attrs["HostConfig"]["Memory"] == job["roles"][role]["memory"] * MiB, (role, attrs["HostConfig"]["Memory"])
+                assert attrs["HostConfig"]["NetworkMode"] == "host"
+                assert attrs["Config"]["Image"] == task_image
+        logs = all_logs(job_id)
+        # The chief's own report of its accuracy (train_ps.py) and the versions line (item 5).
+        assert float(re.findall(r"final_accuracy=([0-9.]+)", out.stdout + out.stderr + logs)[-1]) > 0.8
+        assert f"tensorflow-cpu {images.installed_tensorflow()}" in logs and "/opt/nomadtf/venv/bin/python3" in logs
+    finally:
+        purge(job_id)
+
+
+def test_a_killed_ps_container_heals_and_the_job_succeeds(stack, docker_client, task_image, tmp_path):
+    job = json.loads(EXAMPLE.read_text())
+    job_id = unique("docker-kill")
+    job.update(name=job_id, driver={"name": "docker", "image": task_image})
+    job["context"].update(steps=3000, checkpoint_every=100)
+    job["roles"]["worker"]["count"] = 1
+    run = subprocess.Popen([str(Path(sys.executable).parent / "nomadtf"), "run", str(write_job(tmp_path, job)), "--timeout", "10m"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        def ps_training():
+            found = [c for c in _job_containers(docker_client, job_id) if c.labels.get("com.hashicorp.nomad.task_name") == "ps"]
+            return found[0] if found and "step=" in all_logs(job_id) else None
+
+        ps = wait_until(ps_training, 300, "the ps container while the chief trains")
+        ps.kill()
+        output, _ = run.communicate(timeout=600)
+        assert run.returncode == 0, output
+        restarted = [e for a in _allocs(job_id, "ps") for t in a["TaskStates"].values() for e in t["Events"] if e["Type"] == "Terminated"]
+        assert restarted, "the ps task was never terminated: the kill did not land"
+    finally:
+        if run.poll() is None:
+            run.kill()
+        purge(job_id)
+
+
+def _allocs(job_id: str, group: str) -> list[dict]:
+    from tests.helpers import nomad
+
+    return [nomad(f"allocation/{a['ID']}") for a in nomad(f"job/{job_id}/allocations") if a["TaskGroup"] == group]
+
+
+def test_code_over_its_memory_is_reported_as_killed_for_memory_not_as_a_bug(stack, task_image, tmp_path):
+    job_id = unique("docker-oom")
+    job = probe_job(job_id, "multi_worker_mirrored", context={"allocate_mb": 1024})
+    job["roles"]["worker"].update(count=1, memory=300)
+    job["driver"] = {"name": "docker", "image": task_image, "volumes": [f"{JOBS}:{JOBS}:ro"]}
+    started = time.monotonic()
+    out = nomadtf("run", str(write_job(tmp_path, job)), "--timeout", "4m")
+    try:
+        text = out.stdout + out.stderr
+        assert out.returncode == 1, text
+        assert "worker[0] exited 137, killed for exceeding its 300 MiB: raise roles.worker.memory" in text
+        assert "what to do: raise roles.worker.memory in job.json" in text
+        assert time.monotonic() - started < 120, "an OOM kill is final: it is not retried until a timeout"
+    finally:
+        purge(job_id)
