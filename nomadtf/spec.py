@@ -399,7 +399,7 @@ def cross_field_problems(document: dict[str, Any]) -> list[str]:
             "driver.name: 'exec' runs each task in a chroot of the client's system directories, which holds no "
             "nomadtf or TensorFlow of a virtual environment; use 'docker' (isolation, with driver.image) or 'raw_exec'"
         )
-    if driver["name"] != "docker" and driver["volumes"]:
+    if driver["name"] != "docker" and driver.get("volumes"):
         problems.append("driver.volumes: only the docker driver mounts volumes; remove them or use driver docker")
     if document["secrets"] and document["vault"]["auth"] == "nomad" and not document["vault"]["policies"]:
         problems.append("vault.policies: secrets are read with the token Nomad gives the task; list the Vault policies that allow reading them")
@@ -694,7 +694,7 @@ class JobSpec:
             model_dir=document["model_dir"],
             context=document["context"],
             env=dict(document["env"]),
-            driver=Driver(driver["name"], driver["python"], driver.get("image"), driver.get("gpu_image"), tuple(driver["volumes"])),
+            driver=Driver(driver["name"], driver["python"], driver.get("image"), driver.get("gpu_image"), tuple(driver.get("volumes", ()))),
             secrets=tuple(document["secrets"]),
             vault=document["vault"],
             recovery=Recovery(

@@ -21,13 +21,16 @@ def _progress(message: str) -> None:
 # as a GPU node would: enough for the GPU example (a 1-GPU chief, two 2-GPU workers) and
 # one to spare.
 TEST_GPUS = 6
+# and its own Docker daemon beside raw_exec, as a client of a shared cluster would have
+# (`dev up --docker`): the container tests run there.
+TEST_DOCKER = True
 
 
 @pytest.fixture(scope="session")
 def stack():
     dev = DevStack.default()
-    started = dev.up(progress=_progress, timeout=180, gpus=TEST_GPUS)
-    saved = {k: os.environ.get(k) for k in ("NOMAD_ADDR", "CONSUL_HTTP_ADDR", "VAULT_ADDR", "VAULT_TOKEN")}
+    started = dev.up(progress=_progress, timeout=180, gpus=TEST_GPUS, docker=TEST_DOCKER)
+    saved = {k: os.environ.get(k) for k in ("NOMAD_ADDR", "CONSUL_HTTP_ADDR", "VAULT_ADDR", "VAULT_TOKEN", "DOCKER_HOST")}
     os.environ.update(dev.env())
     yield dev
     for key, value in saved.items():

@@ -184,6 +184,8 @@ def build(client, progress: Progress, tf_version: str | None = None, gpu: bool =
             line = (chunk.get("stream") or "").strip()
             if line.startswith("Step "):
                 progress(f"    {line}")
+    # The build stage (the wheelhouse and pip's work) is left untagged: it is never used again.
+    client.images.prune(filters={"dangling": True})
     # A second name without the key: what a job.json on this machine can name for the version.
     client.images.get(ref).tag(REPOSITORY, f"tf{spec.tf_version}-{spec.flavour}")
     progress(f"{ref} built (also tagged {REPOSITORY}:tf{spec.tf_version}-{spec.flavour})")

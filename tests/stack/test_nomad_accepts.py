@@ -49,7 +49,7 @@ def _asks(job: dict) -> dict[str, int]:
 def _named_gpus(command: str) -> int:
     """The fake GPUs a single-node `nomadtf dev up …` command gives; another shape fails, so
     that an example naming one is checked against that stack once this test knows it."""
-    shape = re.fullmatch(r"nomadtf dev up( --gpus (\d+))?", command)
+    shape = re.fullmatch(r"nomadtf dev up( --gpus (\d+))?( --docker)?", command)
     assert shape, f"{command!r}: this test places examples on the single-node stack only"
     return int(shape[2] or 0)
 
@@ -64,6 +64,7 @@ def test_each_example_is_placed_on_the_stack_its_page_names(stack, path: Path):
     command = example_stacks()[str(path.relative_to(REPO))]
     gpus = _named_gpus(command)
     assert gpus <= stack.recorded_gpus(), f"{command!r} offers more GPUs than the test bed has ({stack.recorded_gpus()})"
+    assert "--docker" not in command or stack.recorded_docker(), "the test bed runs no Docker daemon"
     job = render_job(load_spec(path, [f"name={unique(path.parent.name)}"]))
     asks = _asks(job)
     (listed,) = nomad("nodes")

@@ -169,7 +169,7 @@ def test_validate_says_what_a_docker_image_must_contain():
     needs = docker_image_needs(parse_spec(job(driver={"name": "docker", "image": "tf:2.20", "gpu_image": "tf:2.20-gpu"})))
     text = "\n".join(needs)
     assert needs[0] == "docker: tf:2.20 and tf:2.20-gpu must contain:"
-    assert "nohup python3 -m nomadtf task" in text and "pip install nomadtf" in text and "TensorFlow" in text
+    assert "python3 -m nomadtf task" in text and "pip install nomadtf" in text and "TensorFlow" in text
     assert "the code at the task directory" in text and "tensorboard" not in text
     with_all = docker_image_needs(parse_spec(job(
         driver={"name": "docker", "image": "tf:2.20"}, source={"url": "https://example.com/c.zip"},
