@@ -7,12 +7,14 @@ one machine)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -150,3 +152,105 @@ def test_code_over_its_memory_is_reported_as_killed_for_memory_not_as_a_bug(stac
         assert time.monotonic() - started < 120, "an OOM kill is final: it is not retried until a timeout"
     finally:
         purge(job_id)
+
+
+def _probe_in_docker(job_id: str, image: str, strategy: str = "parameter_server", **extra) -> dict:
+    """tests/jobs/probe.py in containers of `image`: the probe's folder mounted read-only at
+    its own path (driver.volumes), so the job's workdir is the same as under raw_exec."""
+    job = probe_job(job_id, strategy, **extra)
+    job["driver"] = {"name": "docker", "image": image, "volumes": [f"{JOBS}:{JOBS}:ro"]}
+    return job
+
+
+def test_a_gpu_role_s_container_sees_exactly_the_gpus_nomad_reserved(stack, docker_client, task_image, tmp_path):
+    from tests.helpers import nomad, task_log
+
+    job_id = unique("docker-gpu")
+    job = _probe_in_docker(job_id, task_image, "multi_worker_mirrored")
+    job["roles"]["worker"].update(count=2, gpus=2)
+    job["driver"]["gpu_image"] = task_image
+    with ContainerWatch(docker_client, job_id) as watch:
+        out = nomadtf("run", str(write_job(tmp_path, job)), "--timeout", "4m")
+    try:
+        assert out.returncode == 0, out.stdout + out.stderr
+        seen: list[str] = []
+        for alloc in nomad(f"job/{job_id}/allocations"):
+            env = dict(re.findall(r"^env (\w+)=(.*)$", task_log(alloc["ID"], "worker"), re.M))
+            reserved = nomad(f"allocation/{alloc['ID']}")["AllocatedResources"]["Tasks"]["worker"]["Devices"][0]["DeviceIDs"]
+            assert sorted(env["NVIDIA_VISIBLE_DEVICES"].split(",")) == sorted(reserved), (env, reserved)
+            assert env["CUDA_VISIBLE_DEVICES"] == env["NVIDIA_VISIBLE_DEVICES"]
+            seen += reserved
+        assert len(seen) == len(set(seen)) == 4
+        # Nomad's docker driver ran each GPU task under the `nvidia` runtime (the stack's is
+        # runc by that name: the fake GPUs need no hook).
+        assert {attrs["HostConfig"]["Runtime"] for attrs in watch.seen.values()} == {"nvidia"}
+    finally:
+        purge(job_id)
+
+
+def test_secrets_reach_the_code_s_container_only_and_no_image_inspect_or_log(stack, docker_client, task_image, tmp_path):
+    import hvac
+
+    from nomadtf.devstack import stack as stack_mod
+
+    root = hvac.Client(url=stack_mod.VAULT_ADDR, token=stack.root_token())
+    job_id = unique("docker-secrets")
+    canary_env, canary_file = f"canary-env-{uuid.uuid4().hex}", f"canary-file-{uuid.uuid4().hex}"
+    root.secrets.kv.v2.create_or_update_secret(path=f"dockercanary/{job_id}", secret={"env": canary_env, "file": canary_file}, mount_point="secret")
+    root.sys.create_or_update_policy("nomadtf-dockercanary", 'path "secret/data/dockercanary/*" { capabilities = ["read"] }')
+    job = _probe_in_docker(
+        job_id, task_image,
+        secrets=[{"path": f"secret/dockercanary/{job_id}", "key": "env", "env": "PROBE_SECRET"},
+                 {"path": f"secret/dockercanary/{job_id}", "key": "file", "file": "probe.key"}],
+        vault={"policies": ["nomadtf-dockercanary"], "address": stack_mod.VAULT_ADDR},
+        context={"sleep": 4},
+    )  # fmt: skip
+    with ContainerWatch(docker_client, job_id) as watch:
+        out = nomadtf("run", str(write_job(tmp_path, job)), "--timeout", "4m")
+    try:
+        assert out.returncode == 0, out.stdout + out.stderr
+        logs = all_logs(job_id)
+        # The chief's code got both, the file 0600 in the task's /secrets ...
+        assert hashlib.sha256(canary_env.encode()).hexdigest() in logs
+        assert f"secret_file_sha256={hashlib.sha256(canary_file.encode()).hexdigest()} mode=0o600" in logs
+        # ... and nothing else holds them: no container's configuration, no log, no image.
+        assert sorted(watch.tasks()) == ["chief", "ps", "worker"]
+        for attrs in watch.seen.values():
+            assert canary_env not in json.dumps(attrs) and canary_file not in json.dumps(attrs)
+        assert canary_env not in logs + out.stdout + out.stderr and canary_file not in logs
+        history = json.dumps([layer for layer in docker_client.api.history(task_image)])
+        assert canary_env not in history and canary_file not in history
+    finally:
+        purge(job_id)
+
+
+OTHER_TF = "2.20.0"  # the second TensorFlow version as an image (test_environments.py's extra)
+
+
+@pytest.mark.tf
+def test_two_tensorflow_versions_as_two_images_train_side_by_side(stack, docker_client, task_image, tmp_path):
+    from tests.stack.test_environments import finish, start_run, task_logs, tf_job
+
+    other_image = images.build(docker_client, _progress, tf_version=OTHER_TF)
+    versions = {task_image: images.installed_tensorflow(), other_image: OTHER_TF}
+    assert len(set(versions.values())) == 2
+    jobs = {}
+    for image in versions:
+        job_id = unique("docker-tf")
+        job = tf_job(job_id, None)
+        job["driver"] = {"name": "docker", "image": image, "volumes": [f"{JOBS}:{JOBS}:ro"]}
+        folder = tmp_path / job_id
+        folder.mkdir()
+        jobs[job_id] = (image, start_run(write_job(folder, job)))
+    try:
+        for job_id, (image, run) in jobs.items():
+            code, text = finish(run)
+            assert code == 0, text
+            logs = task_logs(job_id)
+            assert f"tf_version={versions[image]}" in logs["chief"] and "trained steps=5" in logs["chief"]
+            # Every task's own log says what its child ran (issue #23, item 5), ps and worker too.
+            for role in ("chief", "worker", "ps"):
+                assert "our child runs Python 3.11" in logs[role] and f"tensorflow-cpu {versions[image]}" in logs[role], role
+    finally:
+        for job_id in jobs:
+            purge(job_id)
