@@ -161,7 +161,9 @@ def test_the_probes_and_the_stack_api_see_the_running_stack(stack):
     assert api.vault().sys.read_health_status(method="GET")["initialized"]  # the root token of api(): hvac
     assert api.vault().lookup_token()["data"]["policies"] == ["root"]
     rows = stack.status().rows
-    assert [(r.component, r.state, r.node) for r in rows] == [("consul", "running", None), ("openbao", "running", None), ("nomad", "running", None)]
+    docker = [("docker", "running", None)] if stack.recorded_docker() else []
+    assert [(r.component, r.state, r.node) for r in rows] == [("consul", "running", None), ("openbao", "running", None), *docker, ("nomad", "running", None)]
+    assert probes.nomad_node_ready(api, drivers=("raw_exec", "docker") if docker else ("raw_exec",))
 
 
 @pytest.mark.stack
@@ -185,6 +187,9 @@ def test_down_leaves_no_process_and_up_comes_back(stack):
         assert [p.pid for p in started if processes.running(p)] == []
         assert str(stack.state_dir) not in open("/proc/self/mounts").read()  # tasks' tmpfs mounts too
         assert not stack.state_dir.exists()
+        if stack.recorded_docker() or stack.docker:
+            # The daemon went with its containers; its images stay in the cache (docker.py).
+            assert not stack.daemon.socket.exists() and stack.daemon.data_root.is_dir()
     finally:
         # Bring it back for the tests that follow, also when an assertion above failed; the
         # session fixture still owns it.
