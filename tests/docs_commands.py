@@ -65,7 +65,15 @@ RUN_BY: dict[str, str] = {
     r"nomadtf run examples/legacy/job.json --var entrypoint.workdir=\$PWD/examples/digits":
         "tests/stack/test_run.py::test_legacy_server_main_gets_the_server_and_context",
     # The session fixture starts the test bed with DevStack.up(gpus=TEST_GPUS), what the command calls.
-    r"nomadtf dev up --gpus 6": "tests/conftest.py::stack",
+    r"nomadtf dev up --gpus 6( --docker)?": "tests/conftest.py::stack",
+    r"nomadtf dev up --docker": "tests/conftest.py::stack",
+    # Docker: the image the docs show built, found again, and a second TensorFlow version.
+    r"nomadtf dev image build":
+        "tests/stack/test_docker.py::test_dev_image_build_prints_the_image_on_its_last_line_and_reuses_the_cached_build",
+    r"nomadtf dev image build --tf 2\.20\.0":
+        "tests/stack/test_docker.py::test_two_tensorflow_versions_as_two_images_train_side_by_side",
+    r"nomadtf run examples/docker/job\.json":
+        "tests/stack/test_docker.py::test_the_docker_example_trains_with_every_task_in_a_container_of_its_memory",
     r"nomadtf dev down": "tests/stack/test_devstack.py::test_down_leaves_no_process_and_up_comes_back",
     r"nomadtf dev binaries": "tests/unit/devstack/test_vagrant.py::test_dev_binaries_finds_what_dev_up_uses",
     r"nomadtf status digits": "tests/stack/test_run.py::test_parameter_server_example_trains_to_the_end",

@@ -108,7 +108,7 @@ def main():
                 # Scaled by the global batch: the optimizer sums gradients over replicas.
                 loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
             grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             return loss
 
         x, y = next(iterator)

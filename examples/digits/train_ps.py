@@ -118,7 +118,7 @@ def main():
                     tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=model(x))
                 )
             grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             return loss
 
         x, y = next(iterator)

@@ -168,8 +168,11 @@ def build(client, progress: Progress, tf_version: str | None = None, gpu: bool =
     root = repo_root()
     base = build_base(client, progress)
     ref = image_tag(spec, base, sources_digest(root))
+    alias_tag = f"tf{spec.tf_version}-{spec.flavour}"
+    alias = f"{REPOSITORY}:{alias_tag}"
     if _exists(client, ref):
-        progress(f"{ref} is built already")
+        client.images.get(ref).tag(REPOSITORY, alias_tag)  # the alias may name an older build of this version
+        progress(f"{ref} is built already (also tagged {alias})")
         return ref
     with tempfile.TemporaryDirectory(prefix="nomadtf-image-") as work:
         context = Path(work)
@@ -187,6 +190,6 @@ def build(client, progress: Progress, tf_version: str | None = None, gpu: bool =
     # The build stage (the wheelhouse and pip's work) is left untagged: it is never used again.
     client.images.prune(filters={"dangling": True})
     # A second name without the key: what a job.json on this machine can name for the version.
-    client.images.get(ref).tag(REPOSITORY, f"tf{spec.tf_version}-{spec.flavour}")
-    progress(f"{ref} built (also tagged {REPOSITORY}:tf{spec.tf_version}-{spec.flavour})")
+    client.images.get(ref).tag(REPOSITORY, alias_tag)
+    progress(f"{ref} built (also tagged {alias})")
     return ref

@@ -80,6 +80,26 @@ class ContainerWatch:
         return out
 
 
+def test_dev_image_build_prints_the_image_on_its_last_line_and_reuses_the_cached_build(docker_client, task_image):
+    """The command the docs show, as a user runs it: the session's build is found, not redone,
+    and the reference on the last line is the one driver.image takes; the key-less alias a
+    job.json on this machine names (examples/docker/job.json) is the same image."""
+    started = time.monotonic()
+    out = nomadtf("dev", "image", "build", timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip().splitlines()[-1] == task_image
+    assert "is built already" in out.stderr and time.monotonic() - started < 60, out.stderr
+    alias = f"{images.REPOSITORY}:tf{images.installed_tensorflow()}-cpu"
+    assert docker_client.images.get(alias).id == docker_client.images.get(task_image).id
+    assert re.fullmatch(r"nomadtf:tf[0-9.]+-cpu", json.loads(EXAMPLE.read_text())["driver"]["image"])
+
+
+def test_dev_image_build_without_a_docker_stack_names_the_command_that_starts_one(tmp_path):
+    out = nomadtf("dev", "image", "build", env={"NOMADTF_DEV_DIR": str(tmp_path / "no-stack")})
+    assert out.returncode != 0
+    assert "nomadtf dev up --docker" in out.stderr and "Traceback" not in out.stderr
+
+
 def test_the_docker_example_trains_with_every_task_in_a_container_of_its_memory(stack, docker_client, task_image, tmp_path):
     job = json.loads(EXAMPLE.read_text())
     job_id = unique("docker")
@@ -231,7 +251,11 @@ OTHER_TF = "2.20.0"  # the second TensorFlow version as an image (test_environme
 def test_two_tensorflow_versions_as_two_images_train_side_by_side(stack, docker_client, task_image, tmp_path):
     from tests.stack.test_environments import finish, start_run, task_logs, tf_job
 
-    other_image = images.build(docker_client, _progress, tf_version=OTHER_TF)
+    # The second image through the command the docs show (the first is the session's).
+    built = nomadtf("dev", "image", "build", "--tf", OTHER_TF, timeout=900)
+    assert built.returncode == 0, built.stdout + built.stderr
+    other_image = built.stdout.strip().splitlines()[-1]
+    assert other_image.startswith(f"nomadtf:tf{OTHER_TF}-cpu-"), built.stdout
     versions = {task_image: images.installed_tensorflow(), other_image: OTHER_TF}
     assert len(set(versions.values())) == 2
     jobs = {}
