@@ -135,11 +135,14 @@ def task_events(alloc: dict[str, Any]) -> list[tuple[int, str, str]]:
     return sorted(out)
 
 
-def describe_environment(role: str, index: int, status: dict[str, Any]) -> str:
-    """One line about a task's Python environment (job.json `environment`). Pure."""
+def describe_environment(role: str, index: int, status: dict[str, Any]) -> str | None:
+    """One line about a task's Python environment (job.json `environment`); None for a task
+    without one (its record only says what its child runs, see `runs`). Pure."""
     who, key = f"{role}[{index}]", status.get("key", "")
     elapsed = status.get("elapsed_s", 0)
     state = status.get("state")
+    if state == "started":
+        return None
     if state == "building":
         return f"{who} building environment {key} ({status.get('requirements', '')}; Python {status.get('python', '?')}) ({elapsed:.0f} s)"
     if state == "waiting":
@@ -190,6 +193,7 @@ class Follower:
         self.recorded_state = recorded_state
         self.environments = environments
         self.environment_lines: dict[tuple[str, int], str] = {}
+        self.runs_said: set[str] = set()  # what the tasks' children run: each distinct line once
         self.started = time.monotonic()
         self.seen_events: set[tuple[str, int, str]] = set()
         self.last_line_at = 0.0
@@ -290,9 +294,14 @@ class Follower:
             return
         for slot, status in sorted(statuses.items()):
             line = describe_environment(*slot, status)
-            if self.environment_lines.get(slot) != line:
+            if line and self.environment_lines.get(slot) != line:
                 self.environment_lines[slot] = line
                 self.on_event(line)
+            runs = status.get("runs")
+            # 64 tasks on one image say one thing: said by the first, again only if one differs.
+            if runs and runs not in self.runs_said:
+                self.runs_said.add(runs)
+                self.on_event(f"{slot[0]}[{slot[1]}] runs {runs}")
 
     def _announce_tensorboard(self, allocs: list[dict[str, Any]]) -> None:
         """Once: where TensorBoard serves, as soon as its task runs.  GET /v1/allocation/:id"""
@@ -418,6 +427,25 @@ class JobReport:
     recorded: str | None  # "succeeded", "failed: <why>", None while running (or unknown)
     consul_error: str = ""
     outcome: RunOutcome | None = None  # None while the run goes on (or cannot be told)
+    runs: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # what the children run -> the tasks
+
+
+def runs_of(environments: dict[tuple[str, int], dict[str, Any]]) -> dict[str, list[tuple[str, int]]]:
+    """What the tasks' children run (their Python and TensorFlow), each line with the tasks
+    that said it. Pure."""
+    out: dict[str, list[tuple[str, int]]] = {}
+    for slot, status in sorted(environments.items()):
+        if status.get("runs"):
+            out.setdefault(status["runs"], []).append(slot)
+    return out
+
+
+def describe_runs(line: str, slots: list[tuple[str, int]]) -> str:
+    """`runs Python 3.11.2 (…), tensorflow-cpu 2.21.0  (chief 1, ps 1, worker 2)`. Pure."""
+    counts: dict[str, int] = {}
+    for role, _index in slots:
+        counts[role] = counts.get(role, 0) + 1
+    return f"runs {line}  (" + ", ".join(f"{role} {n}" for role, n in counts.items()) + ")"
 
 
 def reschedule_attempts_of(job: dict[str, Any]) -> int:
@@ -441,7 +469,7 @@ def job_report(api: NomadAPI, job_id: str, discovery_for: Callable[[str], Any]) 
     `discovery_for(run_id)` gives the job's ConsulDiscovery for that run.
 
     GET /v1/job/:job_id ; GET /v1/job/:job_id/versions ; GET /v1/job/:job_id/allocations ;
-    GET /v1/kv/nomadtf/<ns>/<job>/<run>/cluster/state ; GET .../progress
+    GET /v1/kv/nomadtf/<ns>/<job>/<run>/cluster/state ; GET .../progress ; GET .../environment/?recurse
     """
     state = job_state(api, job_id)
     elapsed = run_elapsed(state.allocs, state.job.get("Status") != "dead", time.time_ns())
@@ -450,7 +478,7 @@ def job_report(api: NomadAPI, job_id: str, discovery_for: Callable[[str], Any]) 
         discovery = discovery_for(state.run_id)
         recorded = discovery.job_state()
         result = outcomes.decide(state.job, state.allocs, recorded, state.run_id, attempts)
-        return JobReport(state, elapsed, discovery.progress(), recorded, outcome=result)
+        return JobReport(state, elapsed, discovery.progress(), recorded, outcome=result, runs=runs_of(discovery.environments()))
     except ServerError as exc:
         result = outcomes.decide(state.job, state.allocs, outcomes.UNKNOWN, state.run_id, attempts)
         return JobReport(state, elapsed, None, None, str(exc), outcome=result)

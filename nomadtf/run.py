@@ -265,7 +265,8 @@ class Run:
             progress=discovery.progress,
             recorded_state=discovery.job_state,
             first_version=submitted.first_version,
-            environments=discovery.environments if self.spec.environment is not None else lambda: {},
+            # Each task's environment build (job.json `environment`) and what its child runs (any job).
+            environments=discovery.environments,
             run_id=submitted.run_id,
         )
         try:

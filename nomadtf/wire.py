@@ -15,7 +15,9 @@ without a run, e.g. by `nomadtf render`):
     nomadtf/<namespace>/<job>/<run>/cluster/done/<role>/<i>    success = all_workers: who finished
     nomadtf/<namespace>/<job>/<run>/progress                   {"step": n, "metrics": {...}}
     nomadtf/<namespace>/<job>/<run>/environment/<role>/<i>     job.json `environment`: {"state":
-                                                               "waiting"|"building"|"ready"|"failed", ...}
+                                                               "waiting"|"building"|"ready"|"failed", ...};
+                                                               then (any job) {"state": "started", "runs":
+                                                               "<its child's Python and TensorFlow>"}
 The admission queue, one for the cluster (`_` is never in a Nomad namespace's name, so no
 job's prefix can reach it):
     nomadtf/_admission/queue/<namespace>/<ticket>      a queued run: {"priority", "enqueued_at", "needs", ...};

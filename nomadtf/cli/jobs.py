@@ -113,7 +113,7 @@ def status(
     from nomadtf.admission import queued_runs
     from nomadtf.discovery import AdmissionQueue, ConsulDiscovery
     from nomadtf.errors import JobFailed, ServerError
-    from nomadtf.follow import alloc_slot, job_report, nomadtf_jobs, restarts_of
+    from nomadtf.follow import alloc_slot, describe_runs, job_report, nomadtf_jobs, restarts_of
     from nomadtf.nomad import NomadAPI
 
     api = NomadAPI.from_env(namespace=namespace, region=region)
@@ -159,6 +159,8 @@ def status(
         typer.echo(f"  step {report.progress.get('step')}  {metrics}".rstrip())
     if report.consul_error:
         typer.echo(f"  (no outcome or progress: {report.consul_error})")
+    for line, slots in report.runs.items():
+        typer.echo(f"  {describe_runs(line, slots)}")
     for role, rv in state.view.roles.items():
         typer.echo(f"  {role:<11} wanted {rv.wanted}  running {rv.running}  complete {rv.complete}  failed {rv.failed}  restarts {rv.restarts}")
     for alloc in sorted(state.allocs, key=lambda a: a.get("CreateIndex", 0)):

@@ -240,7 +240,10 @@ def build(release: GoRelease, progress: Progress) -> Path:
     commit_flag = f"-X {release.module}/version.GitCommit=release"
     # Go >= 1.23 rejects old `//go:linkname` pulls in some dependencies; this is the escape hatch.
     ldflags = f"-s -w -checklinkname=0 {commit_flag}"
-    cmd = ["go", "build", "-v", "-trimpath", "-ldflags", ldflags, "-o", str(out) + ".tmp"]
+    # A name of this process's own: two builders of one binary at once (setup beside a test's
+    # `dev binaries`) must not move each other's output; the last rename wins, both are whole.
+    partial = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    cmd = ["go", "build", "-v", "-trimpath", "-ldflags", ldflags, "-o", str(partial)]
     if release.tags:
         cmd += ["-tags", " ".join(release.tags)]
     progress(f"{release.name}: building {version} (this takes several minutes the first time)")
@@ -261,8 +264,9 @@ def build(release: GoRelease, progress: Progress) -> Path:
                 progress(f"{release.name}: {compiled} packages compiled, {now - started:.0f}s, at {line.strip()}")
         code = proc.wait()
     if code != 0:
+        partial.unlink(missing_ok=True)
         raise BinaryError(f"{release.name}: go build failed (exit {code}); see {log_path}")
-    Path(str(out) + ".tmp").replace(out)
+    partial.replace(out)
     built = binary_version(out, release.version_prefix)
     expected = tuple(int(x) for x in version.lstrip("v").split("."))
     if built != expected:

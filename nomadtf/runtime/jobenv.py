@@ -13,7 +13,7 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ LIB_DIR = "nomadtf-lib"  # in the task directory: nomadtf's stdlib-only modules 
 class Ready:
     prepared: venvs.Prepared
     lib_dir: Path
+    status: dict[str, Any] = field(default_factory=dict)  # the "ready" record `run` was shown (the task adds what its child runs)
 
     @property
     def python(self) -> str:
@@ -73,7 +74,7 @@ def reuse_or_build(spec: JobSpec, role: str, index: int, task_dir: Path, discove
     summary = ", ".join(job_env.requirements)
     started = time.monotonic()
 
-    def publish(status: dict[str, Any]) -> None:
+    def publish(status: dict[str, Any]) -> dict[str, Any]:
         status = {**status, "requirements": summary, "python": python}
         if status["state"] == "building":
             log.info("building environment %s (%s; Python %s) in %s (%ds)", status["key"], summary, python, root, status.get("elapsed_s", 0))
@@ -83,6 +84,7 @@ def reuse_or_build(spec: JobSpec, role: str, index: int, task_dir: Path, discove
             discovery.publish_environment(role, index, status)
         except ServerError:
             pass  # what `run` shows is best effort; the build goes on
+        return status
 
     try:
         prepared = venvs.VenvCache(root).reuse_or_build(
@@ -97,5 +99,5 @@ def reuse_or_build(spec: JobSpec, role: str, index: int, task_dir: Path, discove
         "%s environment %s (Python %s, %d packages) after %.1fs: %s",
         how, info.key, info.marker.get("python_version", "?"), len(info.marker.get("installed", [])), prepared.seconds, info.path,
     )
-    publish({"state": "ready", "key": info.key, "reused": prepared.reused, "elapsed_s": round(prepared.seconds, 1)})
-    return Ready(prepared, install_child_modules(task_dir))
+    ready = publish({"state": "ready", "key": info.key, "reused": prepared.reused, "elapsed_s": round(prepared.seconds, 1)})
+    return Ready(prepared, install_child_modules(task_dir), ready)

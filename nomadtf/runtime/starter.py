@@ -23,7 +23,7 @@ log = logging.getLogger("nomadtf.task")
 
 class ChildStarter:
     """Usage (the supervisor's loop, one thread; `spec` each time: `nomadtf scale` changes counts):
-    starter = ChildStarter(role, alloc, progress_file, on_exit)
+    starter = ChildStarter(role, alloc, progress_file, on_exit, on_versions=publish)
     starter.missing_script(spec)                   # None, or why the child cannot start
     starter.job_env = jobenv.reuse_or_build(...)   # only for a job with an `environment`
     starter.start_ahead(spec, index)               # while we wait for the cluster
@@ -32,7 +32,9 @@ class ChildStarter:
     starter.close()
     """
 
-    def __init__(self, role: str, alloc: AllocInfo, progress_file: Path, on_exit: Callable[[int, int], None]):
+    def __init__(
+        self, role: str, alloc: AllocInfo, progress_file: Path, on_exit: Callable[[int, int], None], on_versions: Callable[[str], None] | None = None
+    ):
         self.role = role
         self.alloc = alloc
         self.progress_file = progress_file
@@ -40,6 +42,7 @@ class ChildStarter:
         self.job_env: jobenv.Ready | None = None  # job.json `environment`, held until we exit
         self.warm = warm.WarmStart()  # the child started while we wait for the cluster
         self.said_versions = False  # the child's Python and TensorFlow, logged at its first start
+        self.on_versions = on_versions  # ... and handed on (the supervisor publishes it for `run` and `status`)
 
     def missing_script(self, spec: JobSpec) -> str | None:
         """Why our child cannot start: its entrypoint script is not there (a mistake no restart
@@ -64,8 +67,11 @@ class ChildStarter:
         env = launch.child_env(spec, self.role, index, members, generation, dict(os.environ), str(self.progress_file), secret_env)
         argv, env, cwd = self._command(spec, env)
         if not self.said_versions:
-            log.info("our child runs %s", versions.describe(argv[0]))
+            line = versions.describe(argv[0], env)
+            log.info("our child runs %s", line)
             self.said_versions = True
+            if self.on_versions:
+                self.on_versions(line)
         log.info("generation %d: starting %s with TF_CONFIG %s", generation, " ".join(argv[1:4]), env.get(wire.ENV_TF_CONFIG, "(none)"))
         return self.warm.take(argv, env, cwd) or Child(argv, env, cwd, self.on_exit)
 

@@ -86,7 +86,7 @@ class Supervisor:
         self.secrets = SecretEnv(spec, alloc.secrets_dir, vault)
         progress_file = alloc.task_dir / wire.PROGRESS_FILE
         self.progress = progresswatch.ProgressWatch(progress_file, spec.recovery.hang_timeout_s, discovery, self.me)
-        self.starter = ChildStarter(role, alloc, progress_file, lambda pid, code: self.loop.post(Event(CHILD_EXIT, (pid, code))))
+        self.starter = ChildStarter(role, alloc, progress_file, lambda pid, code: self.loop.post(Event(CHILD_EXIT, (pid, code))), self._publish_versions)
         self.phase = Phase.CLAIMING
         self.running: Running | None = None
         self.succeeded_at: float | None = None
@@ -413,6 +413,17 @@ class Supervisor:
         return 1 if deciding == (self.role, self.me.index) else 0
 
     # ---- the child --------------------------------------------------------------------------
+
+    def _publish_versions(self, line: str) -> None:
+        """What our child runs, for `run` and `status`, added to the environment's own record
+        so that its "ready" is never lost to a follower that looks late (best effort: a Consul
+        hiccup must not hold the start)."""
+        job_env = self.starter.job_env
+        record = {**(job_env.status if job_env else {"state": "started"}), "runs": line}
+        try:
+            self.discovery.publish_environment(self.role, self.me.index, record)
+        except ServerError as exc:
+            log.warning("could not publish what our child runs: %s", exc)
 
     def _start_child(self, members: list[Member], generation: int) -> None:
         oom_kills = oom.kills()

@@ -1,46 +1,40 @@
-"""Which Python and TensorFlow our child runs: said once in the task's log, so two jobs on
-two TensorFlow versions (two images, two environments) can be told apart afterwards.
+"""Which Python and TensorFlow our child runs: said once in the task's log (and published for
+`run` and `status`), so two jobs on two TensorFlow versions (two images, two environments)
+can be told apart afterwards.
 
 Read from the child's interpreter without importing TensorFlow (its package metadata: what
 `import tensorflow` loads there): in this process when the child uses our interpreter,
-else with one short `python -m nomadtf.runtime.versions` of the job's own interpreter
-(which has nomadtf: jobenv installs it there).
+else with one short `python -c` of the job's own interpreter. That snippet needs nothing but
+the standard library: a job's environment holds the job's requirements, not nomadtf.
 
 Usage:
-    describe(sys.executable)   # 'Python 3.11.2 (/opt/nomadtf/venv/bin/python3), tensorflow-cpu 2.21.0'
+    describe(sys.executable, child_env)   # 'Python 3.11.2 (/opt/nomadtf/venv/bin/python3), tensorflow-cpu 2.21.0'
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-import platform
 import subprocess
-import sys
 
 TF_DISTRIBUTIONS = ("tensorflow-cpu", "tensorflow", "tensorflow-gpu", "tf-nightly")
 
-
-def here() -> str:
-    """This interpreter's line."""
-    found = []
-    for name in TF_DISTRIBUTIONS:
-        try:
-            found.append(f"{name} {importlib.metadata.version(name)}")
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return f"Python {platform.python_version()} ({sys.executable}), " + (", ".join(found) or "no TensorFlow installed")
-
-
-def describe(python: str, timeout: float = 20.0) -> str:
-    """The line of the interpreter `python`."""
-    if python == sys.executable:
-        return here()
+# Run by the child's interpreter (any Python 3.8+), and by this one for `here()`.
+SNIPPET = f"""
+import importlib.metadata, platform, sys
+found = []
+for name in {TF_DISTRIBUTIONS!r}:
     try:
-        done = subprocess.run([python, "-m", "nomadtf.runtime.versions"], capture_output=True, text=True, timeout=timeout)
+        found.append(name + " " + importlib.metadata.version(name))
+    except importlib.metadata.PackageNotFoundError:
+        pass
+print("Python " + platform.python_version() + " (" + sys.executable + "), " + (", ".join(found) or "no TensorFlow installed"))
+"""
+
+
+def describe(python: str, env: dict[str, str] | None = None, timeout: float = 20.0) -> str:
+    """The line of the interpreter `python` in the child's environment `env` (its PYTHONPATH
+    decides what it imports)."""
+    try:
+        done = subprocess.run([python, "-c", SNIPPET], capture_output=True, text=True, timeout=timeout, env=env)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"{python}: versions unknown ({exc})"
-    return done.stdout.strip() or f"{python}: versions unknown (exit {done.returncode})"
-
-
-if __name__ == "__main__":
-    print(here())
+    return done.stdout.strip() or f"{python}: versions unknown (exit {done.returncode}: {done.stderr.strip()[-200:]})"

@@ -126,25 +126,56 @@ def test_the_docker_example_trains_with_every_task_in_a_container_of_its_memory(
         purge(job_id)
 
 
-def test_a_killed_ps_container_heals_and_the_job_succeeds(stack, docker_client, task_image, tmp_path):
+@pytest.mark.parametrize("role", ["ps", "worker", "chief"])
+def test_a_killed_container_heals_and_the_job_succeeds(stack, docker_client, task_image, tmp_path, role):
+    """`docker kill` (SIGKILL, nothing can clean up) of each role's container mid-training:
+    Nomad restarts the task, the cluster re-forms from Consul, the chief resumes from its
+    checkpoint where it must, and the run still succeeds."""
     job = json.loads(EXAMPLE.read_text())
-    job_id = unique("docker-kill")
+    job_id = unique(f"docker-kill-{role}")
     job.update(name=job_id, driver={"name": "docker", "image": task_image})
     job["context"].update(steps=3000, checkpoint_every=100)
     job["roles"]["worker"]["count"] = 1
     run = subprocess.Popen([str(Path(sys.executable).parent / "nomadtf"), "run", str(write_job(tmp_path, job)), "--timeout", "10m"],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
-        def ps_training():
-            found = [c for c in _job_containers(docker_client, job_id) if c.labels.get("com.hashicorp.nomad.task_name") == "ps"]
+        def training():
+            found = [c for c in _job_containers(docker_client, job_id) if c.labels.get("com.hashicorp.nomad.task_name") == role]
             return found[0] if found and "step=" in all_logs(job_id) else None
 
-        ps = wait_until(ps_training, 300, "the ps container while the chief trains")
-        ps.kill()
+        wait_until(training, 300, f"the {role} container while the chief trains").kill()
         output, _ = run.communicate(timeout=600)
         assert run.returncode == 0, output
-        restarted = [e for a in _allocs(job_id, "ps") for t in a["TaskStates"].values() for e in t["Events"] if e["Type"] == "Terminated"]
-        assert restarted, "the ps task was never terminated: the kill did not land"
+        assert "succeeded" in output
+        restarted = [e for a in _allocs(job_id, role) for t in a["TaskStates"].values() for e in t["Events"] if e["Type"] == "Terminated"]
+        assert restarted, f"the {role} task was never terminated: the kill did not land"
+    finally:
+        if run.poll() is None:
+            run.kill()
+        purge(job_id)
+
+
+def test_a_stop_reaches_the_code_in_its_container_as_sigterm(stack, docker_client, task_image, tmp_path):
+    """Nomad stops a docker task with `docker stop` (SIGTERM, then SIGKILL after the grace):
+    the signal passes Docker's init and `nomadtf task` and reaches the code, which can
+    checkpoint; the run is reported stopped, not succeeded."""
+    from tests.helpers import task_log
+
+    job_id = unique("docker-term")
+    job = _probe_in_docker(job_id, task_image, "multi_worker_mirrored", context={"report_sigterm": True, "sleep": -1})
+    job["roles"]["worker"]["count"] = 1
+    run = subprocess.Popen([str(Path(sys.executable).parent / "nomadtf"), "run", str(write_job(tmp_path, job)), "--timeout", "4m"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        wait_until(lambda: "model_dir=" in all_logs(job_id), 180, "the probe running in its container")
+        stopped = nomadtf("stop", job_id)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        output, _ = run.communicate(timeout=120)
+        assert run.returncode == 4, output  # stopped
+        (alloc,) = [a for a in _allocs(job_id, "worker")]
+        assert "probe got SIGTERM" in task_log(alloc["ID"], "worker"), all_logs(job_id)[-2000:]
+        events = [e["Type"] for t in alloc["TaskStates"].values() for e in t["Events"]]
+        assert "Killed" in events or "Killing" in events, events
     finally:
         if run.poll() is None:
             run.kill()
@@ -275,6 +306,10 @@ def test_two_tensorflow_versions_as_two_images_train_side_by_side(stack, docker_
             # Every task's own log says what its child ran (issue #23, item 5), ps and worker too.
             for role in ("chief", "worker", "ps"):
                 assert "our child runs Python 3.11" in logs[role] and f"tensorflow-cpu {versions[image]}" in logs[role], role
+            # ... and `run` says it once for the job, `status` per role.
+            assert re.findall(r"\] runs Python 3\.11\.\d+ \(/opt/nomadtf/venv/bin/python3\), tensorflow-cpu (\S+)", text) == [versions[image]], text[-3000:]
+            status = nomadtf("status", job_id)
+            assert f"tensorflow-cpu {versions[image]}  (chief 1, ps 1, worker 1)" in status.stdout, status.stdout + status.stderr
     finally:
         for job_id in jobs:
             purge(job_id)

@@ -80,7 +80,8 @@ def side_by_side(stack, env_dir, tmp_path_factory):
     results = {job: finish(proc) for job, proc in procs.items()}
     elapsed = time.monotonic() - started
     logs = {job: task_logs(job) for job in procs}
-    yield {"a": a, "b": b, "results": results, "logs": logs, "elapsed": elapsed}
+    statuses = {job: nomadtf("status", job) for job in procs}
+    yield {"a": a, "b": b, "results": results, "logs": logs, "elapsed": elapsed, "statuses": statuses}
     for job in procs:
         purge(job)
 
@@ -101,6 +102,15 @@ def test_two_tensorflow_versions_train_side_by_side(side_by_side):
     # Job A's code runs with the environment's interpreter, nothing of nomadtf's leaks in.
     assert "leaked=none" in logs_a["chief"], logs_a["chief"][-2000:]
     assert re.search(r"prefix=\S+/[0-9a-f]{16}\b", logs_a["chief"])
+    # `run` and `status` say which TensorFlow each job's code ran (issue #23, item 5): `run`
+    # once for its three tasks, `status` with the count of tasks per role.
+    for job, version in ((a, "2.20.0"), (b, "2.21.0")):
+        _code, out = side_by_side["results"][job]
+        said = re.findall(r"\] runs Python 3\.\d+\.\d+ \(\S+\), tensorflow-cpu (\S+)", out)
+        assert said == [version], out[-3000:]
+        status = side_by_side["statuses"][job]
+        assert status.returncode == 0, status.stderr
+        assert re.search(rf"runs Python 3\.\d+\.\d+ \(\S+\), tensorflow-cpu {re.escape(version)}  \(chief 1, ps 1, worker 1\)", status.stdout), status.stdout
     print(f"\nside by side: both jobs done in {side_by_side['elapsed']:.0f}s")
 
 

@@ -70,3 +70,22 @@ def test_the_child_started_ahead_gets_the_cluster_generation_and_secrets_in_its_
     assert seen["env"]["NOMADTF_GENERATION"] == "4" and seen["env"]["NOMADTF_INDEX"] == "0" and seen["env"]["SECRET"] == "s3cret"
     assert seen["argv"][1:] == ["--epochs", "1"] and seen["cwd"] == str(tmp_path)
     assert (tmp_path / "model").is_dir()  # model_dir exists before the code runs
+
+
+def test_what_the_child_runs_is_handed_on_once_at_its_first_start(tmp_path, monkeypatch):
+    (tmp_path / "child.py").write_text(CHILD)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in sys.path if p))
+    said: list[str] = []
+    starter, exits, done = _starter(tmp_path)
+    starter.on_versions = said.append
+    spec = _spec(tmp_path)
+    members = [Member("worker", 0, "127.0.0.1:2222", "alloc-1/i")]
+    try:
+        for generation in (1, 2):  # a restart says nothing new
+            done.clear()
+            starter.start(spec, 0, members, generation, {})
+            assert done.wait(60)
+    finally:
+        starter.close()
+    assert len(exits) == 2 and len(said) == 1
+    assert said[0].startswith(f"Python {sys.version.split()[0]} ({sys.executable})")
