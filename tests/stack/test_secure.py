@@ -12,6 +12,8 @@ import base64
 import json
 import re
 import secrets
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -24,7 +26,7 @@ from nomadtf import acl
 from nomadtf.devstack import bootstrap, security, wiring
 from nomadtf.spec import parse_spec
 from tests.cluster_access import secured
-from tests.helpers import EXAMPLES, nomadtf, probe_job, unique, write_job
+from tests.helpers import EXAMPLES, nomadtf, probe_job, unique, wait_until, write_job
 
 pytestmark = [pytest.mark.stack]
 
@@ -482,3 +484,61 @@ def test_acl_apply_for_two_jobs_whose_names_joined_alike_keeps_each_to_its_own(s
     finally:
         api.delete(f"{found['vault']}/v1/sys/policies/acl/{names[1]}", timeout=10)
         nomadtf("acl", "revoke", str(tmp_path / "0" / "team-x.json"), env=env, timeout=60)
+
+
+# ---- a shared cluster: queueing under ACLs (issue #22) --------------------------------
+
+
+def _spread_job(name: str, namespace: str, node_cpu: int, cluster, tmp_path: Path, **context) -> dict:
+    """A probe job whose three tasks each ask 60 % of the smallest client's CPU: alone it fits
+    (one task per client), beside another such job it cannot (no client holds two)."""
+    spec = probe_job(name, namespace=namespace, context=context)
+    for role in spec["roles"].values():
+        role["cpu"] = int(node_cpu * 0.6)
+    return secured(spec, cluster, tmp_path)
+
+
+def test_a_team_waiting_behind_another_learns_the_shortfall_but_not_the_other_team_s_names(secure_cluster, tmp_path):
+    """Two teams on the secure several-client stack, each with only its submitter token: team-b's
+    run waits while team-a's job holds the clients, says what it needs and that the rest is
+    held by jobs its token cannot read, and never names team-a or its job; it is admitted and
+    succeeds once team-a's job ends."""
+    from nomadtf import capacity, wire
+
+    api, found = secure_cluster.api().session(), secure_cluster.api().urls
+    for name in (NAMESPACE_A, NAMESPACE_B):
+        ensure_namespace(api, found["nomad"], name)
+    nodes = capacity.node_capacities(api.get(f"{found['nomad']}/v1/nodes", params={"resources": "true"}, timeout=10).json(), {"Datacenters": ["*"]})
+    node_cpu = min(n.resources.cpu for n in nodes)
+    job_a, job_b, release = unique("held-by-a"), unique("waits-b"), tmp_path / "release-a"
+    spec_a = _spread_job(job_a, NAMESPACE_A, node_cpu, secure_cluster, tmp_path, until_file=str(release))
+    spec_b = _spread_job(job_b, NAMESPACE_B, node_cpu, secure_cluster, tmp_path)
+    team_a, team_b = submitter_env(secure_cluster, NAMESPACE_A), submitter_env(secure_cluster, NAMESPACE_B)
+    detached = nomadtf("run", str(write_job(tmp_path, spec_a)), "--detach", env=team_a, timeout=120)
+    assert detached.returncode == 0, detached.stdout + detached.stderr
+
+    def running(job: str, namespace: str) -> int:
+        allocs = api.get(f"{found['nomad']}/v1/job/{job}/allocations", params={"namespace": namespace}, timeout=10).json()
+        return sum(a["ClientStatus"] == "running" for a in allocs)
+
+    consul = secure_cluster.api().consul()
+    waiting = None
+    try:
+        wait_until(lambda: running(job_a, NAMESPACE_A) == 3, 120, "team-a's job on the clients")
+        waiting = subprocess.Popen([str(Path(sys.executable).parent / "nomadtf"), "run", str(write_job(tmp_path, spec_b)), "--timeout", "4m"],
+                                   env=team_b, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        wait_until(lambda: consul.kv.get(wire.kv_queue_prefix(NAMESPACE_B), recurse=True)[1], 90, "team-b's run in the queue")
+        assert running(job_b, NAMESPACE_B) == 0  # all or nothing: nothing of it placed while it waits
+        release.touch()
+        out, err = waiting.communicate(timeout=300)
+        said = out + err
+        assert waiting.returncode == 0, said
+        assert "does not fit now: needs cpu" in said and "held by jobs your token cannot read" in said, said
+        assert job_a not in said and NAMESPACE_A not in said, said
+        assert re.search(r"admitted after \d+s in the queue", said), said
+    finally:
+        release.touch()
+        if waiting is not None and waiting.poll() is None:
+            waiting.kill()
+        for job, namespace in ((job_a, NAMESPACE_A), (job_b, NAMESPACE_B)):
+            nomadtf("stop", job, "--namespace", namespace, "--purge", env=secure_cluster.env(), timeout=60)
