@@ -55,7 +55,8 @@ def secure_cluster():
     end unless NOMADTF_KEEP_STACK=1) otherwise. It never skips."""
     cluster = ClusterStack.default()
     started = cluster.up(
-        progress=_progress, clients=CLUSTER_CLIENTS, gpus=CLUSTER_GPUS, gpu_clients=(CLUSTER_GPU_CLIENT,), timeout=180, secure=True
+        progress=_progress, clients=CLUSTER_CLIENTS, gpus=CLUSTER_GPUS, gpu_clients=(CLUSTER_GPU_CLIENT,), timeout=180, secure=True,
+        docker=TEST_DOCKER,
     )
     yield cluster
     if started and not os.environ.get("NOMADTF_KEEP_STACK"):

@@ -33,7 +33,7 @@ def dev_up(
         bool, typer.Option("--secure", help="ACLs (default deny) and TLS on Nomad, Consul and OpenBao; runs as the several-client stack")
     ] = False,
     docker: Annotated[
-        bool, typer.Option("--docker", help="A private Docker daemon and Nomad's docker driver beside raw_exec (single-node stack)")
+        bool, typer.Option("--docker", help="A private Docker daemon (with --clients N: one per client) and Nomad's docker driver beside raw_exec")
     ] = False,
 ) -> None:
     """Build or find the binaries and start Consul, OpenBao and Nomad on 127.0.0.1
@@ -170,18 +170,24 @@ dev_app.add_typer(image_app, name="image")
 def dev_image_build(
     tf: Annotated[Optional[str], typer.Option("--tf", help="TensorFlow version (default: this installation's)")] = None,
     gpu: Annotated[bool, typer.Option("--gpu", help="tensorflow[and-cuda] instead of tensorflow-cpu (several GB of CUDA wheels)")] = False,
+    cluster: Annotated[bool, typer.Option("--cluster", help="For the several-client stack's daemons (`dev up --clients N --docker`)")] = False,
 ) -> None:
     """Build the repository's Dockerfile on a Debian base made here (cached) and print the
-    image reference on the last line (for driver.image / driver.gpu_image)."""
+    image reference on the last line (for driver.image / driver.gpu_image). On the
+    several-client stack it is built by client 1's daemon and copied to the others."""
     from nomadtf import devstack
     from nomadtf.devstack import images
     from nomadtf.errors import DevStackError
 
-    stack = devstack.running()
-    daemon = getattr(stack, "daemon", None)
-    if daemon is None or not stack.is_up() or not stack.recorded_docker():
-        raise DevStackError("no local stack with Docker runs: `nomadtf dev up --docker` first")
+    stack = devstack.running(cluster=cluster)
+    daemons = stack.docker_daemons() if stack.is_up() else []
+    if not daemons:
+        up = "nomadtf dev up --clients N --docker" if cluster else "nomadtf dev up --docker"
+        raise DevStackError(f"no local stack with Docker runs: `{up}` first")
     started = time.monotonic()
-    ref = images.build(daemon.client(timeout=600), stamp, tf_version=tf, gpu=gpu)
+    first, *others = [(d, d.client(timeout=900)) for d in daemons]
+    ref = images.build(first[1], stamp, tf_version=tf, gpu=gpu)
+    for daemon, client in others:
+        images.copy(first[1], client, ref, stamp, to=daemon.host)
     err(f"image ready in {time.monotonic() - started:.0f}s")
     typer.echo(ref)

@@ -36,12 +36,32 @@ def base_env() -> dict[str, str]:
     return env
 
 
-def spawn(state_dir: Path, name: str, argv: list[str], env: dict[str, str], namespace: str | None = None) -> Component:
+def spawn(
+    state_dir: Path,
+    name: str,
+    argv: list[str],
+    env: dict[str, str],
+    namespace: str | None = None,
+    join_pid: int | None = None,
+    host_sys: bool = False,
+) -> Component:
     """Start one server in the background, its output in `<state_dir>/<name>.log`; in the
     network namespace `namespace` when given (`ip netns exec` execs it in place: the PID
-    recorded is the server's, and the record names the server's binary)."""
+    recorded is the server's, and the record names the server's binary).
+
+    `host_sys`: in `namespace` with a mount namespace of its own that keeps the host's /sys
+    (`ip netns exec` mounts a fresh sysfs over it, which hides /sys/fs/cgroup: dockerd then
+    refuses to start). `join_pid`: in the network and mount namespaces of that process
+    (`nsenter`, in place too): a Nomad client and its Docker daemon must see the same
+    mounts, or the task directories Nomad mounts (secrets/ is a tmpfs) are empty in the
+    containers. Mounts made in either stay out of the host's mount table."""
     log = state_dir / f"{name}.log"
-    launcher = ["ip", "netns", "exec", namespace] if namespace else []
+    if join_pid is not None:
+        launcher = ["nsenter", f"--target={join_pid}", "--mount", "--net", "--"]
+    elif namespace and host_sys:
+        launcher = ["unshare", "--mount", "--propagation", "slave", "nsenter", f"--net=/run/netns/{namespace}", "--"]
+    else:
+        launcher = ["ip", "netns", "exec", namespace] if namespace else []
     with open(log, "ab") as out:
         proc = subprocess.Popen(
             [*launcher, *argv],
@@ -99,13 +119,14 @@ def start_nomad(
     machine: wiring.Machine,
     vault_token: str | None = None,
     namespace: str | None = None,
+    join_pid: int | None = None,
 ) -> Component:
     """Write `machine`'s Nomad config (nomad.hcl in its folder, 0600) and start its agent; a
-    server gets its Vault token in VAULT_TOKEN."""
+    server gets its Vault token in VAULT_TOKEN. `join_pid`: see `spawn`."""
     config = machine.state_dir / "nomad.hcl"
     write_private(config, wiring.nomad_config(machine))
     env = {**base_env(), "VAULT_TOKEN": vault_token} if vault_token else base_env()
-    return spawn(state_dir, name, [str(binary), "agent", "-config", str(config)], env, namespace)
+    return spawn(state_dir, name, [str(binary), "agent", "-config", str(config)], env, namespace, join_pid)
 
 
 def start_openbao(state_dir: Path, binary: Path, config_text: str) -> Component:

@@ -61,6 +61,7 @@ from nomadtf.devstack import (
     teardown,
     wiring,
 )
+from nomadtf.devstack.docker import Daemon
 from nomadtf.devstack.probes import wait_for
 from nomadtf.devstack.protocol import Progress, StackApi, Status, StatusRow
 from nomadtf.devstack.record import MARKER, Component, Record, claim_state_dir, write_private
@@ -77,7 +78,7 @@ class ClusterStack:
         self.state_dir = state_dir
         self.record = Record(
             state_dir / "stack.json",
-            defaults={"clients": 0, "gpus": 0, "gpu_clients": [], "namespaces": [], "links": [], "secure": False},
+            defaults={"clients": 0, "gpus": 0, "gpu_clients": [], "namespaces": [], "links": [], "secure": False, "docker": False},
         )
         self.record_path = self.record.path
         self.token_path = state_dir / "root-token"
@@ -96,13 +97,24 @@ class ClusterStack:
     def component(self, name: str) -> Component:
         return self.record.component(name)
 
+    def daemon(self, index: int) -> Daemon:
+        """Client `index`'s Docker daemon (`up --docker`): its socket in the client's folder,
+        its images in a data root of its own that outlives `down`."""
+        return Daemon.for_stack(self.state_dir / layout.node_name(index))
+
+    def docker_daemons(self) -> list[Daemon]:
+        """Every client's Docker daemon; none without `--docker`."""
+        shape = self.shape()
+        return [self.daemon(i) for i in range(1, shape.clients + 1)] if shape.docker else []
+
     def shape(self) -> layout.Shape:
         """The shape `up` recorded (clients, fake GPUs, ACLs and TLS); all zero without a record."""
         return layout.Shape.from_record(self.record.load())
 
     def is_up(self) -> bool:
         comps = self.components()
-        if not comps or len(comps) != 3 + 2 * self.shape().clients:
+        shape = self.shape()
+        if not comps or len(comps) != 3 + (3 if shape.docker else 2) * shape.clients:
             return False
         return all(c.process() for c in comps) and set(self.record.get("namespaces")) <= netns.namespaces()
 
@@ -207,11 +219,10 @@ class ClusterStack:
     ) -> bool:
         """Start the server machine and `clients` client namespaces, `gpus` fake GPUs on
         each client of `gpu_clients` (None: every client). `gpus` None means as the running
-        cluster has, or none; `secure`: ACLs and TLS everywhere. Returns False when that
-        cluster already runs (a no-op); another shape running is an error that names the
-        command for this one. Docker is the single-node stack's so far (`docker`)."""
-        if docker:
-            raise DevStackError("--docker runs on the single-node stack only (a daemon per client namespace is not built yet): drop --clients/--secure")
+        cluster has, or none; `secure`: ACLs and TLS everywhere; `docker`: a Docker daemon
+        in each client's namespaces and Nomad's docker driver beside raw_exec (None: as the
+        running cluster has, or none). Returns False when that cluster already runs (a no-op);
+        another shape running is an error that names the command for this one."""
         layout.check_clients(clients)
         if os.geteuid() != 0:
             raise DevStackError("the several-client stack creates network namespaces and a bridge: run it as root")
@@ -220,7 +231,9 @@ class ClusterStack:
             gpus = running.gpus if running else 0
             if gpu_clients is None and running and gpus:
                 gpu_clients = running.gpu_clients
-        wanted = layout.Shape(clients, gpus, layout.gpu_client_set(clients, gpus, gpu_clients), secure)
+        if docker is None:
+            docker = running.docker if running else False
+        wanted = layout.Shape(clients, gpus, layout.gpu_client_set(clients, gpus, gpu_clients), secure, docker)
         if running:
             if running != wanted:
                 raise DevStackError(
@@ -240,7 +253,7 @@ class ClusterStack:
                 "(`ip netns del NAME`, `ip link del NAME`) and retry"
             )
         claim_state_dir(self.state_dir, "NOMADTF_DEV_CLUSTER_DIR")
-        self.record.save(clients=clients, gpus=gpus, gpu_clients=list(wanted.gpu_clients), secure=secure)
+        self.record.save(clients=clients, gpus=gpus, gpu_clients=list(wanted.gpu_clients), secure=secure, docker=docker)
         started = time.monotonic()
         try:
             bins = self._binaries(progress, gpus, secure)
@@ -280,6 +293,8 @@ class ClusterStack:
         desc = layout.machine(kind, index, state_dir=self.state_dir, gpus=gpus)
         if self.shape().secure:
             desc = replace(desc, security=self.secure_state.machine(kind, index))
+        if self.shape().docker and kind == "client":
+            desc = replace(desc, docker_endpoint=self.daemon(index).host)
         desc.state_dir.mkdir(mode=0o700, exist_ok=True)
         return desc
 
@@ -335,26 +350,48 @@ class ClusterStack:
         for i in indexes:
             consul = self.component(layout.agent_names(i)[0])
             wait_for(lambda i=i: probes.consul_node_alive(self.api(), layout.node_name(i)), timeout, f"consul agent {layout.node_name(i)}", consul.log)
+        joined = self._start_daemons(indexes, timeout) if self.shape().docker else {}
         for i in indexes:
             _, nomad_name = layout.agent_names(i)
             machine = self._machine("client", i, self.shape().gpus_on(i))
-            self.record.put(agents.start_nomad(self.state_dir, nomad_name, nomad_binary, machine, namespace=netns.namespace(i)))
+            self.record.put(
+                agents.start_nomad(self.state_dir, nomad_name, nomad_binary, machine, namespace=netns.namespace(i), join_pid=joined.get(i))
+            )
         for i in indexes:
             self._wait_client(i, timeout)
+
+    def _start_daemons(self, indexes: Sequence[int], timeout: float) -> dict[int, int]:
+        """Each client's Docker daemon (one still running from before is kept: `start_client`
+        after a node loss), in the client's network namespace; index -> the PID whose mount
+        and network namespaces its Nomad client joins. The containers a stopped stack left
+        behind are removed: the new Nomad client knows none of them."""
+        pids = {}
+        for i in indexes:
+            name, daemon = f"docker-{layout.node_name(i)}", self.daemon(i)
+            comp = next((c for c in self.components() if c.name == name and c.process()), None)
+            if comp is None:
+                daemon.socket.unlink(missing_ok=True)  # a dead daemon's socket answers nothing
+                comp = daemon.start(netns.namespace(i), name=name)
+                self.record.put(comp)
+                daemon.wait_ready(timeout, comp.log)
+                daemon.remove_containers()
+            pids[i] = comp.pid
+        return pids
 
     def _wait_client(self, index: int, timeout: float) -> None:
         """Until client `index` is a ready node that has heartbeated at least once."""
         name, gpus = layout.node_name(index), self.shape().gpus_on(index)
+        drivers = ("raw_exec", "docker") if self.shape().docker else ("raw_exec",)
         log = self.component(layout.agent_names(index)[1]).log
         api = self.api()
-        wait_for(lambda: probes.nomad_node_ready(api, gpus, name), timeout, f"nomad client {name}", log)
+        wait_for(lambda: probes.nomad_node_ready(api, gpus, name, drivers=drivers), timeout, f"nomad client {name}", log)
         # A client sends its first heartbeat up to 10 s after registering (Nomad's fixed
         # initial stagger), later than our short TTL + grace: the server may mark it down
         # once in between. Wait until it has heartbeated, and is ready after that.
         scheme = "https" if self.shape().secure else "http"
         seen = probes.HeartbeatWatch(api, f"{scheme}://{netns.client_ip(index)}:4646")
         wait_for(seen.heartbeated, timeout, f"nomad client {name}'s first heartbeat", log)
-        wait_for(lambda: probes.nomad_node_ready(api, gpus, name), timeout, f"nomad client {name}", log)
+        wait_for(lambda: probes.nomad_node_ready(api, gpus, name, drivers=drivers), timeout, f"nomad client {name}", log)
 
     def start_client(self, index: int, timeout: float = 60.0) -> None:
         """Start client `index`'s Consul and Nomad agents again, with their data dirs (the

@@ -34,7 +34,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from nomadtf.devstack import agents
+from nomadtf.devstack import agents, wiring
 from nomadtf.devstack.gobuild import cache_dir
 from nomadtf.devstack.probes import wait_for
 from nomadtf.devstack.record import Component
@@ -82,10 +82,12 @@ class Daemon:
             "--add-runtime", "nvidia=runc",
         ]  # fmt: skip
 
-    def start(self, namespace: str | None = None) -> Component:
+    def start(self, namespace: str | None = None, name: str = "docker") -> Component:
+        """Start the daemon (in the network namespace `namespace`: a client of the
+        several-client stack, whose host network its containers then share)."""
         self.data_root.mkdir(parents=True, exist_ok=True)
         self.exec_root.mkdir(parents=True, exist_ok=True)
-        return agents.spawn(self.state_dir, "docker", self.argv(), agents.base_env(), namespace)
+        return agents.spawn(self.state_dir, name, self.argv(), agents.base_env(), namespace, host_sys=namespace is not None)
 
     def client(self, timeout: float = 60.0):
         """The Docker SDK for Python, on this daemon only (never DOCKER_HOST of the caller)."""
@@ -112,22 +114,5 @@ class Daemon:
         return len(containers)
 
     def plugin_hcl(self) -> str:
-        """The Nomad client's docker driver, pointed at this daemon: host volumes allowed (the
-        model_dir's bind mount), images kept after their tasks (Nomad's image GC would delete
-        the images `dev image build` made, which no registry can give back)."""
-        return f"""
-plugin "docker" {{
-  config {{
-    endpoint = "{self.host}"
-    volumes {{
-      enabled = true
-    }}
-    gc {{
-      image = false
-    }}
-    allow_runtimes = ["runc", "nvidia"]
-    # `docker ps` says which job, group and task a container is.
-    extra_labels = ["job_name", "task_group_name", "task_name", "namespace"]
-  }}
-}}
-"""
+        """The Nomad client's `plugin "docker"` block, pointed at this daemon."""
+        return wiring.docker_plugin_hcl(self.host)

@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -193,3 +194,21 @@ def build(client, progress: Progress, tf_version: str | None = None, gpu: bool =
     client.images.get(ref).tag(REPOSITORY, alias_tag)
     progress(f"{ref} built (also tagged {alias})")
     return ref
+
+
+def copy(source, target, ref: str, progress: Progress, to: str = "another daemon") -> None:
+    """Give the daemon `target` the image `ref` of the daemon `source` (each a Docker SDK
+    client), unless it has it: the several-client stack has a daemon per client and no
+    registry between them. The image streams from one to the other (`docker save | docker
+    load`, in chunks: a TensorFlow image is about 2 GB); its key-less alias comes along."""
+    if _exists(target, ref):
+        return
+    progress(f"copying {ref} to {to}")
+    started = time.monotonic()
+    for chunk in target.api.load_image(source.api.get_image(ref, chunk_size=4 * 2**20)) or ():
+        if isinstance(chunk, dict) and "error" in chunk:
+            raise DevStackError(f"docker load of {ref} into {target.api.base_url} failed: {chunk['error'].strip()}")
+    for alias in source.images.get(ref).tags:
+        repository, _, tag = alias.rpartition(":")
+        target.images.get(ref).tag(repository, tag)
+    progress(f"{ref} copied to {to} in {time.monotonic() - started:.0f}s")

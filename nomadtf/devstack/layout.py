@@ -133,9 +133,10 @@ def parse_client_list(text: str) -> tuple[int, ...]:
         raise DevStackError(f"--gpu-clients is a comma-separated list of client numbers (e.g. 3 or 2,3), not {text!r}") from exc
 
 
-def describe_shape(clients: int, gpus: int, gpu_clients: Sequence[int], secure: bool = False) -> str:
-    """"3 clients with 2 fake GPUs on client 3" and the like (and " with ACLs and TLS")."""
-    tls = " with ACLs and TLS" if secure else ""
+def describe_shape(clients: int, gpus: int, gpu_clients: Sequence[int], secure: bool = False, docker: bool = False) -> str:
+    """"3 clients with 2 fake GPUs on client 3" and the like (and " with ACLs and TLS", and
+    ", each with its Docker daemon")."""
+    tls = (" with ACLs and TLS" if secure else "") + (", each with its Docker daemon" if docker else "")
     if not gpus or not gpu_clients:
         return f"{clients} clients without fake GPUs{tls}"
     if tuple(gpu_clients) == tuple(range(1, clients + 1)):
@@ -144,9 +145,9 @@ def describe_shape(clients: int, gpus: int, gpu_clients: Sequence[int], secure: 
     return f"{clients} clients with {gpus} fake GPUs on client{'s' if len(gpu_clients) > 1 else ''} {names}{tls}"
 
 
-def up_command(clients: int, gpus: int, gpu_clients: Sequence[int], secure: bool = False) -> str:
+def up_command(clients: int, gpus: int, gpu_clients: Sequence[int], secure: bool = False, docker: bool = False) -> str:
     """The `nomadtf dev up` command line that builds this shape."""
-    command = f"nomadtf dev up --clients {clients}" + (" --secure" if secure else "")
+    command = f"nomadtf dev up --clients {clients}" + (" --secure" if secure else "") + (" --docker" if docker else "")
     if gpus and gpu_clients:
         command += f" --gpus {gpus}"
         if tuple(gpu_clients) != tuple(range(1, clients + 1)):
@@ -157,12 +158,13 @@ def up_command(clients: int, gpus: int, gpu_clients: Sequence[int], secure: bool
 @dataclass(frozen=True)
 class Shape:
     """What a several-client stack is: `clients` clients, `gpus` fake GPUs on each client
-    of `gpu_clients`, ACLs and TLS when `secure`."""
+    of `gpu_clients`, ACLs and TLS when `secure`, a Docker daemon per client when `docker`."""
 
     clients: int = 0
     gpus: int = 0
     gpu_clients: tuple[int, ...] = ()
     secure: bool = False
+    docker: bool = False
 
     @classmethod
     def from_record(cls, data: Mapping[str, Any]) -> Shape:
@@ -174,14 +176,14 @@ class Shape:
             chosen = tuple(range(1, clients + 1))
         else:
             chosen = tuple(int(i) for i in data["gpu_clients"])
-        return cls(clients, gpus, chosen, bool(data.get("secure", False)))
+        return cls(clients, gpus, chosen, bool(data.get("secure", False)), bool(data.get("docker", False)))
 
     def gpus_on(self, index: int) -> int:
         """Fake GPUs on client `index`."""
         return self.gpus if index in self.gpu_clients else 0
 
     def describe(self, *, with_security: bool = False) -> str:
-        return describe_shape(self.clients, self.gpus, self.gpu_clients, self.secure and with_security)
+        return describe_shape(self.clients, self.gpus, self.gpu_clients, self.secure and with_security, self.docker)
 
     def up_command(self) -> str:
-        return up_command(self.clients, self.gpus, self.gpu_clients, self.secure)
+        return up_command(self.clients, self.gpus, self.gpu_clients, self.secure, self.docker)

@@ -116,6 +116,10 @@ class DevStack:
         except (OSError, ValueError):
             return 0
 
+    def docker_daemons(self) -> list[Daemon]:
+        """The stack's Docker daemon, when it has one (`up --docker`)."""
+        return [self.daemon] if self.recorded_docker() else []
+
     def recorded_docker(self) -> bool:
         """Whether the recorded stack has its own Docker daemon."""
         try:

@@ -386,6 +386,7 @@ class Machine:
     gpus: int = 0
     plugin_dir: Path | None = None
     security: Security | None = None
+    docker_endpoint: str | None = None  # the client's own Docker daemon (DOCKER_HOST form), for the docker driver
 
     def __post_init__(self) -> None:
         if self.kind not in ("server", "client"):
@@ -411,6 +412,29 @@ class Machine:
         return CONSUL_HTTPS_PORT if self.security else CONSUL_HTTP_PORT
 
 
+def docker_plugin_hcl(endpoint: str) -> str:
+    """A Nomad client's docker driver, pointed at a stack's own daemon: host volumes allowed
+    (the model_dir's bind mount), images kept after their tasks (Nomad's image GC would
+    delete the images `dev image build` made, which no registry can give back), and the
+    `nvidia` runtime a task with NVIDIA devices asks for."""
+    return f"""
+plugin "docker" {{
+  config {{
+    endpoint = "{endpoint}"
+    volumes {{
+      enabled = true
+    }}
+    gc {{
+      image = false
+    }}
+    allow_runtimes = ["runc", "nvidia"]
+    # `docker ps` says which job, group and task a container is.
+    extra_labels = ["job_name", "task_group_name", "task_name", "namespace"]
+  }}
+}}
+"""
+
+
 def nomad_config(machine: Machine) -> str:
     """The Nomad agent's HCL for `machine`."""
     data_dir = machine.state_dir / "nomad-data"
@@ -420,6 +444,7 @@ def nomad_config(machine: Machine) -> str:
             data_dir, machine.address, consul, machine.vault_address, name=machine.name, security=machine.security
         )
     extra = client_plugin_hcl(machine.plugin_dir, machine.gpus, seed=machine.name) if machine.gpus else ""
+    extra += docker_plugin_hcl(machine.docker_endpoint) if machine.docker_endpoint else ""
     return nomad_client_config(
         data_dir,
         machine.name,

@@ -474,6 +474,67 @@ def test_node_loss_under_tf_training_resumes_within_one_checkpoint(cluster, tmp_
     assert [r.node for r in cluster.status().rows if r.node] == ["ready"] * CLIENTS
 
 
+# ---- containers: a Docker daemon per client (`dev up --clients N --docker`) ----------------------
+
+
+@pytest.fixture(scope="session")
+def cluster_image(stack, cluster) -> str:
+    """The task image of this checkout, built (or found) by the single-node stack's daemon and
+    copied to each client's own daemon: the clients share no registry."""
+    from nomadtf.devstack import images
+
+    source = stack.daemon.client(timeout=900)
+    ref = images.build(source, _progress)
+    for daemon in cluster.docker_daemons():
+        images.copy(source, daemon.client(timeout=900), ref, _progress, to=daemon.host)
+    return ref
+
+
+@pytest.mark.stack
+@pytest.mark.docker
+@pytest.mark.tf
+def test_node_loss_with_every_task_in_a_container_resumes_and_succeeds(cluster, cluster_image, tmp_path):
+    """The digits example in containers of the clients' own Docker daemons, on the secure
+    stack (TLS to Consul and Vault from inside the containers: the CA is mounted read-only).
+    The client holding the ps dies at once mid-training; the ps comes back in a container on
+    the other client, the chief resumes from its checkpoint in the shared model_dir, and the
+    job succeeds."""
+    env = cluster.env()
+    spec = node_loss.spec(unique("mc-docker"), "ps", TF_STEPS, TF_CHECKPOINT_EVERY, TF_LOG_EVERY)
+    spec["driver"] = {"name": "docker", "image": cluster_image}
+    spec["entrypoint"]["workdir"] = "/opt/nomadtf/examples/digits"  # the code from the image
+    spec["roles"]["chief"]["memory"] = 1536  # a real limit in a container (examples/docker/job.json)
+    job_id = spec["name"]
+    dead = None
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(nomadtf, "run", str(ready(spec, tmp_path)), "--timeout", "5m", env=env, timeout=360)
+        try:
+            wait_until(
+                lambda: running.done() or chaos.current_step(node_loss.chief_stdout(cluster, job_id)) >= TF_KILL_AT_STEP,
+                240, f"training step {TF_KILL_AT_STEP}", interval=0.2,
+            )  # fmt: skip
+            assert not running.done(), running.result().stdout + running.result().stderr
+            victim = node_loss.running_client(job_id, "ps")
+            on_victim = [c.labels.get("com.hashicorp.nomad.task_name") for c in cluster.daemon(victim).client().containers.list()]
+            assert on_victim == ["ps"], on_victim  # the ps runs in a container of its client's own daemon
+            dead = victim
+            faults.kill_client(cluster, victim)  # its Docker daemon and containers with it
+            result = running.result(timeout=300)
+            assert result.returncode == 0, result.stdout + result.stderr
+            assert "succeeded" in result.stderr
+            moved = [node_loss.client_of(a) for a in node_loss.allocations(job_id) if a["TaskGroup"] == "ps"]
+            assert moved == [victim, 5 - victim], moved
+            stdout = node_loss.chief_stdout(cluster, job_id)
+            assert chaos.resumes_with_loss(chaos.events(stdout)), f"the chief never resumed from a checkpoint:\n{stdout[-2000:]}"
+            accuracy = node_loss.accuracy(stdout)
+            assert accuracy is not None and accuracy >= ACCURACY_FLOOR, stdout[-2000:]
+        finally:
+            if dead is not None:
+                faults.restart_client(cluster, dead)  # its daemon too (ClusterStack.start_client)
+            purge(job_id)
+    assert [r.node for r in cluster.status().rows if r.node] == ["ready"] * CLIENTS
+
+
 # ---- partition: a ps whose client goes silent ---------------------------------------------------
 
 

@@ -168,6 +168,13 @@ def test_docker_tasks_run_nomadtf_on_the_host_network_with_model_dir_mounted():
     assert task(render_job(spec), "worker")["Resources"]["MemoryMB"] == 1024
 
 
+def test_docker_tasks_get_the_ca_files_they_are_told_to_trust_read_only_at_the_same_path():
+    spec = load_spec(JOB_EXAMPLES["docker"], ["discovery.consul_ca_file=/etc/consul.d/ca.pem", "vault.ca_file=/etc/consul.d/ca.pem"])
+    config, env = task(render_job(spec), "chief")["Config"], task(render_job(spec), "chief")["Env"]
+    assert config["volumes"] == ["/tmp/nomadtf:/tmp/nomadtf", "/etc/consul.d/ca.pem:/etc/consul.d/ca.pem:ro"]  # one mount for both
+    assert env["CONSUL_CACERT"] == env["VAULT_CACERT"] == "/etc/consul.d/ca.pem"
+
+
 def test_model_dir_root_is_what_no_task_variable_names():
     assert model_dir_root("/tmp/nomadtf/${NOMAD_NAMESPACE}/${NOMAD_JOB_ID}/${NOMADTF_RUN_ID}") == "/tmp/nomadtf"
     assert model_dir_root("/mnt/shared/models/${NOMAD_JOB_ID}") == "/mnt/shared/models"

@@ -65,6 +65,14 @@ def test_the_shape_in_words_says_acls_and_tls():
     assert layout.up_command(2, 0, (), secure=True) == "nomadtf dev up --clients 2 --secure"
 
 
+def test_a_shape_with_docker_says_so_and_asks_for_it():
+    shape = layout.Shape(3, 2, (3,), secure=True, docker=True)
+    assert shape.describe() == "3 clients with 2 fake GPUs on client 3, each with its Docker daemon"
+    assert shape.up_command() == "nomadtf dev up --clients 3 --secure --docker --gpus 2 --gpu-clients 3"
+    assert layout.Shape.from_record({"clients": 3, "gpus": 2, "gpu_clients": [3], "secure": True, "docker": True}) == shape
+    assert layout.Shape.from_record({"clients": 3}).docker is False  # a record from before --docker
+
+
 def test_the_machines_are_where_the_network_puts_them(tmp_path):
     server = layout.machine("server", state_dir=tmp_path)
     assert (server.address, server.servers, server.state_dir) == (netns.SERVER_IP, (netns.SERVER_IP,), tmp_path / "server")

@@ -5,11 +5,12 @@ relies on. No server runs."""
 from __future__ import annotations
 
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from nomadtf.devstack import gobuild, wiring
+from nomadtf.devstack import gobuild, layout, wiring
 
 
 def test_generated_configs_are_accepted_by_nomad_and_consul(tmp_path):
@@ -30,6 +31,8 @@ def test_generated_configs_are_accepted_by_nomad_and_consul(tmp_path):
             node_class="nomadtf-client-1",
             meta={"nomadtf_client": "1"},
         ),
+        # A client of `dev up --clients N --docker`: its docker plugin block too.
+        "docker-client.hcl": wiring.nomad_config(replace(layout.machine("client", 2, state_dir=tmp_path), docker_endpoint="unix:///d/docker.sock")),
     }
     for name, text in files.items():
         (tmp_path / name).write_text(text)
@@ -51,6 +54,14 @@ def test_server_config_detects_a_lost_client_in_seconds():
     assert 'min_heartbeat_ttl      = "2s"' in text
     assert "enabled = false" in text  # no client on the server machine
     assert 'bind_addr = "198.18.0.1"' in text
+
+
+def test_a_client_with_its_docker_daemon_points_the_docker_driver_at_it(tmp_path):
+    machine = layout.machine("client", 2, state_dir=tmp_path)
+    assert 'plugin "docker"' not in wiring.nomad_config(machine)
+    text = wiring.nomad_config(replace(machine, docker_endpoint="unix:///s/client-2/docker.sock"))
+    assert 'endpoint = "unix:///s/client-2/docker.sock"' in text and "enabled = true" in text
+    assert 'allow_runtimes = ["runc", "nvidia"]' in text
 
 
 def test_client_config_carries_identity_and_rejects_odd_meta_keys():
