@@ -12,8 +12,16 @@
    steps/s and their ratio.
 5. Stops the stack and every process it started, and removes its state.
 
+`--docker IMAGE` does the same with every task in a container of IMAGE (a CUDA TensorFlow
+image with nomadtf: the repository's Dockerfile on `tensorflow/tensorflow:2.21.0-gpu`, or
+`nomadtf dev image build --gpu`) through Nomad's docker driver and the stack's own Docker
+daemon, whose `nvidia` runtime is then the NVIDIA Container Toolkit's; the bare baseline
+runs in containers of the same image with the same GPU each (`docker run --runtime nvidia`),
+so the ratio is nomadtf's own cost.
+
 Not run on real GPUs yet. On a machine with NVIDIA GPUs (and TensorFlow with CUDA, Go and
-the binaries of `scripts/setup`): `python bench/bench_gpu.py [--workers 2] [--steps 2000]`.
+the binaries of `scripts/setup`; for --docker, Docker and the NVIDIA Container Toolkit):
+`python bench/bench_gpu.py [--workers 2] [--steps 2000] [--docker IMAGE]`.
 `--dry-run` prints what it would do, from `nvidia-smi` on PATH, and starts nothing.
 """
 
@@ -102,23 +110,37 @@ def read_gpus() -> GpuInventory:
 # ---- jobs ------------------------------------------------------------------------------
 
 
-def device_check_spec(name: str, workdir: Path, workers: int) -> dict:
-    return {
+IMAGE_EXAMPLES = "/opt/nomadtf/examples"  # where the Dockerfile puts the examples
+
+
+def docker_driver(image: str, workdir: Path) -> dict:
+    """job.json `driver` for the docker mode: GPU roles on `image` too, the bench's own work
+    directory (the probe script) mounted read-only at its path. Pure."""
+    return {"name": "docker", "image": image, "gpu_image": image, "volumes": [f"{workdir}:{workdir}:ro"]}
+
+
+def device_check_spec(name: str, workdir: Path, workers: int, image: str | None = None) -> dict:
+    spec = {
         "name": name,
         "strategy": "multi_worker_mirrored",
         "entrypoint": {"script": "gpu_probe.py", "workdir": str(workdir)},
         "roles": {"worker": {"count": workers, "cpu": 500, "memory": 2048, "gpus": 1}},
         "recovery": {"restart_attempts": 0, "reschedule_attempts": 0},
     }
+    if image:
+        spec["driver"] = docker_driver(image, workdir)
+    return spec
 
 
-def digits_spec(name: str, workers: int, steps: int) -> dict:
+def digits_spec(name: str, workers: int, steps: int, image: str | None = None, workdir: Path | None = None) -> dict:
     data = json.loads((EXAMPLES / "digits" / "job-mwms.json").read_text())
     data["name"] = name
-    data["entrypoint"]["workdir"] = str(EXAMPLES / "digits")
+    data["entrypoint"]["workdir"] = f"{IMAGE_EXAMPLES}/digits" if image else str(EXAMPLES / "digits")
     data["context"].update({"steps": steps, "log_every": 10, "checkpoint_every": steps})
     data["roles"]["worker"].update(count=workers, gpus=1, memory=4096)
     data["recovery"] = {"restart_attempts": 0, "reschedule_attempts": 0}
+    if image:
+        data["driver"] = docker_driver(image, workdir or Path("/tmp"))
     return data
 
 
@@ -267,64 +289,119 @@ def _run_bare(workers: int, steps: int, ids: tuple[str, ...], workdir: Path) -> 
     return stamped
 
 
-def plan(gpus: GpuInventory, workers: int, steps: int, state_dir: str) -> list[str]:
+def _run_bare_containers(client, image: str, workers: int, steps: int, ids: tuple[str, ...], workdir: Path) -> list[tuple[float, str]]:
+    """train_mwms.py in `workers` plain containers of `image` (host network, the NVIDIA
+    runtime, one GPU each, a hand-written TF_CONFIG): the baseline of the docker mode; the
+    stamped stdout of worker 0. POST /containers/create ; /start ; GET /logs?follow"""
+    configs = bare_tf_configs(workers, _free_ports(workers))
+    model = workdir / "bare-model"
+    model.mkdir(exist_ok=True)
+    containers = []
+    try:
+        for i, tf_config in enumerate(configs):
+            environment = {
+                "TF_CONFIG": json.dumps(tf_config),
+                "NVIDIA_VISIBLE_DEVICES": ids[i],
+                "TF_FORCE_GPU_ALLOW_GROWTH": "true",
+                "NOMADTF_CONTEXT": json.dumps({"steps": steps, "log_every": 10, "checkpoint_every": steps}),
+                "NOMADTF_MODEL_DIR": str(model),
+                "PYTHONUNBUFFERED": "1",
+            }
+            containers.append(client.containers.run(
+                image, ["-u", "train_mwms.py"], entrypoint=["python3"], working_dir=f"{IMAGE_EXAMPLES}/digits",
+                environment=environment, network_mode="host", runtime="nvidia", detach=True,
+                volumes={str(model): {"bind": str(model), "mode": "rw"}},
+            ))  # fmt: skip
+        stamped = []
+        pending = ""
+        for chunk in containers[0].logs(stream=True, follow=True, stdout=True, stderr=False):
+            pending += chunk.decode(errors="replace")
+            *lines, pending = pending.split("\n")
+            stamped.extend((time.monotonic(), line) for line in lines if line)
+        codes = [c.wait(timeout=900)["StatusCode"] for c in containers]
+    finally:
+        for container in containers:
+            container.remove(force=True)
+    if any(codes):
+        raise BenchError(f"bare worker containers exited with {codes}")
+    return stamped
+
+
+def plan(gpus: GpuInventory, workers: int, steps: int, state_dir: str, image: str | None = None, runtime: str | None = None) -> list[str]:
     """What a run does, in order (printed by --dry-run)."""
+    where = f" in containers of {image} (driver docker)" if image else ""
+    bare = f"as bare containers of {image} (runtime nvidia, one GPU each)" if image else "as bare processes"
     return [
         f"GPUs: {len(gpus.ids)} x {gpus.model} ({gpus.memory_mib} MiB): {', '.join(gpus.ids)}",
-        f"start the single-node stack with NOMADTF_DEV_DIR={state_dir}; the Nomad client config gets:",
+        f"start the single-node stack with NOMADTF_DEV_DIR={state_dir}"
+        + (f" and its own Docker daemon (runtime nvidia = {runtime})" if image else "") + "; the Nomad client config gets:",
         textwrap.indent(gpus.plugin_hcl(gpu_plugin.plugin_dir()), "    "),
-        f"run an MWMS job of {workers} workers x 1 GPU printing tf.config.list_physical_devices('GPU'); "
+        f"run an MWMS job of {workers} workers x 1 GPU{where} printing tf.config.list_physical_devices('GPU'); "
         "each must list exactly one GPU, all different",
-        f"train examples/digits/train_mwms.py ({steps} steps, {workers} workers x 1 GPU) under `nomadtf run`, "
-        "then as bare processes with a hand-written TF_CONFIG; print steps/s of both and the ratio",
+        f"train examples/digits/train_mwms.py ({steps} steps, {workers} workers x 1 GPU) under `nomadtf run`{where}, "
+        f"then {bare} with a hand-written TF_CONFIG; print steps/s of both and the ratio",
         f"stop the stack and remove {state_dir}",
     ]
+
+
+def nvidia_runtime() -> str:
+    """The NVIDIA Container Toolkit's runtime, which the docker mode needs."""
+    found = shutil.which("nvidia-container-runtime")
+    if found is None:
+        raise BenchError("--docker needs the NVIDIA Container Toolkit (nvidia-container-runtime on PATH): containers see no GPU without it")
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2, help="MWMS workers, one GPU each (default 2)")
     parser.add_argument("--steps", type=int, default=2000, help="training steps of each digits run")
+    parser.add_argument("--docker", metavar="IMAGE", help="every task in a container of IMAGE (CUDA TensorFlow and nomadtf)")
     parser.add_argument("--dry-run", action="store_true", help="print what it would do and start nothing")
     args = parser.parse_args(argv)
     try:
         gpus = read_gpus()
         if len(gpus.ids) < args.workers:
             raise BenchError(f"{args.workers} workers need {args.workers} GPUs; this machine has {len(gpus.ids)}")
+        runtime = nvidia_runtime() if args.docker else None
         if args.dry_run:
-            print("\n".join(plan(gpus, args.workers, args.steps, "<a new temporary directory>")))
+            print("\n".join(plan(gpus, args.workers, args.steps, "<a new temporary directory>", args.docker, runtime)))
             return 0
-        return _bench(gpus, args.workers, args.steps)
+        return _bench(gpus, args.workers, args.steps, args.docker, runtime)
     except NomadtfError as exc:
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
 
 
-def _bench(gpus: GpuInventory, workers: int, steps: int) -> int:
+def _bench(gpus: GpuInventory, workers: int, steps: int, image: str | None = None, runtime: str | None = None) -> int:
     from nomadtf.devstack.stack import DevStack
 
     with tempfile.TemporaryDirectory(prefix="nomadtf-bench-gpu-") as tmp:
         work = Path(tmp)
         state_dir = work / "stack"
         os.environ["NOMADTF_DEV_DIR"] = str(state_dir)  # also for `nomadtf` children
-        for line in plan(gpus, workers, steps, str(state_dir)):
+        for line in plan(gpus, workers, steps, str(state_dir), image, runtime):
             print(line)
         stack = DevStack(state_dir)
         stack.gpus = len(gpus.ids)
         stack.gpu_inventory = gpus
-        stack.up(progress=print, timeout=180, gpus=len(gpus.ids))
+        stack.up(progress=print, timeout=180, gpus=len(gpus.ids), docker=bool(image))
         try:
             env = {**os.environ, **stack.env()}
             (work / "gpu_probe.py").write_text(DEVICE_PROBE)
-            probe = device_check_spec("bench-gpu-devices", work, workers)
+            probe = device_check_spec("bench-gpu-devices", work, workers, image)
             outputs = ["\n".join(line for _t, line in lines) for lines in _run_job(env, probe, work).values()]
             given = check_device_output(outputs, gpus.ids)
             print(f"device check: {workers} workers, each sees exactly one GPU: {', '.join(given)}")
 
-            stamped = _run_job(env, digits_spec("bench-gpu-digits", workers, steps), work)
+            stamped = _run_job(env, digits_spec("bench-gpu-digits", workers, steps, image, work), work)
             under_nomadtf = max(steps_per_second(lines) for lines in stamped.values() if any(_STEP.match(x) for _t, x in lines))
-            bare = steps_per_second(_run_bare(workers, steps, gpus.ids, work))
-            print(f"steps/s: nomadtf run {under_nomadtf:.1f}, bare processes {bare:.1f}, ratio {under_nomadtf / bare:.3f}")
+            if image:
+                bare = steps_per_second(_run_bare_containers(stack.daemon.client(timeout=900), image, workers, steps, gpus.ids, work))
+            else:
+                bare = steps_per_second(_run_bare(workers, steps, gpus.ids, work))
+            what = "bare containers" if image else "bare processes"
+            print(f"steps/s: nomadtf run {under_nomadtf:.1f}, {what} {bare:.1f}, ratio {under_nomadtf / bare:.3f}")
         finally:
             stack.down(progress=print)
     return 0

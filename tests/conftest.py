@@ -42,6 +42,21 @@ def stack():
         dev.down(progress=_progress)
 
 
+@pytest.fixture(scope="session")
+def docker_client(stack):
+    """The Docker SDK on the session stack's own daemon."""
+    return stack.daemon.client(timeout=900)
+
+
+@pytest.fixture(scope="session")
+def task_image(docker_client) -> str:
+    """The task image of this checkout for this installation's TensorFlow, built once per
+    session (and found again in the daemon's data root on a machine that built it before)."""
+    from nomadtf.devstack import images
+
+    return images.build(docker_client, lambda message: sys.stderr.write(f"[image] {message}\n"))
+
+
 # The several-client test bed, shaped like a production cluster: three clients, fake GPUs on
 # client 3 only, ACLs (default deny) and TLS on Nomad, Consul and OpenBao.
 CLUSTER_CLIENTS = 3

@@ -14,9 +14,11 @@ nomadtf renders), so TensorFlow's ports are the client's, as under raw_exec.
 
 <key> names the stack's state directory, so each stack keeps its own images.
 
-`nvidia` is registered as a second name for runc: Nomad's docker driver asks for the
-`nvidia` runtime whenever a task holds NVIDIA devices (the fake GPUs too), and the fake
-GPUs need no hook. On a machine with real GPUs the NVIDIA Container Toolkit provides it.
+`nvidia` is registered as a runtime: Nomad's docker driver asks for it whenever a task holds
+NVIDIA devices (the fake GPUs too). It is the NVIDIA Container Toolkit's
+`nvidia-container-runtime` where that is installed (a machine with real GPUs: the container
+then sees exactly the GPUs in NVIDIA_VISIBLE_DEVICES), else a second name for runc (the fake
+GPUs need no hook).
 
 Usage:
     daemon = Daemon.for_stack(state_dir)
@@ -43,6 +45,12 @@ from nomadtf.errors import DevStackError
 EXEC_ROOTS = Path("/run/nomadtf-docker")
 # Debian's docker.io (scripts/setup installs it); `dockerd` on PATH otherwise.
 DOCKERD = "dockerd"
+
+
+def nvidia_runtime() -> str:
+    """What the daemon's `nvidia` runtime runs: the NVIDIA Container Toolkit's when it is
+    installed, else runc."""
+    return shutil.which("nvidia-container-runtime") or "runc"
 
 
 def _key(state_dir: Path) -> str:
@@ -79,7 +87,7 @@ class Daemon:
             "--host", self.host,
             "--pidfile", str(self.state_dir / "docker.pid"),
             "--bridge=none", "--iptables=false", "--ip6tables=false",
-            "--add-runtime", "nvidia=runc",
+            "--add-runtime", f"nvidia={nvidia_runtime()}",
         ]  # fmt: skip
 
     def start(self, namespace: str | None = None, name: str = "docker") -> Component:

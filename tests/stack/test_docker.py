@@ -28,19 +28,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "docker" / "job.jso
 MiB = 2**20
 
 
-def _progress(message: str) -> None:
-    sys.stderr.write(f"[image] {message}\n")
-
-
-@pytest.fixture(scope="session")
-def docker_client(stack):
-    return stack.daemon.client(timeout=900)
-
-
-@pytest.fixture(scope="session")
-def task_image(docker_client) -> str:
-    """The image of this checkout for this installation's TensorFlow."""
-    return images.build(docker_client, _progress)
+# docker_client and task_image (the image of this checkout, built once) are conftest.py's.
 
 
 def _job_containers(client, job_id: str) -> list:

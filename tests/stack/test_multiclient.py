@@ -478,16 +478,14 @@ def test_node_loss_under_tf_training_resumes_within_one_checkpoint(cluster, tmp_
 
 
 @pytest.fixture(scope="session")
-def cluster_image(stack, cluster) -> str:
-    """The task image of this checkout, built (or found) by the single-node stack's daemon and
-    copied to each client's own daemon: the clients share no registry."""
+def cluster_image(docker_client, task_image, cluster) -> str:
+    """The session's task image (conftest.py: built by the single-node stack's daemon) copied
+    to each client's own daemon: the clients share no registry."""
     from nomadtf.devstack import images
 
-    source = stack.daemon.client(timeout=900)
-    ref = images.build(source, _progress)
     for daemon in cluster.docker_daemons():
-        images.copy(source, daemon.client(timeout=900), ref, _progress, to=daemon.host)
-    return ref
+        images.copy(docker_client, daemon.client(timeout=900), task_image, _progress, to=daemon.host)
+    return task_image
 
 
 @pytest.mark.stack

@@ -42,11 +42,16 @@ def _soak_spec(name: str, strategy: str, steps: int) -> dict:
     return spec
 
 
-def _soak(stack, tmp_path: Path, strategy: str, steps: int, faults: int, extra: int, min_soak_s: float) -> None:
+def _soak(stack, tmp_path: Path, strategy: str, steps: int, faults: int, extra: int, min_soak_s: float, image: str | None = None) -> None:
     seed = chaos.seed()
-    print(f"\n[soak] {strategy}: seed {seed} (replay with NOMADTF_SOAK_SEED={seed})", flush=True)
-    name = unique("soak-ps" if strategy == "parameter_server" else "soak-mwms")
+    print(f"\n[soak] {strategy}{' in containers' if image else ''}: seed {seed} (replay with NOMADTF_SOAK_SEED={seed})", flush=True)
+    name = unique(("soak-ps" if strategy == "parameter_server" else "soak-mwms") + ("-docker" if image else ""))
     spec = _soak_spec(name, strategy, steps)
+    if image:
+        # Every task in a container of the image, the code from it; the memory is a real limit there.
+        spec["driver"] = {"name": "docker", "image": image}
+        spec["entrypoint"]["workdir"] = "/opt/nomadtf/examples/digits"
+        spec["roles"]["chief"]["memory"] = 1536
     counts = {role: r["count"] for role, r in spec["roles"].items()}
     plan = chaos.schedule(seed, strategy, counts, faults, extra, CHECKPOINT_EVERY)
     print("[soak] schedule: " + ", ".join(f"{f.kind} {f.target} (+{f.after_steps} steps, +{f.delay_s}s)" for f in plan), flush=True)
@@ -130,3 +135,10 @@ def test_parameter_server_soak(stack, tmp_path):
 
 def test_mirrored_soak(stack, tmp_path):
     _soak(stack, tmp_path, "multi_worker_mirrored", steps=7500, faults=5, extra=3, min_soak_s=90)
+
+
+@pytest.mark.docker
+def test_parameter_server_soak_in_containers(stack, tmp_path, task_image):
+    """A short soak with every task in a container: the same faults (kill -9 of the code and of
+    `nomadtf task`, which takes its container with it; Consul restarts; hangs) heal the same."""
+    _soak(stack, tmp_path, "parameter_server", steps=12000, faults=4, extra=3, min_soak_s=60, image=task_image)

@@ -76,3 +76,25 @@ def test_steps_per_second_and_bare_tf_configs():
     assert bench_gpu.steps_per_second(lines) == 20.0
     configs = bench_gpu.bare_tf_configs(2, [2001, 2002])
     assert configs[1] == {"cluster": {"worker": ["127.0.0.1:2001", "127.0.0.1:2002"]}, "task": {"type": "worker", "index": 1}}
+
+
+def test_docker_mode_needs_the_nvidia_container_toolkit_and_says_so(tmp_path):
+    env = _fake_nvidia_smi(tmp_path / "bin")
+    out = _dry_run(env, "--docker", "registry.example.com/nomadtf:tf2.21.0-gpu")
+    assert out.returncode == 1 and "NVIDIA Container Toolkit (nvidia-container-runtime on PATH)" in out.stderr, out.stderr
+    toolkit = tmp_path / "bin" / "nvidia-container-runtime"
+    toolkit.write_text("#!/bin/sh\n")
+    toolkit.chmod(0o755)
+    out = _dry_run(env, "--docker", "registry.example.com/nomadtf:tf2.21.0-gpu")
+    assert out.returncode == 0, out.stderr
+    assert f"runtime nvidia = {toolkit}" in out.stdout
+    assert "in containers of registry.example.com/nomadtf:tf2.21.0-gpu (driver docker)" in out.stdout
+    assert "as bare containers of registry.example.com/nomadtf:tf2.21.0-gpu" in out.stdout
+
+
+def test_docker_mode_jobs_run_every_worker_in_the_image_with_the_probe_mounted(tmp_path):
+    probe = bench_gpu.device_check_spec("p", tmp_path, 2, "img:gpu")
+    assert probe["driver"] == {"name": "docker", "image": "img:gpu", "gpu_image": "img:gpu", "volumes": [f"{tmp_path}:{tmp_path}:ro"]}
+    digits = bench_gpu.digits_spec("d", 2, 100, "img:gpu", tmp_path)
+    assert digits["entrypoint"]["workdir"] == "/opt/nomadtf/examples/digits" and digits["driver"]["gpu_image"] == "img:gpu"
+    assert "driver" not in bench_gpu.digits_spec("d", 2, 100)

@@ -20,12 +20,18 @@ def test_each_stack_has_its_own_socket_exec_root_and_images(tmp_path, monkeypatc
 
 
 def test_no_bridge_no_iptables_and_nvidia_for_the_fake_gpus(tmp_path, monkeypatch):
-    monkeypatch.setattr("shutil.which", lambda name: f"/usr/sbin/{name}")
+    monkeypatch.setattr("shutil.which", lambda name: f"/usr/sbin/{name}" if name == "dockerd" else None)
     argv = Daemon.for_stack(tmp_path).argv()
     assert argv[0] == "/usr/sbin/dockerd"
     assert {"--bridge=none", "--iptables=false", "--ip6tables=false"} <= set(argv)
-    assert argv[argv.index("--add-runtime") + 1] == "nvidia=runc"
+    assert argv[argv.index("--add-runtime") + 1] == "nvidia=runc"  # no toolkit here: the fake GPUs need no hook
     assert argv[argv.index("--host") + 1] == f"unix://{tmp_path / 'docker.sock'}"
+
+
+def test_with_the_nvidia_container_toolkit_the_nvidia_runtime_is_its(tmp_path, monkeypatch):
+    monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")
+    argv = Daemon.for_stack(tmp_path).argv()
+    assert argv[argv.index("--add-runtime") + 1] == "nvidia=/usr/bin/nvidia-container-runtime"
 
 
 def test_nomad_s_docker_plugin_points_at_it_and_keeps_images(tmp_path):
