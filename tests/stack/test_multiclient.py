@@ -331,7 +331,9 @@ def test_dev_cli_up_with_gpu_clients_finds_the_cluster_and_status_shows_its_gpus
     assert f"several-client stack: {CLIENTS} clients with {GPUS} fake GPUs on client {GPU_CLIENT}" in status.stdout, status.stdout
     other = nomadtf("dev", "up", "--clients", str(CLIENTS), "--gpus", "0", "--secure", timeout=60)
     assert other.returncode == 1, other.stderr
-    assert f"`nomadtf dev up --clients {CLIENTS} --secure`" in other.stderr and "on client 3" in other.stderr, other.stderr
+    # Without --docker the running stack's daemons are kept in the shape asked for.
+    docker = " --docker" if cluster.shape().docker else ""
+    assert f"`nomadtf dev up --clients {CLIENTS} --secure{docker}`" in other.stderr and "on client 3" in other.stderr, other.stderr
     rows = {r.component: r.gpus for r in cluster.status().rows if r.component.startswith("nomad-client-")}
     assert rows == {f"nomad-client-{i}": GPUS if i == GPU_CLIENT else 0 for i in range(1, CLIENTS + 1)}
 
