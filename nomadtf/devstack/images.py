@@ -109,6 +109,28 @@ def image_tag(spec: ImageSpec, base: str, sources: str) -> str:
     return f"{REPOSITORY}:tf{spec.tf_version}-{spec.flavour}-{key}"
 
 
+def older_builds(ref: str, tags: list[str]) -> list[str]:
+    """The tags in `tags` of earlier builds of `ref`'s version and flavour (the same
+    `nomadtf:tf<version>-<flavour>-` with another key): superseded by `ref`, each about 2 GB.
+    Other versions, other flavours and the key-less alias are never among them. Pure."""
+    head = ref.rsplit("-", 1)[0] + "-"
+    return sorted(t for t in tags if t.startswith(head) and t != ref and len(t) == len(ref))
+
+
+def prune_older(client, ref: str, progress: Progress) -> None:
+    """Remove the earlier builds `older_builds` names from the daemon (one a container still
+    uses stays, and is named). Without it every change to the checkout leaves 2 GB behind."""
+    import docker
+
+    tags = [t for image in client.images.list(name=REPOSITORY) for t in image.tags]
+    for old in older_builds(ref, tags):
+        try:
+            client.images.remove(old)
+            progress(f"removed {old}, an earlier build of {ref.rsplit('-', 1)[0]}")
+        except docker.errors.APIError as exc:
+            progress(f"kept {old}: {exc.explanation or exc}")
+
+
 def _exists(client, ref: str) -> bool:
     import docker
 
@@ -193,6 +215,7 @@ def build(client, progress: Progress, tf_version: str | None = None, gpu: bool =
     # A second name without the key: what a job.json on this machine can name for the version.
     client.images.get(ref).tag(REPOSITORY, alias_tag)
     progress(f"{ref} built (also tagged {alias})")
+    prune_older(client, ref, progress)
     return ref
 
 
@@ -212,3 +235,4 @@ def copy(source, target, ref: str, progress: Progress, to: str = "another daemon
         repository, _, tag = alias.rpartition(":")
         target.images.get(ref).tag(repository, tag)
     progress(f"{ref} copied to {to} in {time.monotonic() - started:.0f}s")
+    prune_older(target, ref, progress)

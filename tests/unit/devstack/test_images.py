@@ -56,3 +56,15 @@ def test_the_dockerfile_defaults_to_the_tested_tensorflow():
 def test_the_build_context_is_the_wheelhouse_and_the_examples_only():
     lines = [line for line in (ROOT / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")]
     assert lines == ["*", "!wheels/", "!examples/"]
+
+
+def test_only_earlier_builds_of_the_same_version_and_flavour_are_pruned():
+    ref = "nomadtf:tf2.21.0-cpu-aaaaaaaaaa"
+    tags = [
+        ref, "nomadtf:tf2.21.0-cpu",  # the alias, now on ref
+        "nomadtf:tf2.21.0-cpu-bbbbbbbbbb", "nomadtf:tf2.21.0-cpu-cccccccccc",  # superseded
+        "nomadtf:tf2.20.0-cpu-bbbbbbbbbb", "nomadtf:tf2.21.0-gpu-bbbbbbbbbb",  # another version, flavour
+        "nomadtf:tf2.21.0-cpu-mine",  # not a build of ours
+    ]
+    assert images.older_builds(ref, tags) == ["nomadtf:tf2.21.0-cpu-bbbbbbbbbb", "nomadtf:tf2.21.0-cpu-cccccccccc"]
+    assert images.older_builds(ref, [ref]) == []
