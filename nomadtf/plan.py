@@ -23,6 +23,8 @@ DISTINCT_HOSTS = "distinct_hosts"
 # Nomad's key for nodes it skipped because another node of the same computed class (same
 # attributes, class and meta) already failed the group's constraints.
 COMPUTED_CLASS_INELIGIBLE = "computed class ineligible"
+# Nomad's key for nodes without a healthy driver of the task's kind.
+MISSING_DRIVERS = "missing drivers"
 
 
 def explain_placement_failure(
@@ -42,6 +44,13 @@ def explain_placement_failure(
             reasons.append(f"distinct_hosts asks for {wanted} different nodes, only {eligible} {verb} eligible")
         elif constraint == COMPUTED_CLASS_INELIGIBLE:
             reasons.append(f"{count} of {available} nodes do not meet the group's constraints (node_class, constraints)")
+        elif "driver.docker.volumes.enabled" in constraint:
+            reasons.append(
+                f"{count} of {available} nodes have a docker driver that allows no bind mounts, and every docker task mounts "
+                'model_dir: enable them on the clients (plugin "docker" { config { volumes { enabled = true } } })'
+            )
+        elif constraint == MISSING_DRIVERS:
+            reasons.append(f"{count} of {available} nodes have no healthy driver of the kind driver.name asks for (raw_exec or docker enabled on the client)")
         elif "device" in constraint:
             what = ", ".join(requested_devices or []) or "the requested device"
             reasons.append(f"no node offers {what}: {count} of {available} nodes have no matching device ({constraint})")

@@ -57,6 +57,20 @@ def _placement_constraints(role: Role) -> list[dict[str, Any]]:
     return out
 
 
+# The node attribute Nomad's docker driver sets from its plugin's `volumes { enabled }`.
+DOCKER_VOLUMES_ATTRIBUTE = "${attr.driver.docker.volumes.enabled}"
+
+
+def driver_constraints(spec: JobSpec) -> list[dict[str, Any]]:
+    """What the driver needs of a node, as group constraints: a docker task bind-mounts
+    model_dir (and the CA files), which the client's docker plugin must allow. Without the
+    constraint such a job is placed and each task fails to start ("volumes are not enabled");
+    with it, the plan says at once that no node can take it (plan.py names the fix)."""
+    if spec.driver.name != "docker":
+        return []
+    return [{"LTarget": DOCKER_VOLUMES_ATTRIBUTE, "RTarget": "true", "Operand": "="}]
+
+
 def _spreads(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [
         {
@@ -120,6 +134,7 @@ def _compiled_template_set(templates_dir: str) -> jinja2.Environment:
     templates.globals["runs_user_code"] = runs_user_code
     templates.globals["needs_vault_token"] = needs_vault_token
     templates.globals["docker_volumes"] = docker_volumes
+    templates.globals["driver_constraints"] = driver_constraints
     # Sorted keys make the output byte-identical for the same input.
     templates.policies["json.dumps_kwargs"] = {"sort_keys": True, "default": _undefined_json}
     return templates

@@ -89,7 +89,9 @@ def test_the_converted_example_normalises_and_renders():
     assert sorted(groups) == ["ps", "tensorboard", "worker"]
     assert groups["worker"]["Tasks"][0]["Resources"]["Devices"][0]["Name"] == "nvidia/gpu"
     assert groups["ps"]["Constraints"] == [
-        {"LTarget": "${node.unique.id}", "RTarget": "true", "Operand": "distinct_hosts"}
+        {"LTarget": "${node.unique.id}", "RTarget": "true", "Operand": "distinct_hosts"},
+        # A DC/OS job runs its images with the docker driver: its clients must allow the bind mounts.
+        {"LTarget": "${attr.driver.docker.volumes.enabled}", "RTarget": "true", "Operand": "="},
     ]
     assert groups["worker"]["Tasks"][0]["Artifacts"][0]["RelativeDest"] == "local/code"
 

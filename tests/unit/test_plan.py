@@ -210,3 +210,15 @@ def test_plan_says_never_or_not_now_after_the_reasons():
     assert lines[-1] == "it can never fit: a chief allocation asks cpu 9000 MHz; the largest node offers 5200 MHz"
     later = classify(plan_result("Added", {}, _cpu_exhausted("chief")), _job(chief=(1, 3000, 0)), _nodes(5200))
     assert describe_plan(plan_result("Added", {}, _cpu_exhausted("chief")), None, later).lines[-1].startswith("it does not fit now")
+
+
+def test_a_docker_driver_without_bind_mounts_is_named_with_the_client_setting_that_fixes_it():
+    metric = alloc_metric(NodesEvaluated=3, NodesFiltered=3, ConstraintFiltered={"${attr.driver.docker.volumes.enabled} = true": 3})
+    why = explain_placement_failure("chief", metric)
+    assert "3 of 3 nodes have a docker driver that allows no bind mounts" in why
+    assert 'plugin "docker" { config { volumes { enabled = true } } }' in why
+
+
+def test_nodes_without_the_driver_are_said_to_lack_it():
+    metric = alloc_metric(NodesEvaluated=2, NodesFiltered=2, ConstraintFiltered={"missing drivers": 2})
+    assert "2 of 3 nodes have no healthy driver of the kind driver.name asks for" in explain_placement_failure("chief", metric)

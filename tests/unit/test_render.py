@@ -168,6 +168,14 @@ def test_docker_tasks_run_nomadtf_on_the_host_network_with_model_dir_mounted():
     assert task(render_job(spec), "worker")["Resources"]["MemoryMB"] == 1024
 
 
+def test_docker_groups_need_a_docker_driver_that_allows_bind_mounts_and_others_need_nothing_more():
+    needs = {"LTarget": "${attr.driver.docker.volumes.enabled}", "RTarget": "true", "Operand": "="}
+    docker = render_job(load_spec(JOB_EXAMPLES["docker"], []))
+    assert all(needs in g["Constraints"] for g in docker["Job"]["TaskGroups"] if True)
+    raw = render_job(example_spec("digits"))
+    assert all(needs not in (g["Constraints"] or []) for g in raw["Job"]["TaskGroups"])
+
+
 def test_docker_tasks_get_the_ca_files_they_are_told_to_trust_read_only_at_the_same_path():
     spec = load_spec(JOB_EXAMPLES["docker"], ["discovery.consul_ca_file=/etc/consul.d/ca.pem", "vault.ca_file=/etc/consul.d/ca.pem"])
     config, env = task(render_job(spec), "chief")["Config"], task(render_job(spec), "chief")["Env"]
