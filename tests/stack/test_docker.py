@@ -83,7 +83,8 @@ def test_dev_image_build_prints_the_image_on_its_last_line_and_reuses_the_cached
 
 
 def test_dev_image_build_without_a_docker_stack_names_the_command_that_starts_one(tmp_path):
-    out = nomadtf("dev", "image", "build", env={"NOMADTF_DEV_DIR": str(tmp_path / "no-stack")})
+    # Neither stack there (a several-client stack with daemons would be used otherwise).
+    out = nomadtf("dev", "image", "build", env={"NOMADTF_DEV_DIR": str(tmp_path / "no-stack"), "NOMADTF_DEV_CLUSTER_DIR": str(tmp_path / "no-cluster")})
     assert out.returncode != 0
     assert "nomadtf dev up --docker" in out.stderr and "Traceback" not in out.stderr
 
