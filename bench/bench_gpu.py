@@ -177,6 +177,18 @@ def bare_tf_configs(workers: int, ports: list[int]) -> list[dict]:
     return [{"cluster": cluster, "task": {"type": "worker", "index": i}} for i in range(workers)]
 
 
+def bare_worker_env(tf_config: dict, steps: int, model_dir: Path) -> dict[str, str]:
+    """What a bare worker of the baseline is given instead of what `nomadtf task` hands its
+    code (the GPU it may use is the caller's: CUDA_VISIBLE_DEVICES for a process,
+    NVIDIA_VISIBLE_DEVICES for a container). Pure."""
+    return {
+        "TF_CONFIG": json.dumps(tf_config),
+        "TF_FORCE_GPU_ALLOW_GROWTH": "true",
+        "NOMADTF_CONTEXT": json.dumps({"steps": steps, "log_every": 10, "checkpoint_every": steps}),
+        "NOMADTF_MODEL_DIR": str(model_dir),
+    }
+
+
 def _free_ports(n: int) -> list[int]:
     socks = [socket.socket() for _ in range(n)]
     try:
@@ -256,14 +268,7 @@ def _run_bare(workers: int, steps: int, ids: tuple[str, ...], workdir: Path) -> 
     configs = bare_tf_configs(workers, _free_ports(workers))
     procs = []
     for i, tf_config in enumerate(configs):
-        env = {
-            **os.environ,
-            "TF_CONFIG": json.dumps(tf_config),
-            "CUDA_VISIBLE_DEVICES": ids[i],
-            "TF_FORCE_GPU_ALLOW_GROWTH": "true",
-            "NOMADTF_CONTEXT": json.dumps({"steps": steps, "log_every": 10, "checkpoint_every": steps}),
-            "NOMADTF_MODEL_DIR": str(workdir / "bare-model"),
-        }
+        env = {**os.environ, **bare_worker_env(tf_config, steps, workdir / "bare-model"), "CUDA_VISIBLE_DEVICES": ids[i]}
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-u", "train_mwms.py"],
@@ -299,14 +304,7 @@ def _run_bare_containers(client, image: str, workers: int, steps: int, ids: tupl
     containers = []
     try:
         for i, tf_config in enumerate(configs):
-            environment = {
-                "TF_CONFIG": json.dumps(tf_config),
-                "NVIDIA_VISIBLE_DEVICES": ids[i],
-                "TF_FORCE_GPU_ALLOW_GROWTH": "true",
-                "NOMADTF_CONTEXT": json.dumps({"steps": steps, "log_every": 10, "checkpoint_every": steps}),
-                "NOMADTF_MODEL_DIR": str(model),
-                "PYTHONUNBUFFERED": "1",
-            }
+            environment = {**bare_worker_env(tf_config, steps, model), "NVIDIA_VISIBLE_DEVICES": ids[i], "PYTHONUNBUFFERED": "1"}
             containers.append(client.containers.run(
                 image, ["-u", "train_mwms.py"], entrypoint=["python3"], working_dir=f"{IMAGE_EXAMPLES}/digits",
                 environment=environment, network_mode="host", runtime="nvidia", detach=True,

@@ -16,6 +16,7 @@ Usage:
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -442,9 +443,7 @@ def runs_of(environments: dict[tuple[str, int], dict[str, Any]]) -> dict[str, li
 
 def describe_runs(line: str, slots: list[tuple[str, int]]) -> str:
     """`runs Python 3.11.2 (…), tensorflow-cpu 2.21.0  (chief 1, ps 1, worker 2)`. Pure."""
-    counts: dict[str, int] = {}
-    for role, _index in slots:
-        counts[role] = counts.get(role, 0) + 1
+    counts = Counter(role for role, _index in slots)
     return f"runs {line}  (" + ", ".join(f"{role} {n}" for role, n in counts.items()) + ")"
 
 

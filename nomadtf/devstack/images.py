@@ -230,7 +230,7 @@ def copy(source, target, ref: str, progress: Progress, to: str = "another daemon
     started = time.monotonic()
     for chunk in target.api.load_image(source.api.get_image(ref, chunk_size=4 * 2**20)) or ():
         if isinstance(chunk, dict) and "error" in chunk:
-            raise DevStackError(f"docker load of {ref} into {target.api.base_url} failed: {chunk['error'].strip()}")
+            raise DevStackError(f"docker load of {ref} into {to} failed: {chunk['error'].strip()}")
     for alias in source.images.get(ref).tags:
         repository, _, tag = alias.rpartition(":")
         target.images.get(ref).tag(repository, tag)

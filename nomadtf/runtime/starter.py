@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -43,6 +44,7 @@ class ChildStarter:
         self.warm = warm.WarmStart()  # the child started while we wait for the cluster
         self.said_versions = False  # the child's Python and TensorFlow, logged at its first start
         self.on_versions = on_versions  # ... and handed on (the supervisor publishes it for `run` and `status`)
+        self._versions: threading.Thread | None = None
 
     def missing_script(self, spec: JobSpec) -> str | None:
         """Why our child cannot start: its entrypoint script is not there (a mistake no restart
@@ -67,11 +69,10 @@ class ChildStarter:
         env = launch.child_env(spec, self.role, index, members, generation, dict(os.environ), str(self.progress_file), secret_env)
         argv, env, cwd = self._command(spec, env)
         if not self.said_versions:
-            line = versions.describe(argv[0], env)
-            log.info("our child runs %s", line)
+            # Beside the start, not before it: reading the interpreter is a process of its own.
             self.said_versions = True
-            if self.on_versions:
-                self.on_versions(line)
+            self._versions = threading.Thread(target=self._say_versions, args=(argv[0], env), name="versions", daemon=True)
+            self._versions.start()
         log.info("generation %d: starting %s with TF_CONFIG %s", generation, " ".join(argv[1:4]), env.get(wire.ENV_TF_CONFIG, "(none)"))
         return self.warm.take(argv, env, cwd) or Child(argv, env, cwd, self.on_exit)
 
@@ -80,6 +81,14 @@ class ChildStarter:
 
     def close(self) -> None:
         self.warm.close()
+        if self._versions is not None:
+            self._versions.join(timeout=versions.TIMEOUT_S + 5)  # said and published before we exit
+
+    def _say_versions(self, python: str, env: dict[str, str]) -> None:
+        line = versions.describe(python, env)
+        log.info("our child runs %s", line)
+        if self.on_versions:
+            self.on_versions(line)
 
     def _command(self, spec: JobSpec, env: dict[str, str]) -> tuple[list[str], dict[str, str], str]:
         """argv, environment and working directory of our child, from its environment."""

@@ -3,9 +3,9 @@
 can be told apart afterwards.
 
 Read from the child's interpreter without importing TensorFlow (its package metadata: what
-`import tensorflow` loads there): in this process when the child uses our interpreter,
-else with one short `python -c` of the job's own interpreter. That snippet needs nothing but
-the standard library: a job's environment holds the job's requirements, not nomadtf.
+`import tensorflow` loads there), with one short `python -c` of that interpreter in the
+child's environment. The snippet needs nothing but the standard library: a job's
+environment holds the job's requirements, not nomadtf.
 
 Usage:
     describe(sys.executable, child_env)   # 'Python 3.11.2 (/opt/nomadtf/venv/bin/python3), tensorflow-cpu 2.21.0'
@@ -17,7 +17,8 @@ import subprocess
 
 TF_DISTRIBUTIONS = ("tensorflow-cpu", "tensorflow", "tensorflow-gpu", "tf-nightly")
 
-# Run by the child's interpreter (any Python 3.8+), and by this one for `here()`.
+TIMEOUT_S = 20.0
+# Run by the child's interpreter (any Python 3.8+).
 SNIPPET = f"""
 import importlib.metadata, platform, sys
 found = []
@@ -30,7 +31,7 @@ print("Python " + platform.python_version() + " (" + sys.executable + "), " + ("
 """
 
 
-def describe(python: str, env: dict[str, str] | None = None, timeout: float = 20.0) -> str:
+def describe(python: str, env: dict[str, str] | None = None, timeout: float = TIMEOUT_S) -> str:
     """The line of the interpreter `python` in the child's environment `env` (its PYTHONPATH
     decides what it imports)."""
     try:

@@ -420,18 +420,30 @@ TF_LOG_EVERY = 10  # finer than a checkpoint, so the steps lost are measured, no
 TF_KILL_AT_STEP = 150
 
 
+# Each role's client lost under raw_exec, and the ps's with every task in a container of the
+# clients' own Docker daemons (TLS to Consul and Vault from inside them: the CA is mounted).
+NODE_LOSS_CASES = [
+    *(pytest.param(role, None, id=role) for role in node_loss.ROLES),
+    pytest.param("ps", "docker", id="ps-in-containers", marks=pytest.mark.docker),
+]
+
+
 @pytest.mark.stack
 @pytest.mark.tf
-@pytest.mark.parametrize("role", node_loss.ROLES)
-def test_node_loss_under_tf_training_resumes_within_one_checkpoint(cluster, tmp_path, role):
+@pytest.mark.parametrize("role, driver", NODE_LOSS_CASES)
+def test_node_loss_under_tf_training_resumes_within_one_checkpoint(cluster, tmp_path, request, role, driver):
     """The digits example trains (chief, worker, ps); the client holding `role` dies at
-    once mid-training (`kill_client`: its agents and tasks SIGKILLed). Nomad marks it down
-    and places the role on the other client left to it; the chief restarts with the new
-    TF_CONFIG and resumes from its last checkpoint; the job succeeds with accuracy above the
-    example's floor, having lost at most one checkpoint interval. The client comes back
-    afterwards, for the tests that follow."""
+    once mid-training (`kill_client`: its agents and tasks SIGKILLed, its Docker daemon and
+    containers too). Nomad marks it down and places the role on the other client left to
+    it; the chief restarts with the new TF_CONFIG and resumes from its last checkpoint; the
+    job succeeds with accuracy above the example's floor, having lost at most one checkpoint
+    interval. The client comes back afterwards (its daemon first), for the tests that follow."""
     env = cluster.env()
-    spec = node_loss.spec(unique(f"mc-tf-{role}"), role, TF_STEPS, TF_CHECKPOINT_EVERY, TF_LOG_EVERY)
+    spec = node_loss.spec(unique(f"mc-tf-{role}" + ("-docker" if driver else "")), role, TF_STEPS, TF_CHECKPOINT_EVERY, TF_LOG_EVERY)
+    if driver == "docker":
+        spec["driver"] = {"name": "docker", "image": request.getfixturevalue("cluster_image")}
+        spec["entrypoint"]["workdir"] = "/opt/nomadtf/examples/digits"  # the code from the image
+        spec["roles"]["chief"]["memory"] = 1536  # a real limit in a container (examples/docker/job.json)
     job_id = spec["name"]
     dead = None
     with ThreadPoolExecutor(1) as pool:
@@ -444,6 +456,9 @@ def test_node_loss_under_tf_training_resumes_within_one_checkpoint(cluster, tmp_
             assert not running.done(), running.result().stderr
             victim = node_loss.running_client(job_id, role)
             assert victim in (2, 3), victim  # never client 1, which holds the other roles
+            if driver == "docker":  # the role runs in a container of its own client's daemon
+                on_victim = [c.labels.get("com.hashicorp.nomad.task_name") for c in cluster.daemon(victim).client().containers.list()]
+                assert on_victim == [role], on_victim
             before = chaos.current_step(node_loss.chief_stdout(cluster, job_id))
             killed = time.monotonic()
             dead = victim
@@ -488,51 +503,6 @@ def cluster_image(docker_client, task_image, cluster) -> str:
     for daemon in cluster.docker_daemons():
         images.copy(docker_client, daemon.client(timeout=900), task_image, _progress, to=daemon.host)
     return task_image
-
-
-@pytest.mark.stack
-@pytest.mark.docker
-@pytest.mark.tf
-def test_node_loss_with_every_task_in_a_container_resumes_and_succeeds(cluster, cluster_image, tmp_path):
-    """The digits example in containers of the clients' own Docker daemons, on the secure
-    stack (TLS to Consul and Vault from inside the containers: the CA is mounted read-only).
-    The client holding the ps dies at once mid-training; the ps comes back in a container on
-    the other client, the chief resumes from its checkpoint in the shared model_dir, and the
-    job succeeds."""
-    env = cluster.env()
-    spec = node_loss.spec(unique("mc-docker"), "ps", TF_STEPS, TF_CHECKPOINT_EVERY, TF_LOG_EVERY)
-    spec["driver"] = {"name": "docker", "image": cluster_image}
-    spec["entrypoint"]["workdir"] = "/opt/nomadtf/examples/digits"  # the code from the image
-    spec["roles"]["chief"]["memory"] = 1536  # a real limit in a container (examples/docker/job.json)
-    job_id = spec["name"]
-    dead = None
-    with ThreadPoolExecutor(1) as pool:
-        running = pool.submit(nomadtf, "run", str(ready(spec, tmp_path)), "--timeout", "5m", env=env, timeout=360)
-        try:
-            wait_until(
-                lambda: running.done() or chaos.current_step(node_loss.chief_stdout(cluster, job_id)) >= TF_KILL_AT_STEP,
-                240, f"training step {TF_KILL_AT_STEP}", interval=0.2,
-            )  # fmt: skip
-            assert not running.done(), running.result().stdout + running.result().stderr
-            victim = node_loss.running_client(job_id, "ps")
-            on_victim = [c.labels.get("com.hashicorp.nomad.task_name") for c in cluster.daemon(victim).client().containers.list()]
-            assert on_victim == ["ps"], on_victim  # the ps runs in a container of its client's own daemon
-            dead = victim
-            faults.kill_client(cluster, victim)  # its Docker daemon and containers with it
-            result = running.result(timeout=300)
-            assert result.returncode == 0, result.stdout + result.stderr
-            assert "succeeded" in result.stderr
-            moved = [node_loss.client_of(a) for a in node_loss.allocations(job_id) if a["TaskGroup"] == "ps"]
-            assert moved == [victim, 5 - victim], moved
-            stdout = node_loss.chief_stdout(cluster, job_id)
-            assert chaos.resumes_with_loss(chaos.events(stdout)), f"the chief never resumed from a checkpoint:\n{stdout[-2000:]}"
-            accuracy = node_loss.accuracy(stdout)
-            assert accuracy is not None and accuracy >= ACCURACY_FLOOR, stdout[-2000:]
-        finally:
-            if dead is not None:
-                faults.restart_client(cluster, dead)  # its daemon too (ClusterStack.start_client)
-            purge(job_id)
-    assert [r.node for r in cluster.status().rows if r.node] == ["ready"] * CLIENTS
 
 
 # ---- partition: a ps whose client goes silent ---------------------------------------------------
