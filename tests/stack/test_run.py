@@ -161,7 +161,12 @@ def test_moving_a_parameter_server_rebuilds_the_chiefs_tf_config(stack, tmp_path
 
         first = wait_until(lambda: chief_configs(), 120, "the chief's first TF_CONFIG")[0]
         old_ps = first["cluster"]["ps"][0]
-        ps_alloc = [a for a in allocations(job_id) if a["TaskGroup"] == "ps" and a["ClientStatus"] == "running"][0]
+        # The chief can read the ps from Consul before the ps client's batched status update
+        # reaches the servers (CI saw it still pending there), so wait for Nomad to say running.
+        ps_alloc = wait_until(
+            lambda: [a for a in allocations(job_id) if a["TaskGroup"] == "ps" and a["ClientStatus"] == "running"],
+            60, "the ps allocation running in Nomad",
+        )[0]
         moved_at = time.monotonic()
         requests.post(f"{stack_mod.NOMAD_ADDR}/v1/allocation/{ps_alloc['ID']}/stop", timeout=10).raise_for_status()
         configs = wait_until(lambda: [c for c in chief_configs() if c["cluster"]["ps"][0] != old_ps], 120, "a TF_CONFIG with the new ps")
