@@ -187,7 +187,7 @@ class NomadAPI:
     """Nomad's HTTP API as nomadtf uses it, with one NomadSettings applied to every call.
 
     Usage:
-        api = NomadAPI.from_env(namespace=spec["namespace"], region=spec["region"])
+        api = NomadAPI.from_env(namespace=spec.namespace, region=spec.region)
         api.job("digits")            # None when there is no such job
         api.in_namespace("*").jobs()  # every namespace the token may list
     """

@@ -335,7 +335,7 @@ class VaultSession:
     renew and revoke; leases read with it are revoked one by one.
 
     Usage:
-        vault = VaultSession(spec["vault"], on_error=log.warning)
+        vault = VaultSession(spec.vault, on_error=log.warning)
         fetched = vault.fetch(refs, secrets_dir); data, lease = vault.read(path)
         vault.close()
 

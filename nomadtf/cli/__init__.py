@@ -2,8 +2,8 @@
 
 The only package that prints or exits. Every NomadtfError becomes one line (or a short
 block) on stderr and its exit code; tracebacks only with --debug. One module per command
-group: `jobs` (run, status, logs, ... at the top level), `dev`, `acl`, `env`; `display` is
-the terminal view of a run, `common` the option types they share.
+group: `jobs` (run, status, logs, ... at the top level), `dev`, `acl`, `env`, `admission`;
+`display` is the terminal view of a run, `common` the option types they share.
 """
 
 from __future__ import annotations

@@ -13,13 +13,17 @@ which one a command means, so the CLI never asks.
       agents        how each server and agent is started
       probes        is it ready yet (through the client libraries)
       bootstrap     OpenBao for Nomad; ACLs, OpenBao's init and engines (the secure stack)
-      security      the secure stack's CA, certificates and tokens (tls: the CA itself)
+      security      the secure stack's certificates and tokens
+      tls           the private CA and the certificates it signs
       teardown      stopping in order, unmounting, removing the state
     wiring        every agent configuration (shared with vagrant/)
+    docker        a stack's own Docker daemon (`dev up --docker`; one per client on the cluster)
+    images        `dev image build`: the Dockerfile on a debootstrap base, copied between daemons
     processes     processes by PID and start time (psutil)
     binaries      Nomad, Consul, OpenBao and Go: found, or built from the Go module proxy
-    gobuild, plugin_builder   Go as the builds use it; the one builder of the project's Go
-                  plugins, gpu_plugin (fake NVIDIA GPUs for Nomad) and consul_engine (for OpenBao)
+    gobuild, plugin_builder   Go as the builds use it; the one builder of the project's Go plugins:
+      gpu_plugin    fake NVIDIA GPUs for Nomad (its Go source in gpu_plugin/)
+      consul_engine  OpenBao's Consul secrets engine (its Go source in consul_engine/)
 
 Usage:
     stack = for_options(clients=3, secure=True)     # what `nomadtf dev up --clients 3 --secure` means
