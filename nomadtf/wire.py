@@ -112,7 +112,7 @@ ENV_VAULT_SECRET_ID = "NOMADTF_VAULT_SECRET_ID"
 # (unless the job asks, vault.token_for_code), never in the spec file.
 CREDENTIAL_ENV = ("VAULT_TOKEN", "NOMAD_TOKEN", "CONSUL_HTTP_TOKEN", ENV_VAULT_ROLE_ID, ENV_VAULT_SECRET_ID)
 # Never handed to user code: credentials of the supervisor, and its own plumbing.
-CHILD_ENV_DROPPED = (*CREDENTIAL_ENV, ENV_SPEC_FILE, "NOMADTF_SPEC")
+CHILD_ENV_DROPPED = (*CREDENTIAL_ENV, ENV_SPEC_FILE)
 
 STATE_SUCCEEDED = "succeeded"
 STATE_FAILED = "failed"

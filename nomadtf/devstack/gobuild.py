@@ -54,12 +54,9 @@ def read_go_mod(path: Path) -> dict:
     """A go.mod as the go command itself parses it (`go mod edit -json`)."""
     if shutil.which("go") is None:
         raise BinaryError("go is not on PATH; install Go to build Nomad, Consul and the plugins")
-    # GOTOOLCHAIN=local: reading a file must never download a toolchain.
+    # go_environment's GOTOOLCHAIN=local: reading a file must never download a toolchain.
     result = subprocess.run(
-        ["go", "mod", "edit", "-json", str(path)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "GOTOOLCHAIN": "local"},
+        ["go", "mod", "edit", "-json", str(path)], capture_output=True, text=True, env=go_environment()
     )
     if result.returncode != 0:
         raise BinaryError(f"cannot read {path}: {result.stderr.strip()}")
