@@ -357,7 +357,7 @@ class Follower:
         except ServerError:
             recorded = None
         told = outcomes.from_record(recorded)
-        alloc = report.failing_alloc(allocs, recorded)
+        alloc = report.failing_alloc(allocs, recorded, decided)
         task = None
         if alloc is not None:
             stderr = self._log_tail(alloc, alloc.get("TaskGroup", alloc_slot(alloc)[0]), "stderr", STDERR_TAIL_BYTES)

@@ -3,7 +3,8 @@
     succeeded   its success policy was met: the task whose exit decides it recorded it   exit 0
     failed      a task recorded a permanent failure, or a slot failed more often than
                 Nomad may reschedule it, or the job died with failed allocations, or a
-                task exited 78 (a failure it could not record: Consul unreachable)       exit 1
+                task exited 78 (a failure it could not record: Consul unreachable), or
+                a docker task's image cannot be pulled (it never starts)                 exit 1
     stopped     from outside: `nomadtf stop`, `nomad job stop`, a purge, or another
                 run of the same name (`--replace` from another shell)                      exit 4
     timed out   the run passed its `recovery.deadline`                                      exit 5
@@ -23,6 +24,7 @@ Usage:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +86,76 @@ def exited_cannot_record(alloc: dict[str, Any]) -> bool:
     )
 
 
+# Nomad's docker driver reports an image it could not pull as a "Driver Failure" task event,
+# "Failed to pull `IMAGE`: REASON" (drivers/docker/coordinator.go, recoverablePullError, in
+# v1.6.1 as in 2.0). It calls most of them recoverable and retries for restart attempts ×
+# reschedule attempts, so a mistyped image ends minutes later as "failed N times".
+DRIVER_FAILURE = "Driver Failure"
+_PULL_FAILED = re.compile(r"Failed to pull `([^`]*)`: (.*)", re.S)
+# What a registry (or the daemon) answers for an image that is not there, or not for this
+# client: no retry brings it.
+_IMAGE_MISSING = re.compile(
+    r"not found|does not exist|pull access denied|manifest unknown|unauthorized|denied|invalid reference format", re.I
+)
+# Any other pull failure (a registry away, a timeout) fails the run when Nomad's restart of
+# the task could not pull either: that is seconds (recovery.restart_delay), not minutes.
+PULL_TRIES = 2
+PULL_FIX = "build it (`nomadtf dev image build`) or push it where the clients pull from"
+
+
+@dataclass(frozen=True)
+class PullFailure:
+    """A docker task's image that its client could not pull."""
+
+    image: str
+    reason: str
+    tries: int  # the allocation's pull failures so far
+
+    @property
+    def final(self) -> bool:
+        return self.tries >= PULL_TRIES or bool(_IMAGE_MISSING.search(self.reason))
+
+
+def pull_failure(alloc: dict[str, Any]) -> PullFailure | None:
+    """The allocation's last image pull failure (its task events), None when it had none."""
+    found = []
+    for state in (alloc.get("TaskStates") or {}).values():
+        for event in state.get("Events") or []:
+            if event.get("Type") != DRIVER_FAILURE:
+                continue
+            match = _PULL_FAILED.search(event.get("DriverError") or event.get("DisplayMessage") or "")
+            if match:
+                found.append((event.get("Time", 0), match[1], " ".join(match[2].split())))
+    if not found:
+        return None
+    _time, image, reason = max(found)
+    return PullFailure(image, reason, len(found))
+
+
+def image_field(job: dict[str, Any], role: str, image: str) -> str:
+    """The job.json field that names `image` for `role`: `driver.gpu_image` is the image of
+    the roles with GPUs when it is set, `driver.image` every other role's. Told from the
+    Nomad job: a GPU task's image that no task without GPUs uses is gpu_image's."""
+    gpu_roles, plain_images = set(), set()
+    for group in job.get("TaskGroups") or []:
+        for task in group.get("Tasks") or []:
+            if (task.get("Resources") or {}).get("Devices"):
+                gpu_roles.add(group.get("Name"))
+            else:
+                plain_images.add((task.get("Config") or {}).get("image"))
+    if role not in gpu_roles or image in plain_images:
+        return "driver.image"
+    return "driver.gpu_image" if plain_images else "driver.gpu_image (driver.image when gpu_image is not set)"
+
+
+def describe_pull_failure(job: dict[str, Any], alloc: dict[str, Any], failure: PullFailure) -> str:
+    """"worker[0]: driver.image X could not be pulled on client N: REASON; build it …". Pure."""
+    role, index = alloc_slot(alloc)
+    node = alloc.get("NodeName") or (alloc.get("NodeID") or "?")[:8]
+    field = image_field(job, role, failure.image)
+    return f"{role}[{index}]: {field} {failure.image} could not be pulled on client {node}: {failure.reason}; {PULL_FIX}"
+
+
 def from_record(recorded: str | None) -> RunOutcome | None:
     """The outcome a task recorded, or None while nothing is recorded."""
     if recorded == wire.STATE_SUCCEEDED:
@@ -122,6 +194,11 @@ def decide(
     if job.get("Stop"):
         return RunOutcome(STOPPED, "stopped from outside (nomadtf stop, nomad job stop, another run with --replace)")
     training = [a for a in allocs if not roles.is_soft(alloc_slot(a)[0])]
+    for alloc in sorted(training, key=lambda a: a.get("CreateIndex", 0)):
+        # A task that never starts records nothing: its image is the fault, not the code.
+        failure = pull_failure(alloc)
+        if failure and failure.final:
+            return RunOutcome(FAILED, describe_pull_failure(job, alloc, failure))
     unrecorded = [a for a in training if exited_cannot_record(a)]
     if unrecorded:
         role, index = alloc_slot(min(unrecorded, key=lambda a: a.get("CreateIndex", 0)))

@@ -104,16 +104,17 @@ def exit_code_of(alloc: dict[str, Any]) -> int | None:
     return max(codes)[1] if codes else None
 
 
-def failing_alloc(allocs: list[dict[str, Any]], recorded: str | None) -> dict[str, Any] | None:
+def failing_alloc(allocs: list[dict[str, Any]], recorded: str | None, decided: str = "") -> dict[str, Any] | None:
     """The allocation whose failure ended the run: the newest of the slot the recorded
-    state names (`failed: chief[0] ...`), else the newest failed allocation of a training
-    role, else the task whose exit decides the training (chief[0], worker[0])."""
+    state names (`failed: chief[0] ...`) or, with no record, the slot the outcome's reason
+    `decided` starts with (`worker[0]: driver.image ...`), else the newest failed allocation
+    of a training role, else the task whose exit decides the training (chief[0], worker[0])."""
     # The record's one parser; imported here, not at the top: the command line does not
     # load the task runtime for reports it never makes.
     from nomadtf.runtime.policy import failed_slot
 
     latest = latest_allocs(allocs)
-    named = failed_slot(recorded)
+    named = failed_slot(recorded) or _slot_named(decided)
     if named and named in latest:
         return latest[named]
     failed = [
@@ -123,6 +124,11 @@ def failing_alloc(allocs: list[dict[str, Any]], recorded: str | None) -> dict[st
     if failed:
         return max(failed, key=lambda a: a.get("CreateIndex", 0))
     return latest.get(("chief", 0)) or latest.get(("worker", 0))
+
+
+def _slot_named(reason: str) -> tuple[str, int] | None:
+    match = re.match(r"(\w+)\[(\d+)\]", reason)
+    return (match[1], int(match[2])) if match else None
 
 
 @dataclass(frozen=True)
@@ -151,6 +157,7 @@ class FailedTask:
 
 
 _MEMORY_FIX = re.compile(r"killed for exceeding its \d+ MiB: raise (roles\.\w+\.memory(?:_max)?)")
+_IMAGE_FIX = re.compile(r"(driver\.(?:gpu_)?image)\S* (\S+) could not be pulled")
 
 
 def failure_text(job_id: str, reason: str, task: FailedTask | None) -> str:
@@ -165,6 +172,14 @@ def failure_text(job_id: str, reason: str, task: FailedTask | None) -> str:
     if task.events:
         lines.append("  its last events:")
         lines += [f"    {text}" for text in task.events]
+    image = _IMAGE_FIX.search(reason or "")
+    if image:  # the task never started (outcome.pull_failure): no stderr, no code to blame
+        field_name = image[1]
+        lines.append(
+            f"what to do: make {image[2]} pullable by every client (`nomadtf dev image build` on the local stack, "
+            f"`docker push` to your registry), or set {field_name} in job.json (or --var {field_name}=IMAGE) to one that is"
+        )
+        return "\n".join(lines)
     if task.stderr:
         what = "traceback" if any(line.startswith(_TRACEBACK) for line in task.stderr) else f"last {len(task.stderr)} lines"
         lines.append(f"  {task.name} stderr ({what}, TensorFlow's notices left out):")

@@ -66,3 +66,57 @@ def test_a_lost_allocation_spends_no_reschedule_attempt():
 def test_an_unreadable_record_decides_nothing_it_might_contradict():
     assert decide(_job("dead"), DONE, UNKNOWN, RUN, 2) is None
     assert decide(_job("dead", stop=True), DONE, UNKNOWN, RUN, 2).kind == outcome.STOPPED
+
+
+# Nomad v1.6.1's docker driver, as the stack's task events show them (tests/stack/test_docker.py).
+DENIED = ("Failed to pull `nomadtf:no-such`: API error (404): pull access denied for nomadtf, repository does not exist "
+          "or may require 'docker login': denied: requested access to the resource is denied")
+UNREACHABLE = ('Failed to pull `nomadtf:no-such`: API error (500): Get "https://registry-1.docker.io/v2/": dial tcp: '
+               "lookup registry-1.docker.io: no such host")
+
+
+def _pulling(slot: str, *messages: str, create: int = 1) -> dict:
+    alloc = _alloc(slot, "pending", create)
+    alloc["NodeName"] = "client-1"
+    events = [{"Type": "Driver", "Time": 1, "DisplayMessage": "Downloading image"}]
+    events += [{"Type": "Driver Failure", "Time": 2 + n, "DriverError": m, "DisplayMessage": m} for n, m in enumerate(messages)]
+    alloc["TaskStates"] = {slot.split("[")[0]: {"Events": events}}
+    return alloc
+
+
+def _docker_job(gpu_image: str = "", gpu_roles: tuple[str, ...] = ()) -> dict:
+    job = _job()
+    for group in job["TaskGroups"]:
+        gpus = group["Name"] in gpu_roles
+        task = {"Config": {"image": gpu_image if gpus and gpu_image else "nomadtf:no-such"}, "Resources": {"Devices": [{"Name": "nvidia/gpu"}] if gpus else None}}
+        group["Tasks"] = [task]
+    return job
+
+
+def test_an_image_the_registry_does_not_have_fails_the_run_at_once_naming_the_field_and_the_fix():
+    allocs = [_alloc("chief[0]", "running"), _pulling("worker[0]", DENIED, create=2)]
+    result = decide(_docker_job(), allocs, None, RUN, 2)
+    assert result.kind == outcome.FAILED and result.exit_code == 1
+    assert result.reason == (
+        "worker[0]: driver.image nomadtf:no-such could not be pulled on client client-1: API error (404): pull access denied "
+        "for nomadtf, repository does not exist or may require 'docker login': denied: requested access to the resource is "
+        "denied; build it (`nomadtf dev image build`) or push it where the clients pull from"
+    )
+
+
+def test_another_pull_failure_fails_the_run_once_nomad_s_restart_could_not_pull_either():
+    once = [_alloc("chief[0]", "running"), _pulling("worker[0]", UNREACHABLE)]
+    assert decide(_docker_job(), once, None, RUN, 2) is None  # a registry away for a moment: Nomad retries
+    twice = [_alloc("chief[0]", "running"), _pulling("worker[0]", UNREACHABLE, UNREACHABLE)]
+    assert "could not be pulled on client client-1: API error (500)" in decide(_docker_job(), twice, None, RUN, 2).reason
+    # A side role's image decides nothing (its failures are warnings), a recorded outcome comes first.
+    side = [_alloc("chief[0]", "running"), _pulling("evaluator[0]", DENIED)]
+    assert decide(_docker_job(), side, None, RUN, 2) is None
+    assert decide(_docker_job(), twice, "succeeded", RUN, 2) is None  # ... and still ending
+
+
+def test_the_field_is_gpu_image_for_a_gpu_role_on_an_image_of_its_own():
+    allocs = [_pulling("worker[0]", DENIED.replace("nomadtf:no-such", "nomadtf:gpu"))]
+    assert "worker[0]: driver.gpu_image nomadtf:gpu could not" in decide(_docker_job("nomadtf:gpu", ("worker",)), allocs, None, RUN, 2).reason
+    # gpu_image not set: the GPU role runs driver.image, as every other role.
+    assert "worker[0]: driver.image nomadtf:no-such could not" in decide(_docker_job("", ("worker",)), [_pulling("worker[0]", DENIED)], None, RUN, 2).reason

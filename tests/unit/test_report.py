@@ -202,3 +202,18 @@ def test_a_side_roles_warning_says_training_goes_on_with_its_traceback():
     assert lines[1:5] == [f"    {line}" for line in meaningful_lines(EVALUATOR_STDERR)[:4]]
     assert not any("cuda" in line or "warmstart" in line for line in lines)
     assert side_role_warning("tensorboard", 0, None, "") == ["tensorboard[0] failed (no exit code); training goes on"]
+
+
+def test_an_image_that_cannot_be_pulled_is_reported_on_its_task_with_the_image_s_fix_not_the_code_s():
+    from nomadtf.outcome import PULL_FIX
+
+    reason = f"worker[1]: driver.image nomadtf:no-such could not be pulled on client client-1: API error (404): not found; {PULL_FIX}"
+    pending = _alloc("worker[1]", "pending", 40)
+    assert failing_alloc([CHIEF, pending], None, reason) is pending  # the task the outcome names, never started
+    text = failure_text("digits", reason, FailedTask.of(pending, "", ["Driver Failure: Failed to pull `nomadtf:no-such`: API error (404): not found"]))
+    assert text.splitlines()[1] == "failing task: worker[1] (allocation 00000040, pending)"
+    assert "wrote nothing to stderr" not in text
+    assert text.splitlines()[-1] == (
+        "what to do: make nomadtf:no-such pullable by every client (`nomadtf dev image build` on the local stack, "
+        "`docker push` to your registry), or set driver.image in job.json (or --var driver.image=IMAGE) to one that is"
+    )
