@@ -64,6 +64,7 @@ class QueueStatus:
     holders: list[tuple[str, Resources]] = field(default_factory=list)  # namespace/job, what it holds
     hidden: bool = False  # the plan failed although the visible free capacity would do
     reasons: list[str] = field(default_factory=list)  # the plan's, per group
+    nodes_readable: bool = True  # False: the token may not read the node totals (no node:read)
 
     def describe(self) -> str:
         """One line for the submitter: 'team-a/digits run 3f2a9c1e does not fit now: needs
@@ -76,7 +77,9 @@ class QueueStatus:
             offered = {d: n for d, n in self.capacity.devices.items() if capacity.device_matches(asked, d)}
             left = sum(self.free.devices.get(d, 0) for d in offered)
             free.append(f"{asked} {left} of {sum(offered.values())}")
-        parts = [f"{self.label} run {self.run_id} {waiting}: needs {self.needs.describe()}", "free " + ", ".join(free)]
+        # Without the node totals every "free" would read "0 of 0": say what is missing instead.
+        said_free = "free " + ", ".join(free) if self.nodes_readable else "the node totals are not readable with this token (node:read)"
+        parts = [f"{self.label} run {self.run_id} {waiting}: needs {self.needs.describe()}", said_free]
         if self.holders:
             shown = [f"{name} ({held.describe()})" for name, held in self.holders[:5]]
             more = f" and {len(self.holders) - 5} more" if len(self.holders) > 5 else ""
@@ -116,8 +119,9 @@ class _ClusterView:
     """What may take a job and what holds it, read at one moment (Admission.view)."""
 
     nodes: list[capacity.NodeCapacity]
-    allocs: list[dict[str, Any]]
+    allocs: list[dict[str, Any]]  # only those the token may read: Nomad lists no others
     index: int
+    nodes_readable: bool = True  # False: the token may not list nodes (then `nodes` is empty)
 
     @property
     def holding(self) -> _Holding:
@@ -167,6 +171,47 @@ def identity(job: dict[str, Any]) -> tuple[str, str, str]:
     """(namespace, job id, run id) of a rendered job (the body of POST /v1/jobs)."""
     inner = job["Job"]
     return inner.get("Namespace") or wire.DEFAULT_NAMESPACE, inner["ID"], (inner.get("Meta") or {}).get(wire.META_RUN, "")
+
+
+def _readable_nodes(api: NomadAPI, job: dict[str, Any]) -> tuple[list[capacity.NodeCapacity], bool]:
+    """(the nodes that may take `job`, whether the token may list nodes at all).
+
+    GET /v1/nodes?resources=true"""
+    try:
+        return capacity.node_capacities(api.nodes(), job), True
+    except NomadError as exc:
+        if exc.status == 403:
+            return [], False
+        raise
+
+
+def queue_status(job: dict[str, Any], entry: Entry, entries: list[Entry], placement: plan.Placement, view: _ClusterView) -> QueueStatus:
+    """What `entry` says while it waits, from `view` (read before `placement`'s plan). Pure.
+
+    Holders are named only from `view.allocs`, the allocations Nomad let the token read
+    (GET /v1/allocations?namespace=* lists no others): another team's jobs never reach the
+    words; when the plan found no room although what the token sees would do, `hidden`
+    says that the rest is held by jobs it cannot read."""
+    namespace, job_id, run_id = identity(job)
+    on_nodes = {n.node_id for n in view.nodes}
+    held = capacity.usage(a for a in view.allocs if a.get("NodeID") in on_nodes)
+    cluster = capacity.cluster_capacity(view.nodes)
+    free = capacity.subtract(cluster, capacity.total(held.values()))
+    needs = capacity.job_needs(job)
+    short = capacity.short_of(needs, free) or ["cpu", "memory"]
+
+    def weight(item: tuple[tuple[str, str], Resources]) -> tuple[int, ...]:
+        res = item[1]
+        return tuple(res.cpu if d == "cpu" else res.memory if d == "memory" else sum(res.devices.values()) for d in short)
+
+    holders = [(f"{ns}/{name}", res) for (ns, name), res in sorted(held.items(), key=weight, reverse=True)]
+    place, length = queue.position(entries, entry.key)
+    # The plan found no room although what the token sees would do: someone it cannot see.
+    hidden = bool(view.nodes) and placement.verdict != plan.FITS and not capacity.short_of(needs, free)
+    return QueueStatus(
+        f"{namespace}/{job_id}", run_id, place, length, entry.enqueued_at, needs, cluster, free, holders, hidden,
+        placement.reasons, view.nodes_readable,
+    )  # fmt: skip
 
 
 class Admission:
@@ -226,44 +271,21 @@ class Admission:
     def _nodes(self, job: dict[str, Any]) -> list[capacity.NodeCapacity]:
         """The nodes that may take `job`; none known when the token may not list nodes (then
         only Nomad's plan decides "never", by feasibility).  GET /v1/nodes?resources=true"""
-        try:
-            return capacity.node_capacities(self.api.nodes(), job)
-        except NomadError as exc:
-            if exc.status == 403:
-                return []
-            raise
+        return _readable_nodes(self.api, job)[0]
 
     def view(self, job: dict[str, Any]) -> _ClusterView:
         """The nodes that may take `job` and every allocation the token may read, now.
 
         GET /v1/nodes?resources=true ; GET /v1/allocations?namespace=*&resources=true"""
-        nodes = self._nodes(job)
+        nodes, readable = _readable_nodes(self.api, job)
         allocs, index = self.api.cluster_allocations()
-        return _ClusterView(nodes, allocs, index)
+        return _ClusterView(nodes, allocs, index, readable)
 
     def status(
         self, job: dict[str, Any], entry: Entry, entries: list[Entry], placement: plan.Placement, view: _ClusterView
     ) -> QueueStatus:
         """What `entry` says while it waits, from `view` (read before `placement`'s plan)."""
-        namespace, job_id, run_id = identity(job)
-        on_nodes = {n.node_id for n in view.nodes}
-        held = capacity.usage(a for a in view.allocs if a.get("NodeID") in on_nodes)
-        cluster = capacity.cluster_capacity(view.nodes)
-        free = capacity.subtract(cluster, capacity.total(held.values()))
-        needs = capacity.job_needs(job)
-        short = capacity.short_of(needs, free) or ["cpu", "memory"]
-
-        def weight(item: tuple[tuple[str, str], Resources]) -> tuple[int, ...]:
-            res = item[1]
-            return tuple(res.cpu if d == "cpu" else res.memory if d == "memory" else sum(res.devices.values()) for d in short)
-
-        holders = [(f"{ns}/{name}", res) for (ns, name), res in sorted(held.items(), key=weight, reverse=True)]
-        place, length = queue.position(entries, entry.key)
-        # The plan found no room although what the token sees would do: someone it cannot see.
-        hidden = bool(view.nodes) and placement.verdict != plan.FITS and not capacity.short_of(needs, free)
-        return QueueStatus(
-            f"{namespace}/{job_id}", run_id, place, length, entry.enqueued_at, needs, cluster, free, holders, hidden, placement.reasons
-        )
+        return queue_status(job, entry, entries, placement, view)
 
     # ---- admission ----------------------------------------------------------------------------
 
@@ -435,6 +457,10 @@ class Admission:
             return None, None
         try:
             _, entries = self.queue.entries()
+            if queue.find(entries, turn.entry.key) is None:
+                # Withdrawn (`nomadtf stop`) since the caller looked: the caller looks again
+                # and says so (_queue_again; the service skips it), never registers it.
+                return None, None
             if queue.ordered(entries)[0].key != turn.entry.key:
                 return None, None  # a run of higher priority arrived meanwhile
             # What holds the cluster is read before the plan: a release after this read
@@ -470,7 +496,10 @@ class Admission:
         GET /v1/session/info/:id ; PUT /v1/session/create ; PUT .../queue/<ns>/<ticket>?acquire="""
         namespace, job_id, run_id = identity(turn.job)
         if self.queue.session_alive(turn.session):
-            raise JobStopped(f"{namespace}/{job_id} run {run_id} was removed from the queue; nothing was submitted")
+            raise JobStopped(
+                f"{namespace}/{job_id} run {run_id} was removed from the queue (nomadtf stop, or a run with --replace); "
+                "nothing was submitted"
+            )
         turn.session = turn.holder.reopen_session()
         turn.entry = replace(turn.entry, enqueued_at=time.time())
         if not self.queue.enqueue(turn.entry, turn.session) or not self.queue.put_record(turn.record, turn.session):
@@ -575,17 +604,54 @@ class Admission:
 
 @dataclass(frozen=True)
 class QueuedLine:
-    """A queued run as `nomadtf status` shows it."""
+    """A queued run as `nomadtf status` shows it: its place, and what it waits for (its
+    needs and, when the free capacity was read, what of them is not free now)."""
 
     record: QueuedRun
     place: int
     length: int
     priority: int
+    needs: Resources = field(default_factory=Resources)
+    short: Resources | None = None  # of `needs`, what the cluster lacks now; None: not read
 
     def describe(self) -> str:
+        """'queued: run 3f2a9c1e at place 2 of 3 since 10:05:12, priority 50, needs cpu 3380 MHz,
+        memory 1800 MB; short of cpu 1200 MHz now (for the admission service)'"""
         since = time.strftime("%H:%M:%S", time.localtime(self.record.enqueued_at))
         who = "its submitter follows it" if self.record.attended else "for the admission service"
-        return f"queued: run {self.record.run_id} at place {self.place} of {self.length} since {since}, priority {self.priority} ({who})"
+        text = f"queued: run {self.record.run_id} at place {self.place} of {self.length} since {since}, priority {self.priority}"
+        text += f", needs {self.needs.describe()}"
+        if self.short is not None and self.short != Resources():
+            text += f"; short of {_describe_short(self.short)} now"
+        return f"{text} ({who})"
+
+    def with_free(self, free: Resources | None) -> QueuedLine:
+        """This line with its shortfall against `free` (None: unknown, nothing said)."""
+        return replace(self, short=None if free is None else capacity.shortfall(self.needs, free))
+
+
+def _describe_short(short: Resources) -> str:
+    """'cpu 1200 MHz, nvidia/gpu x1': only the dimensions that lack something."""
+    parts = [f"cpu {short.cpu} MHz"] if short.cpu else []
+    parts += [f"memory {short.memory} MB"] if short.memory else []
+    parts += [f"{name} x{count}" for name, count in sorted(short.devices.items()) if count]
+    return ", ".join(parts)
+
+
+def free_now(api: NomadAPI) -> Resources | None:
+    """What the ready nodes of the default pool have free now, less what the allocations the
+    token may read hold; None when the token may not read the node totals. For `nomadtf
+    status` (a queued run's own record names no datacenter or pool unless it was left with
+    its job), so it is the cluster's, not one job's.
+
+    GET /v1/nodes?resources=true ; GET /v1/allocations?namespace=*&resources=true"""
+    nodes, readable = _readable_nodes(api, {"Datacenters": ["*"]})
+    if not readable:
+        return None
+    allocs, _ = api.cluster_allocations()
+    on_nodes = {n.node_id for n in nodes}
+    held = capacity.total(capacity.usage(a for a in allocs if a.get("NodeID") in on_nodes).values())
+    return capacity.subtract(capacity.cluster_capacity(nodes), held)
 
 
 def queued_runs(queue_kv: AdmissionQueue, namespace: str, job_id: str | None = None) -> list[QueuedLine]:
@@ -603,8 +669,21 @@ def queued_runs(queue_kv: AdmissionQueue, namespace: str, job_id: str | None = N
         entry = queue.find(entries, key)
         if entry is not None:
             place, length = queue.position(entries, key)
-            lines.append(QueuedLine(record, place, length, entry.priority))
+            lines.append(QueuedLine(record, place, length, entry.priority, _resources(entry.needs)))
     return sorted(lines, key=lambda line: line.place)
+
+
+def queue_overview(entries: list[Entry], readable: set[str]) -> list[str]:
+    """`nomadtf admission status`'s lines for the queue, in admission order. Pure. Every
+    submitter may read the queue, but the namespaces a token may not use are not named
+    (their names can say which teams there are and what they run): "another namespace".
+    `readable`: the namespaces the token may use (GET /v1/namespaces lists no others)."""
+    lines = []
+    for place, entry in enumerate(queue.ordered(entries), start=1):
+        where = f"namespace {entry.namespace}" if entry.namespace in readable else "another namespace"
+        who = "followed by its submitter" if entry.attended else "for the admission service"
+        lines.append(f"  {place}. {where}, priority {entry.priority}, {who}")
+    return lines
 
 
 def withdraw(queue_kv: AdmissionQueue, namespace: str, job_id: str) -> list[str]:
@@ -629,3 +708,8 @@ def _all_placed(allocs: list[dict[str, Any]], version: int, counts: dict[str, in
 
 def _as_dict(resources: Resources) -> dict[str, Any]:
     return {"cpu": resources.cpu, "memory": resources.memory, "devices": dict(resources.devices)}
+
+
+def _resources(needs: dict[str, Any]) -> Resources:
+    """The inverse of `_as_dict` (an entry's `needs`)."""
+    return Resources(int(needs.get("cpu") or 0), int(needs.get("memory") or 0), dict(needs.get("devices") or {}))

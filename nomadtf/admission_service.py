@@ -102,8 +102,8 @@ class AdmissionService:
             if head.attended:
                 continue  # its submitter admits it; the next change of the queue wakes us
             record = self.queue.record(head.namespace, head.ticket)
-            if record is None or record.job is None:
-                self.on_event(f"dropped queue entry {head.ticket} of namespace {head.namespace}: no job to register")
+            if record is None or record.job is None:  # withdrawn (nomadtf stop) since we read the queue, or left incomplete
+                self.on_event(f"dropped queue entry {head.ticket} of namespace {head.namespace}: no job to register (withdrawn?)")
                 self.queue.remove(head.namespace, head.ticket)
                 continue
             admission = Admission(self.api.in_namespace(record.namespace), self.queue, on_event=self.on_event)

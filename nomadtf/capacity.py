@@ -233,6 +233,17 @@ def short_of(needs: Resources, free: Resources) -> list[str]:
     return out
 
 
+def shortfall(needs: Resources, free: Resources) -> Resources:
+    """How much of `needs` `free` lacks, per dimension (zero where it has enough); devices by
+    the asked name, against every offered group it matches."""
+    devices = {}
+    for name, count in sorted(needs.devices.items()):
+        offered = sum(n for g, n in free.devices.items() if device_matches(name, g))
+        if count > offered:
+            devices[name] = count - offered
+    return Resources(max(0, needs.cpu - free.cpu), max(0, needs.memory - free.memory), devices)
+
+
 def subtract(capacity: Resources, used: Resources) -> Resources:
     """What is left of `capacity` once `used` is taken (never below zero)."""
     devices = {name: max(0, count - used.devices.get(name, 0)) for name, count in capacity.devices.items()}

@@ -54,15 +54,21 @@ def deploy(
 @admission_app.command()
 def status() -> None:
     """Who leads, and the runs that wait, in order, by namespace and priority (no job
-    names: `nomadtf status` shows your namespace's queued runs by name)."""
-    from nomadtf import queue
+    names: `nomadtf status` shows your namespace's queued runs by name; namespaces your
+    token may not use are not named either)."""
+    from nomadtf.admission import queue_overview
     from nomadtf.discovery import AdmissionQueue
+    from nomadtf.errors import ServerError
+    from nomadtf.nomad import NomadAPI
 
     kv = AdmissionQueue()
     _, leader = kv.leader()
     _, entries = kv.entries()
+    try:
+        readable = set(NomadAPI.from_env().namespaces())
+    except ServerError:
+        readable = set()  # Nomad unreadable: name no namespace rather than every one
     typer.echo(f"leader: {leader or 'none (no admission service runs: nomadtf admission deploy)'}")
     typer.echo(f"queued runs: {len(entries)} ({sum(not e.attended for e in entries)} unattended)")
-    for place, entry in enumerate(queue.ordered(entries), start=1):
-        who = "followed by its submitter" if entry.attended else "for the admission service"
-        typer.echo(f"  {place}. namespace {entry.namespace}, priority {entry.priority}, {who}")
+    for line in queue_overview(entries, readable):
+        typer.echo(line)

@@ -110,7 +110,7 @@ def status(
     region: Region = None,
 ) -> None:
     """The jobs nomadtf started (matched by their Meta), or one of them in detail."""
-    from nomadtf.admission import queued_runs
+    from nomadtf.admission import free_now, queued_runs
     from nomadtf.discovery import AdmissionQueue, ConsulDiscovery
     from nomadtf.errors import JobFailed, ServerError
     from nomadtf.follow import alloc_slot, describe_runs, job_report, nomadtf_jobs, restarts_of
@@ -121,6 +121,12 @@ def status(
         queued = queued_runs(AdmissionQueue(), api.namespace, job_id)
     except ServerError:
         queued = []  # the queue lives in Consul; what Nomad knows is still worth showing
+    if queued:  # what they wait for: their needs against what is free now
+        try:
+            free = free_now(api)
+        except ServerError:
+            free = None
+        queued = [line.with_free(free) for line in queued]
     if job_id is None:
         states = nomadtf_jobs(api)
         for line in queued:
@@ -264,6 +270,8 @@ def render(
         text = json.dumps(configs, indent=2, sort_keys=True) + "\n"
     else:
         text = render_mod.job_json(render_mod.render_job(spec, templates, target=facts.target))
+        for note in render_mod.rendering_notes(spec, facts.target):
+            err(note)
     if out:
         out.write_text(text)
         err(f"wrote {out}")

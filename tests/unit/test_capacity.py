@@ -111,3 +111,9 @@ def test_free_capacity_and_the_dimensions_short():
 def test_largest_node_is_per_dimension():
     nodes = [NodeCapacity("a", "a", Resources(8000, 1000)), NodeCapacity("b", "b", Resources(2000, 64000))]
     assert capacity.largest_node(nodes) == Resources(8000, 64000)
+
+
+def test_the_shortfall_is_what_free_lacks_of_the_needs_per_dimension():
+    free = Resources(1820, 22305, {GPU: 1})
+    assert capacity.shortfall(Resources(3380, 1800, {"nvidia/gpu": 2}), free) == Resources(1560, 0, {"nvidia/gpu": 1})
+    assert capacity.shortfall(Resources(100, 100, {"nvidia/gpu": 1}), free) == Resources()
