@@ -27,11 +27,17 @@ def test_the_kv_token_path_is_the_jobs_own():
 def test_a_policy_is_updated_only_when_it_is_the_jobs_own():
     spec = _spec()
     mine = acl.vault_tasks_policy(spec)
+    acl_setup.check_owner(spec, None, None)  # nothing there yet
     acl_setup.check_owner(spec, acl.owner(spec), mine)  # nothing raised: ours
     with pytest.raises(AclConflict, match="Consul policy .* is not this job's .*nothing changed"):
         acl_setup.check_owner(spec, "someone else's", None)
     with pytest.raises(AclConflict, match="Vault policy .* first line is not '# nomadtf ml/train tasks'"):
         acl_setup.check_owner(spec, None, mine.replace("# nomadtf ml/train tasks", "# nomadtf ml/other tasks"))
+    with pytest.raises(AclConflict, match="Vault policy .* is not this job's"):
+        acl_setup.check_owner(spec, None, 'path "secret/data/x" {\n  capabilities = ["read"]\n}\n')  # no owner line at all
+    # ml/team-x and ml-team/x join alike; each owns only its own policies.
+    with pytest.raises(AclConflict, match="Consul policy .* is not this job's"):
+        acl_setup.check_owner(_spec("ml", "team-x"), "nomadtf ml-team/x tasks", None)
 
 
 def test_the_vault_policy_reads_the_token_source_apply_chose_and_the_secrets():

@@ -12,11 +12,13 @@ import pytest
 
 from nomadtf import wire
 from nomadtf.errors import SpecError
+from nomadtf.nomad import NomadSettings
 from nomadtf.render import embedded_spec
 from nomadtf.spec import (
     JobSpec,
     RunInfo,
     apply_overrides,
+    for_task,
     load_options,
     load_spec,
     normalize,
@@ -27,7 +29,7 @@ from nomadtf.spec import (
     spec_file_text,
     with_vault_policies,
 )
-from tests.helpers import EXAMPLES, nomadtf, write_job
+from tests.helpers import EXAMPLES, nomadtf, probe_job, write_job
 
 DIGITS_FILE = str(EXAMPLES / "digits" / "job.json")
 DIGITS = read_options(Path(DIGITS_FILE))
@@ -416,3 +418,55 @@ def test_the_raw_options_are_one_step_before_validation(tmp_path, monkeypatch):
     own = {**raw, "vault": {"policies": ["mine"]}}
     assert with_vault_policies(own, ["p1"]) is own
     assert isinstance(parse_spec(raw), JobSpec)
+
+
+def _task_spec(run: RunInfo) -> JobSpec:
+    submitted = load_spec(EXAMPLES / "digits" / "job.json")
+    spec = JobSpec.from_normalized(json.loads(spec_file_text(submitted, run)))
+    return for_task(spec, {"NOMAD_NAMESPACE": "default", "NOMAD_JOB_ID": "digits"})
+
+
+def test_a_fresh_run_trains_in_its_own_directory_and_a_resumed_one_in_the_run_it_continues():
+    fresh = _task_spec(RunInfo("r2", 1.0))
+    resumed = _task_spec(RunInfo("r3", 1.0, model_run="r1"))
+    assert fresh.model_dir.endswith("/default/digits/r2")
+    assert resumed.model_dir.endswith("/default/digits/r1")
+    assert resumed.run_id == "r3"  # the code still sees its own run id
+
+
+# ---- namespaces: one Nomad accepts, and one rule for which one a command uses ----------------
+
+
+@pytest.mark.parametrize("namespace", ["", "team x", "ml/team", "a" * 129, "dev\n"])
+def test_a_namespace_nomad_would_refuse_is_named(namespace):
+    with pytest.raises(SpecError) as caught:
+        normalize({**probe_job("ns-check"), "namespace": namespace})
+    assert caught.value.problems == [f"namespace: {namespace!r} is not a Nomad namespace; use letters, digits and '-' (1 to 128 of them)"]
+
+
+def test_namespace_precedence_job_json_then_nomad_namespace_then_default(tmp_path, monkeypatch):
+    without = write_job(tmp_path, probe_job("ns-without"))
+    with_own = write_job(tmp_path, {**probe_job("ns-with"), "namespace": "from-json"})
+    monkeypatch.delenv("NOMAD_NAMESPACE", raising=False)
+    assert load_spec(without).namespace == "default"
+    assert NomadSettings.from_env({}).namespace == "default"
+    monkeypatch.setenv("NOMAD_NAMESPACE", "from-env")
+    assert load_spec(without).namespace == "from-env"
+    assert load_spec(with_own).namespace == "from-json"
+    # The commands that take a job id: --namespace, then NOMAD_NAMESPACE, then default.
+    assert NomadSettings.from_env({"NOMAD_NAMESPACE": "from-env"}).namespace == "from-env"
+    assert NomadSettings.from_env({"NOMAD_NAMESPACE": "from-env"}, namespace="flag").namespace == "flag"
+    monkeypatch.setenv("NOMAD_NAMESPACE", "no good")
+    with pytest.raises(SpecError, match="NOMAD_NAMESPACE='no good' is not a Nomad namespace"):
+        load_spec(without)
+
+
+def test_render_follows_nomad_namespace_like_status_does(tmp_path):
+    job = write_job(tmp_path, probe_job("ns-render"))
+    rendered = nomadtf("render", str(job), env={"NOMAD_NAMESPACE": "team-r"}, timeout=60)
+    assert rendered.returncode == 0, rendered.stderr
+    assert json.loads(rendered.stdout)["Job"]["Namespace"] == "team-r"
+    policies = nomadtf("acl", "policies", str(job), env={"NOMAD_NAMESPACE": "team-r"}, timeout=60)
+    assert policies.returncode == 0 and wire.acl_name("team-r", "ns-render") in policies.stdout, policies.stderr
+    empty = nomadtf("render", str(write_job(tmp_path, {**probe_job("ns-empty"), "namespace": ""})), timeout=60)
+    assert empty.returncode == 2 and "namespace: '' is not a Nomad namespace" in empty.stderr, empty.stderr
