@@ -14,7 +14,7 @@ from nomadtf.plan import (
     requested_devices,
 )
 from nomadtf.render import render_job
-from nomadtf.spec import load_spec
+from nomadtf.spec import load_spec, parse_spec
 from tests.helpers import EXAMPLES
 
 GPU_JOB = render_job(load_spec(EXAMPLES / "gpu" / "job.json"))["Job"]
@@ -143,6 +143,67 @@ def test_quota_exhaustion_is_reported():
 def test_requested_devices_per_group_from_the_rendered_job():
     assert requested_devices(GPU_JOB) == {"chief": ["nvidia/gpu x1"], "worker": ["nvidia/gpu x2"], "ps": []}
     assert requested_devices(None) == {}
+
+
+# ---- distinct_hosts and node_class, as Nomad 1.6.1 reports them ---------------------------
+
+
+def distinct_hosts_metric(filtered: int, exhausted: int = 0, nodes: int = 3) -> dict:
+    """The AllocMetric Nomad 1.6.1 returns for the allocation of a distinct_hosts group that
+    found no node left (read from the several-client stack's plan endpoint)."""
+    return alloc_metric(
+        NodesEvaluated=nodes,
+        NodesFiltered=filtered,
+        NodesInPool=nodes,
+        NodesAvailable={"dc1": nodes},
+        # Nomad counts every filtered node under its class too (the stack's clients have one each).
+        ClassFiltered={f"nomadtf-client-{i}": 1 for i in range(1, filtered + 1)},
+        ConstraintFiltered={"distinct_hosts": filtered},
+        NodesExhausted=exhausted,
+        DimensionExhausted={"memory": exhausted} if exhausted else None,
+        AllocationTime=61234,
+    )
+
+
+def test_more_distinct_hosts_than_eligible_nodes_is_said_in_words():
+    line = explain_placement_failure("worker", distinct_hosts_metric(3), wanted=4)
+    assert line == "worker: cannot be placed: distinct_hosts asks for 4 different nodes, only 3 are eligible"
+
+
+def test_a_node_that_passed_distinct_hosts_but_is_full_counts_as_eligible():
+    line = explain_placement_failure("worker", distinct_hosts_metric(2, exhausted=1), wanted=4)
+    assert line.startswith("worker: cannot be placed: distinct_hosts asks for 4 different nodes, only 3 are eligible; ")
+    assert "1 of 3 nodes have too little memory" in line
+
+
+def test_the_plan_takes_the_count_from_the_rendered_job():
+    spec = {"name": "place", "entrypoint": {"script": "train.py"}, "roles": {"chief": {}, "worker": {"count": 4, "distinct_hosts": True}, "ps": {}}}
+    rendered = render_job(parse_spec(spec))["Job"]
+    result = {
+        "Diff": {"Type": "Added"},
+        "Annotations": {"DesiredTGUpdates": {"worker": {"Place": 4}}},
+        "FailedTGAllocs": {"worker": distinct_hosts_metric(3)},
+    }
+    summary = describe_plan(result, rendered)
+    assert summary.failures
+    assert "worker: cannot be placed: distinct_hosts asks for 4 different nodes, only 3 are eligible" in summary.lines
+
+
+def test_node_class_with_distinct_hosts_as_nomad_reports_it():
+    """Worker count 3, node_class naming one client of three, distinct_hosts: the metric
+    Nomad 1.6.1's plan returned on the several-client stack."""
+    metric = {
+        **distinct_hosts_metric(1),
+        "ClassFiltered": {"nomadtf-client-3": 1, "nomadtf-client-2": 1, "nomadtf-client-1": 1},
+        "NodesFiltered": 3,
+        "ConstraintFiltered": {"computed class ineligible": 2, "distinct_hosts": 1},
+        "CoalescedFailures": 1,
+    }
+    line = explain_placement_failure("worker", metric, wanted=3)
+    assert line == (
+        "worker: cannot be placed: 2 of 3 nodes do not meet the group's constraints (node_class, constraints); "
+        "distinct_hosts asks for 3 different nodes, only 1 is eligible; 2 allocations affected"
+    )
 
 
 # ---- never or not now --------------------------------------------------------------------

@@ -327,3 +327,59 @@ def test_with_a_consul_token_from_vault_every_task_gets_a_vault_token_without_a_
     plain = render_job(parse_spec({"name": "p", "entrypoint": {"script": "t.py"}, "roles": {
         "chief": {"count": 1}, "worker": {"count": 1}, "ps": {"count": 1}}}))["Job"]
     assert all("Vault" not in g["Tasks"][0] for g in plain["TaskGroups"])
+
+
+# ---- placement options of a role (distinct_hosts, spread, node_class) ---------------------
+# How a placement they make impossible is explained: test_plan.py; on real clients:
+# tests/stack/test_multiclient.py.
+
+
+def placement_job(**worker):
+    return {"name": "place", "entrypoint": {"script": "train.py"}, "roles": {"chief": {}, "worker": {"count": 3, **worker}, "ps": {}}}
+
+
+def placed(spec):
+    return groups(render_job(parse_spec(spec)))
+
+
+def test_defaults_render_no_extra_constraint_and_no_spread():
+    worker = placed(placement_job())["worker"]
+    assert worker["Constraints"] == [] and worker["Spreads"] == []
+    assert normalize(placement_job())["roles"]["worker"]["distinct_hosts"] is False
+    assert "node_class" not in normalize(placement_job())["roles"]["worker"]
+
+
+def test_distinct_hosts_and_node_class_become_group_constraints_after_the_users_own():
+    rendered = placed(
+        placement_job(
+            distinct_hosts=True,
+            node_class="gpu-a100",
+            constraints=[{"attribute": "${attr.kernel.name}", "value": "linux"}],
+        )
+    )
+    assert rendered["worker"]["Constraints"] == [
+        {"LTarget": "${attr.kernel.name}", "RTarget": "linux", "Operand": "="},
+        {"LTarget": "${node.class}", "RTarget": "gpu-a100", "Operand": "="},
+        {"LTarget": "", "RTarget": "true", "Operand": "distinct_hosts"},
+    ]
+    # Per role: the other groups are untouched.
+    assert rendered["chief"]["Constraints"] == [] and rendered["ps"]["Constraints"] == []
+
+
+def test_spread_becomes_nomad_spreads_with_the_default_weight():
+    rendered = placed(
+        placement_job(
+            spread=[
+                {"attribute": "${node.datacenter}"},
+                {"attribute": "${meta.rack}", "weight": 80, "targets": [{"value": "r1", "percent": 70}, {"value": "r2", "percent": 30}]},
+            ]
+        )
+    )
+    assert rendered["worker"]["Spreads"] == [
+        {"Attribute": "${node.datacenter}", "Weight": 50, "SpreadTarget": []},
+        {
+            "Attribute": "${meta.rack}",
+            "Weight": 80,
+            "SpreadTarget": [{"Value": "r1", "Percent": 70}, {"Value": "r2", "Percent": 30}],
+        },
+    ]

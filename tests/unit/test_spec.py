@@ -470,3 +470,29 @@ def test_render_follows_nomad_namespace_like_status_does(tmp_path):
     assert policies.returncode == 0 and wire.acl_name("team-r", "ns-render") in policies.stdout, policies.stderr
     empty = nomadtf("render", str(write_job(tmp_path, {**probe_job("ns-empty"), "namespace": ""})), timeout=60)
     assert empty.returncode == 2 and "namespace: '' is not a Nomad namespace" in empty.stderr, empty.stderr
+
+
+# ---- placement options of a role (distinct_hosts, spread, node_class) ---------------------
+
+
+@pytest.mark.parametrize(
+    ("worker", "expected"),
+    [
+        ({"distinct_hosts": "yes"}, "roles.worker.distinct_hosts: 'yes' is not of type 'boolean'"),
+        ({"node_class": ""}, "roles.worker.node_class: '' should be non-empty"),
+        ({"spread": [{"attribute": "${meta.rack}", "weight": 0}]}, "roles.worker.spread[0].weight: 0 is less than the minimum of 1"),
+        ({"spread": [{"atribute": "${meta.rack}"}]}, "roles.worker.spread[0].atribute: unknown key 'atribute'; did you mean 'attribute'?"),
+        (
+            {"spread": [{"attribute": "a", "targets": [{"value": "x", "percent": 60}, {"value": "y", "percent": 50}]}]},
+            "roles.worker.spread[0].targets: the percentages add up to 110; at most 100",
+        ),
+        (
+            {"spread": [{"attribute": "a", "targets": [{"value": "x", "percent": 10}, {"value": "x", "percent": 10}]}]},
+            "roles.worker.spread[0].targets: value 'x' is listed more than once",
+        ),
+    ],
+)
+def test_bad_placement_options_are_named_with_their_path(worker, expected):
+    with pytest.raises(SpecError) as caught:
+        normalize({"name": "place", "entrypoint": {"script": "train.py"}, "roles": {"chief": {}, "worker": {"count": 3, **worker}, "ps": {}}})
+    assert expected in caught.value.problems
