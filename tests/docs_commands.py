@@ -79,8 +79,8 @@ RUN_BY: dict[str, str] = {
     r"nomadtf status digits": "tests/stack/test_run.py::test_parameter_server_example_trains_to_the_end",
     r"nomadtf logs digits --role chief": "tests/stack/test_run.py::test_parameter_server_example_trains_to_the_end",
     r"nomadtf logs digits --role chief --follow": "tests/stack/test_run.py::test_logs_follow_streams_until_the_task_ends",
-    r"nomadtf logs digits --role worker --index 1 --stderr": "tests/stack/test_reruns.py::test_all_workers_success_waits_for_the_last_worker",
-    r"nomadtf scale digits worker=3": "tests/stack/test_reruns.py::test_scale_resizes_the_workers_and_restarts_the_chief_once_per_change",
+    r"nomadtf logs digits --role worker --index 1 --stderr": "tests/stack/test_run.py::test_all_workers_success_waits_for_the_last_worker",
+    r"nomadtf scale digits worker=3": "tests/stack/test_run.py::test_scale_resizes_the_workers_and_restarts_the_chief_once_per_change",
     r"nomadtf stop digits": "tests/stack/test_run.py::test_detach_returns_at_once_and_stop_stops_only_that_job",
     r"nomadtf stop digits --purge": "tests/stack/test_run.py::test_moving_a_parameter_server_rebuilds_the_chiefs_tf_config",
     r"nomadtf dev up --clients 3 --gpus 2 --gpu-clients 3 --secure":

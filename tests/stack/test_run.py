@@ -1,4 +1,6 @@
-"""`nomadtf run` and the in-allocation supervisor on the real local stack (raw_exec)."""
+"""`nomadtf run` and the in-allocation supervisor on the real local stack (raw_exec): the
+examples train to the end, failures and placement are said, `--detach`, `stop`, `logs` and
+`scale`, and the `all_workers` success rule."""
 
 from __future__ import annotations
 
@@ -306,3 +308,77 @@ def _get_or_none(url: str) -> str | None:
     except requests.RequestException:
         return None
     return resp.text if resp.status_code == 200 else None
+
+
+def _chief_tf_configs(name: str) -> list[dict]:
+    out = nomadtf("logs", name, "--role", "chief")
+    return [json.loads(line.split("=", 1)[1]) for line in out.stdout.splitlines() if line.startswith("TF_CONFIG=")]
+
+
+def test_scale_resizes_the_workers_and_restarts_the_chief_once_per_change(stack, tmp_path):
+    name = unique("scale")
+    gate = tmp_path / "gate"
+    spec = probe_job(name, context={"until_file": str(gate)})
+    spec["roles"]["worker"]["count"] = 2
+    spec["recovery"] = {"restart_attempts": 2, "reschedule_attempts": 0}
+    try:
+        follower = subprocess.Popen(
+            [str(Path(sys.executable).parent / "nomadtf"), "run", str(write_job(tmp_path, spec)), "--timeout", "5m"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        wait_until(lambda: _chief_tf_configs(name), 180, "the chief's first TF_CONFIG")
+        assert len(_chief_tf_configs(name)[-1]["cluster"]["worker"]) == 2
+        for count in (3, 1):
+            out = nomadtf("scale", name, f"worker={count}")
+            assert out.returncode == 0, out.stderr
+            wait_until(lambda c=count: len(_chief_tf_configs(name)[-1]["cluster"]["worker"]) == c, 180, f"{count} workers in TF_CONFIG")
+        configs = _chief_tf_configs(name)
+        assert [len(c["cluster"]["worker"]) for c in configs] == [2, 3, 1]  # one restart per change, no more
+        gate.write_text("go")
+        stdout, stderr = follower.communicate(timeout=180)
+        assert follower.returncode == 0, stderr
+        status = nomadtf("status", name)
+        assert "worker      wanted 1" in status.stdout, status.stdout
+        bad = nomadtf("scale", name, "worker=2")
+        assert bad.returncode == 1 and "not running" in bad.stderr
+    finally:
+        follower.kill()
+        follower.wait()
+        purge(name)
+
+
+def test_all_workers_success_waits_for_the_last_worker(stack, tmp_path):
+    """success = all_workers: worker 0 finishing first does not end the job; worker 1's code
+    runs to its own end and its exit marks the job succeeded."""
+    name = unique("allw")
+    spec = probe_job(name, strategy="multi_worker_mirrored", context={"sleep_by_index": {"1": 6}}, success="all_workers")
+    try:
+        out = nomadtf("run", str(write_job(tmp_path, spec)), "--timeout", "3m")
+        assert out.returncode == 0, out.stderr
+        first = nomadtf("logs", name, "--role", "worker", "--index", "0", "--stderr").stdout
+        last = nomadtf("logs", name, "--role", "worker", "--index", "1", "--stderr").stdout
+        assert "the job succeeds once every worker has" in first, first
+        assert "job marked succeeded" in last, last
+        assert "probe finished" in nomadtf("logs", name, "--role", "worker", "--index", "1").stdout
+    finally:
+        purge(name)
+
+
+def test_a_detached_job_whose_chief_fails_for_good_stops_itself_and_says_why(stack, tmp_path):
+    """Nobody follows: the job's own tasks end it (peers stop, exit 0) and record the reason."""
+    name = unique("detfail")
+    spec = probe_job(name, context={"raise": True})
+    spec["recovery"] = {"restart_attempts": 1, "restart_delay": "1s", "reschedule_attempts": 0}
+    try:
+        out = nomadtf("run", str(write_job(tmp_path, spec)), "--detach")
+        assert out.returncode == 0, out.stderr
+        wait_until(
+            lambda: (allocs := allocations(name)) and all(a["ClientStatus"] in ("complete", "failed") for a in allocs),
+            90, "every allocation of the job to stop",
+        )
+        by_role = {a["TaskGroup"]: a["ClientStatus"] for a in allocations(name)}
+        assert by_role == {"chief": "failed", "worker": "complete", "ps": "complete"}, by_role
+        status = nomadtf("status", name)
+        assert "outcome: failed: chief[0] exited 1" in status.stdout, status.stdout
+    finally:
+        purge(name)

@@ -1,9 +1,11 @@
 """Side roles are side roles (issue #20): an evaluator whose code raises at start and a
 TensorBoard that cannot start are restarted on their own budget, reported as warnings
-with their own traceback, and training succeeds all the same."""
+with their own traceback, and training succeeds all the same; an evaluator killed and a
+TensorBoard moved come back without restarting the chief."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -11,6 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import requests
 
 from tests.helpers import (
     JOBS,
@@ -82,4 +85,43 @@ def test_a_crashing_evaluator_and_a_tensorboard_that_cannot_start_never_touch_tr
     finally:
         proc.kill()
         proc.wait()
+        purge(name)
+
+
+def test_the_evaluator_and_tensorboard_come_and_go_without_touching_training(stack, tmp_path):
+    """Killing the evaluator's task and moving TensorBoard (its allocation stopped and
+    replaced) neither restart the chief's code nor hold it up."""
+    name = unique("soft")
+    gate = tmp_path / "gate"
+    spec = probe_job(name, context={"until_file": str(gate)})
+    spec["recovery"] = {"restart_attempts": 2, "restart_delay": "1s", "reschedule_attempts": 1}
+    spec["roles"]["evaluator"] = {"count": 1, "cpu": 200, "memory": 600}
+    spec["roles"]["tensorboard"] = {"count": 1, "cpu": 200, "memory": 300}
+    nomad_addr = os.environ["NOMAD_ADDR"]
+
+    def running(role: str) -> dict | None:
+        return next((a for a in allocations(name) if a["TaskGroup"] == role and a["ClientStatus"] == "running"), None)
+
+    def chief_starts() -> int:
+        return len(re.findall(r"generation \d+: starting ", nomadtf("logs", name, "--role", "chief", "--stderr").stdout))
+
+    try:
+        assert nomadtf("run", str(write_job(tmp_path, spec)), "--detach").returncode == 0
+        wait_until(lambda: chief_starts() >= 1 and running("evaluator") and running("tensorboard"), 120, "chief, evaluator and tensorboard")
+        chief_pid_line = nomadtf("logs", name, "--role", "chief").stdout.splitlines()[0]
+        # The evaluator's supervisor is killed (Nomad restarts the task); TensorBoard moves.
+        evaluator, board = running("evaluator"), running("tensorboard")
+        requests.post(f"{nomad_addr}/v1/client/allocation/{evaluator['ID']}/signal", json={"Signal": "SIGKILL", "Task": "evaluator"}, timeout=10)
+        requests.post(f"{nomad_addr}/v1/allocation/{board['ID']}/stop", timeout=10).raise_for_status()
+        wait_until(lambda: (b := running("tensorboard")) and b["ID"] != board["ID"], 120, "TensorBoard on a new allocation")
+        wait_until(lambda: running("evaluator") and nomadtf("logs", name, "--role", "evaluator").stdout.count("TF_CONFIG=") >= 2,
+                   120, "the evaluator back")
+        assert chief_starts() == 1, nomadtf("logs", name, "--role", "chief", "--stderr").stdout
+        assert nomadtf("logs", name, "--role", "chief").stdout.splitlines()[0] == chief_pid_line
+        chief = next(a for a in allocations(name) if a["TaskGroup"] == "chief")
+        assert sum(s.get("Restarts", 0) for s in (chief.get("TaskStates") or {}).values()) == 0
+        gate.write_text("go")
+        wait_until(lambda: requests.get(f"{nomad_addr}/v1/job/{name}", timeout=10).json()["Status"] == "dead", 120, "the job to end")
+        assert "outcome: succeeded" in nomadtf("status", name).stdout
+    finally:
         purge(name)
