@@ -64,9 +64,11 @@ RUN_BY: dict[str, str] = {
         "tests/stack/test_run.py::test_multi_worker_mirrored_example_trains_and_completes",
     r"nomadtf run examples/legacy/job.json --var entrypoint.workdir=\$PWD/examples/digits":
         "tests/stack/test_run.py::test_legacy_server_main_gets_the_server_and_context",
-    # The session fixture starts the test bed with DevStack.up(gpus=TEST_GPUS), what the command calls.
-    r"nomadtf dev up --gpus 6( --docker)?": "tests/conftest.py::stack",
-    r"nomadtf dev up --docker": "tests/conftest.py::stack",
+    # Run as commands on the session's stack, which has this shape: already up, nothing restarted.
+    r"nomadtf dev up --gpus 6( --docker)?":
+        "tests/stack/test_devstack.py::test_dev_up_as_the_docs_show_it_finds_the_running_stack_and_leaves_it_alone",
+    r"nomadtf dev up --docker":
+        "tests/stack/test_devstack.py::test_dev_up_as_the_docs_show_it_finds_the_running_stack_and_leaves_it_alone",
     # Docker: the image the docs show built, found again, and a second TensorFlow version.
     r"nomadtf dev image build":
         "tests/stack/test_docker.py::test_dev_image_build_prints_the_image_on_its_last_line_and_reuses_the_cached_build",
@@ -194,8 +196,8 @@ def classify(shown: Shown) -> list[tuple[str, str | None]]:
 
 
 def defined(test_id: str) -> bool:
-    """Whether `path::function` names a function at the top level of that file (a test, or
-    the fixture that runs the command)."""
+    """Whether `path::function` names a function at the top level of that file (the test
+    that runs the command)."""
     path, _, name = test_id.partition("::")
     file = REPO / path
     if not file.is_file() or not name:

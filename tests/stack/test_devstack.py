@@ -22,7 +22,7 @@ import requests
 from nomadtf.devstack import probes, processes
 from nomadtf.devstack import stack as stack_mod
 from nomadtf.errors import DevStackError, PortInUseError
-from tests.helpers import nomad, purge, submit_raw, wait_until
+from tests.helpers import nomad, nomadtf, purge, submit_raw, wait_until
 
 
 def _batch_job(job_id: str, task: dict, services: list | None = None) -> dict:
@@ -141,6 +141,21 @@ def test_up_twice_is_a_noop_and_status_hides_the_token(stack):
     assert oct(stack.token_path.stat().st_mode & 0o777) == "0o600"
     env = subprocess.run([sys.executable, "-m", "nomadtf", "dev", "env"], capture_output=True, text=True).stdout
     assert "export NOMAD_ADDR=http://127.0.0.1:4646" in env
+
+
+@pytest.mark.stack
+@pytest.mark.parametrize("options", [["--gpus", "6", "--docker"], ["--gpus", "6"], ["--docker"]], ids=" ".join)
+def test_dev_up_as_the_docs_show_it_finds_the_running_stack_and_leaves_it_alone(stack, options):
+    """The docs' `nomadtf dev up --gpus 6 [--docker]` and `nomadtf dev up --docker`, run as
+    commands on the session's stack (the same shape: 6 fake GPUs and its Docker daemon):
+    exit 0, say it is already up, and restart nothing."""
+    assert (stack.recorded_gpus(), stack.recorded_docker()) == (6, True)  # the shape the docs show
+    before = [(c.name, c.pid) for c in stack.components()]
+    out = nomadtf("dev", "up", *options, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"is already up ({stack.state_dir})" in out.stderr, out.stderr
+    assert [(c.name, c.pid) for c in stack.components()] == before
+    assert all(c.process() for c in stack.components())
 
 
 @pytest.mark.stack
