@@ -166,10 +166,12 @@ def docker_volumes(spec: JobSpec) -> list[str]:
     """The docker driver's bind mounts of a task: model_dir's root at the same path, the CA
     files the task is told to trust (CONSUL_CACERT, VAULT_CACERT name paths on the client:
     read-only, at the same path, so a container talks TLS as a raw_exec task does), then
-    job.json's driver.volumes."""
+    job.json's driver.volumes. A model_dir URL (gs://…) is TensorFlow's to write: nothing
+    to mount (spec validation refuses any other model_dir that is not an absolute path)."""
     root = model_dir_root(spec.model_dir)
+    shared = [] if "://" in spec.model_dir else [f"{root}:{root}"]
     cas = dict.fromkeys(ca for ca in (spec.discovery.consul_ca_file, spec.vault.get("ca_file")) if ca)
-    return [f"{root}:{root}", *(f"{ca}:{ca}:ro" for ca in cas), *spec.driver.volumes]
+    return [*shared, *(f"{ca}:{ca}:ro" for ca in cas), *spec.driver.volumes]
 
 
 def needs_vault_token(spec: JobSpec, role: str) -> bool:

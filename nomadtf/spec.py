@@ -24,6 +24,7 @@ import difflib
 import hashlib
 import json
 import os
+import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -401,6 +402,8 @@ def cross_field_problems(document: dict[str, Any]) -> list[str]:
         )
     if driver["name"] != "docker" and driver.get("volumes"):
         problems.append("driver.volumes: only the docker driver mounts volumes; remove them or use driver docker")
+    if driver["name"] == "docker":
+        problems += docker_path_problems(document)
     if document["secrets"] and document["vault"]["auth"] == "nomad" and not document["vault"]["policies"]:
         problems.append("vault.policies: secrets are read with the token Nomad gives the task; list the Vault policies that allow reading them")
     if document["discovery"].get("consul_token_path") and document["vault"]["auth"] == "nomad" and not document["vault"]["policies"]:
@@ -429,6 +432,29 @@ def cross_field_problems(document: dict[str, Any]) -> list[str]:
         if cfg.get("memory_max") is not None and cfg["memory_max"] < cfg["memory"]:
             problems.append(f"roles.{role}.memory_max: must be >= memory ({cfg['memory']})")
         problems += spread_problems(f"roles.{role}.spread", cfg["spread"])
+    return problems
+
+
+def docker_path_problems(document: dict[str, Any]) -> list[str]:
+    """The paths a docker task must find inside its container: Nomad mounts only the task's
+    local/ (at /local), secrets/ and the allocation's shared directory into it, and nomadtf
+    bind-mounts model_dir's root at the same path."""
+    problems = []
+    source = document.get("source")
+    destination = posixpath.normpath(source["destination"]) if source else "local"
+    if destination != "local" and not destination.startswith("local/"):
+        # Nomad unpacks the artifact relative to the task's directory on the client; of that
+        # directory a container sees local/ only (an `alloc/` there is not the shared one).
+        problems.append(
+            f"source.destination: {source['destination']!r} is outside the container of a docker task, which sees "
+            "only the task's local/ directory; write 'local/code' (the default) or another path under local/"
+        )
+    model_dir = document["model_dir"]
+    if "://" not in model_dir and not model_dir.startswith("/"):
+        problems.append(
+            f"model_dir: {model_dir!r} is not an absolute path; with the docker driver give a path on storage every "
+            "client shares (it is mounted at the same path in each container) or a URL TensorFlow writes itself (gs://…)"
+        )
     return problems
 
 

@@ -183,6 +183,11 @@ def test_docker_tasks_get_the_ca_files_they_are_told_to_trust_read_only_at_the_s
     assert env["CONSUL_CACERT"] == env["VAULT_CACERT"] == "/etc/consul.d/ca.pem"
 
 
+def test_a_model_dir_url_is_tensorflow_s_to_write_and_not_mounted():
+    spec = load_spec(JOB_EXAMPLES["docker"], ["model_dir=gs://bucket/models/${NOMAD_JOB_ID}", 'driver.volumes=["/data:/data:ro"]'])
+    assert task(render_job(spec), "chief")["Config"]["volumes"] == ["/data:/data:ro"]
+
+
 def test_model_dir_root_is_what_no_task_variable_names():
     assert model_dir_root("/tmp/nomadtf/${NOMAD_NAMESPACE}/${NOMAD_JOB_ID}/${NOMADTF_RUN_ID}") == "/tmp/nomadtf"
     assert model_dir_root("/mnt/shared/models/${NOMAD_JOB_ID}") == "/mnt/shared/models"

@@ -144,6 +144,14 @@ BAD_INPUTS = {
         set_in("driver", {"name": "docker", "image": "tf", "volumes": ["data:/data"]}),
         ["driver.volumes"],
     ),
+    "docker code unpacked outside local/": (
+        lambda d: d.update(driver={"name": "docker", "image": "tf"}, source={"url": "https://example.com/c.zip", "destination": "alloc/code"}),
+        ["source.destination: 'alloc/code' is outside the container of a docker task", "write 'local/code' (the default)"],
+    ),
+    "docker with a relative model_dir": (
+        lambda d: d.update(driver={"name": "docker", "image": "tf"}, model_dir="models/run1"),
+        ["model_dir: 'models/run1' is not an absolute path; with the docker driver", "or a URL TensorFlow writes itself (gs://"],
+    ),
     "secrets without vault policies": (
         set_in("secrets", [{"path": "secret/team/s3", "key": "access", "env": "AWS_KEY"}]),
         ["vault.policies: secrets are read with the token Nomad gives the task"],
@@ -336,6 +344,8 @@ def test_code_from_source_url_runs_where_nomad_unpacked_it():
                       "roles": {"chief": {"count": 1}, "worker": {"count": 1}, "ps": {"count": 1}}})
     spec = for_task(JobSpec.from_normalized(data), {"NOMAD_TASK_DIR": "/a/alloc1/chief/local"})
     assert spec.entrypoint.workdir == "/a/alloc1/chief/local/code"
+    # In a docker task's container NOMAD_TASK_DIR is /local: the code is at /local/code.
+    assert for_task(JobSpec.from_normalized(data), {"NOMAD_TASK_DIR": "/local"}).entrypoint.workdir == "/local/code"
     explicit = normalize({**data, "entrypoint": {"script": "t.py", "workdir": "/srv/code"}})
     assert for_task(JobSpec.from_normalized(explicit), {"NOMAD_TASK_DIR": "/x/local"}).entrypoint.workdir == "/srv/code"
 
