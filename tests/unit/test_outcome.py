@@ -68,11 +68,11 @@ def test_an_unreadable_record_decides_nothing_it_might_contradict():
     assert decide(_job("dead", stop=True), DONE, UNKNOWN, RUN, 2).kind == outcome.STOPPED
 
 
-# Nomad v1.6.1's docker driver, as the stack's task events show them (tests/stack/test_docker.py).
+# Nomad v1.6.1's docker driver's events: the registry's refusal, and the stack's (no registry reachable).
 DENIED = ("Failed to pull `nomadtf:no-such`: API error (404): pull access denied for nomadtf, repository does not exist "
           "or may require 'docker login': denied: requested access to the resource is denied")
 UNREACHABLE = ('Failed to pull `nomadtf:no-such`: API error (500): Get "https://registry-1.docker.io/v2/": dial tcp: '
-               "lookup registry-1.docker.io: no such host")
+               "lookup registry-1.docker.io on 10.255.255.53:53: no such host")
 
 
 def _pulling(slot: str, *messages: str, create: int = 1) -> dict:
