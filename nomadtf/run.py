@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from nomadtf import cluster_facts, render, wire
-from nomadtf.admission import Admission
+from nomadtf.admission import Admission, withdraw
 from nomadtf.discovery import ConsulDiscovery
 from nomadtf.errors import FollowTimeout, JobFailed, JobStopped, NomadError, NomadtfError, ServerError
 from nomadtf.follow import Follower, JobView, final_lines, require_nomadtf_job, run_of, versions_of_run
@@ -100,7 +100,9 @@ class Run:
         self.api = api
         self.templates = templates
         self.target = target  # the Nomad the job is rendered for (None: 1.6, as before targets)
-        self.notes = list(notes or [])  # what the cluster could not tell (cluster_facts)
+        # What the cluster could not tell (cluster_facts) and what the rendering leaves out:
+        # the caller shows them before submitting (Submitted.notes has only what submitting said).
+        self.notes = list(notes or [])
         self.job_id: str = spec.name
         self.discovery: ConsulDiscovery | None = None
         # The job as `validate` and `plan` see it; `submit` renders it again with its run.
@@ -112,14 +114,15 @@ class Run:
         server's Nomad version (cluster_facts); a job.json that is wrong in itself asks no
         server anything. The client speaks to the job's namespace and region.
 
-        GET /v1/kv/nomadtf/_cluster/profile ; GET /v1/agent/self
+        GET /v1/kv/nomadtf/_cluster/profile ; GET /v1/agent/self [; GET /v1/agent/members]
         """
         raw = load_options(job_file, variables)
         parse_spec(offline_check_fill(raw))  # every problem of job.json itself, before any server
         facts = cluster_facts.at_submission(NomadAPI.from_env(), os.environ)
         spec = parse_spec(facts.fill(raw))
+        facts.require_target_for(spec)  # never a guess where the guess decides how tasks get Vault
         api = NomadAPI.from_env(namespace=spec.namespace, region=spec.region)
-        return cls(spec, api, templates, facts.target, facts.notes)
+        return cls(spec, api, templates, facts.target, facts.notes + render.rendering_notes(spec, facts.target))
 
     def submit(self, replace: bool = False, resume: bool = False, admission: Admission | None = None) -> Submitted:
         """Validate with Nomad, handle a run of the same job that is still going (refused
@@ -134,12 +137,13 @@ class Run:
         keys deleted, never this run's.
 
         POST /v1/validate/job ; GET /v1/job/:job_id ; [DELETE /v1/job/:job_id and blocking
-        GET /v1/job/:job_id/allocations with --replace] ; GET .../progress of the previous run ;
+        GET /v1/job/:job_id/allocations, and the job's queued runs out of the queue
+        (GET and DELETE /v1/kv/nomadtf/_admission/...), with --replace] ; GET .../progress of the previous run ;
         admission's calls (POST /v1/job/:job_id/plan, the queue in Consul) ;
         POST /v1/jobs (EnforceIndex) ; GET /v1/job/:job_id/versions ;
         DELETE /v1/kv/nomadtf/<ns>/<job>/<other run>/?recurse
         """
-        notes: list[str] = list(self.notes)
+        notes: list[str] = []
         run_id = new_run_id()
         existing = self.api.job(self.job_id)
         if existing is not None and wire.META_VERSION not in (existing.get("Meta") or {}):
@@ -164,6 +168,9 @@ class Run:
                 )
             modify_index = self._stop_running(existing, notes)
         admission = admission or Admission(self.api)
+        if replace:  # a run of this job still waiting in the queue is replaced too (its follower hears so)
+            for queued in withdraw(admission.queue, self.api.namespace, self.job_id):
+                notes.append(f"took the queued run {queued} of {self.job_id} out of the queue (--replace)")
         admitted = admission.admit(
             job,
             lambda index: self._register(run_id, model_run, index),

@@ -23,7 +23,10 @@ import pytest
 import requests
 
 from nomadtf import capacity, wire
-from nomadtf.admission import Admission
+from nomadtf.admission import Admission, withdraw
+from nomadtf.discovery import AdmissionQueue, ConsulDiscovery
+from nomadtf.errors import JobStopped
+from nomadtf.queue import Entry, QueuedRun
 from nomadtf.run import Run
 from tests.helpers import (
     allocations,
@@ -76,6 +79,12 @@ def run_id_in(text: str) -> str:
     match = re.search(r"run ([0-9a-f]{8})", text)
     assert match, text
     return match[1]
+
+
+def queued_of(job_id: str, namespace: str = "default") -> list[QueuedRun]:
+    """The job's runs in the admission queue (their records; GET /v1/kv/.../runs/<ns>/?recurse).
+    Other tests on a shared stack may queue runs of their own: only this job's count."""
+    return [r for r in AdmissionQueue().records(namespace) if r.job_id == job_id]
 
 
 def job_exists(job_id: str, namespace: str = "default") -> bool:
@@ -183,6 +192,10 @@ def test_a_queued_run_is_bounded_by_timeout_and_ctrl_c_removes_or_leaves_it(stac
                 assert len(left) == 1 and not left[0].get("Session") and left[0]["Value"]["attended"] is False
                 shown = nomadtf("status", waiting)
                 assert shown.returncode == 0 and "queued: run" in shown.stdout and "for the admission service" in shown.stdout, shown
+                # What it waits for: its needs, and what of them the blocker leaves it short of.
+                needs = sum(r["cpu"] for r in share_job(waiting, 0.65)["roles"].values())
+                assert f"needs cpu {needs} MHz, memory 1800 MB" in shown.stdout, shown.stdout
+                assert re.search(r"; short of cpu \d+ MHz now \(for the admission service\)", shown.stdout), shown.stdout
                 stopped = nomadtf("stop", waiting)
                 assert stopped.returncode == 0 and "from the queue" in stopped.stdout, stopped.stdout + stopped.stderr
                 assert not [e for e in queue_entries("default") if e["Key"] == key]
@@ -191,6 +204,103 @@ def test_a_queued_run_is_bounded_by_timeout_and_ctrl_c_removes_or_leaves_it(stac
         release.touch()
         purge(blocker)
         purge(waiting)
+
+
+class _WithdrawnBeforeTheLock(AdmissionQueue):
+    """The real queue in Consul, with `nomadtf stop` taking the job's runs out of it just
+    before an admitter takes the lock: the window between its look at the queue and the
+    lock, which must not crash it."""
+
+    def __init__(self, job_id: str):
+        super().__init__()
+        self.job_id = job_id
+
+    def acquire_lock(self, session: str, holder: str) -> bool:
+        withdraw(self, "default", self.job_id)
+        return super().acquire_lock(session, holder)
+
+
+def test_a_run_withdrawn_just_before_the_lock_is_stopped_never_registered_and_the_service_skips_it(stack, tmp_path):
+    name = unique("withdrawn")
+    run = Run.from_job_file(write_job(tmp_path, probe_job(name)), [])
+    kv = _WithdrawnBeforeTheLock(name)
+    try:
+        # A submitter: told it was removed (exit 4, JobStopped), nothing registered.
+        with pytest.raises(JobStopped, match=r"was removed from the queue \(nomadtf stop"):
+            run.submit(admission=Admission(run.api, kv, timeout_s=60))
+        assert not job_exists(name) and not queued_of(name)
+        # The admission service's step for an unattended run: skipped, no exception, nothing registered.
+        ticket = wire.queue_ticket("default", name, "r1")
+        kv.enqueue(Entry("default", ticket, 50, time.time(), attended=False), None)
+        kv.put_record(QueuedRun("default", name, "r1", ticket, time.time(), attended=False, job=run.job))
+        (entry,) = [e for e in kv.entries()[1] if e.ticket == ticket]
+        holder = ConsulDiscovery(wire.ADMISSION_SERVICE_JOB, "default", client=kv.consul)
+        try:
+            session = holder.open_session("nomadtf-admission test")
+            assert Admission(run.api, kv).admit_unattended(kv.record("default", ticket), entry, session, holder) is False
+        finally:
+            holder.close()
+        assert not job_exists(name) and not queued_of(name)
+        assert not [e for e in queue_entries("default") if e["Key"].endswith(ticket)]
+    finally:
+        purge(name)
+
+
+def test_a_followed_queued_run_removed_by_stop_or_replace_exits_stopped(stack, tmp_path):
+    blocker, release = start_blocker(tmp_path)
+    name = unique("dropped")
+    path = write_job(tmp_path, share_job(name, 0.65, sleep=1))
+    try:
+        for how in ("stop", "replace"):
+            before = {e["Key"] for e in queue_entries("default")}
+            follower = popen_run(path, "--timeout", "2m")
+            wait_until(lambda before=before: {e["Key"] for e in queue_entries("default")} - before, 30, "the run to be queued")
+            if how == "stop":
+                stopped = nomadtf("stop", name)
+                assert stopped.returncode == 0 and f"removed {name} run" in stopped.stdout, stopped.stdout + stopped.stderr
+            else:  # a new run with --replace takes the queued one's place (and waits itself)
+                replacing = popen_run(path, "--replace", "--timeout", "2m")
+            # The head waits on Nomad's allocations, not the queue: it hears at its next look
+            # (admission.CAPACITY_WAIT_S, 30 s at most).
+            _, err = follower.communicate(timeout=30 + 20)
+            assert follower.returncode == 4, err
+            assert "was removed from the queue (nomadtf stop, or a run with --replace); nothing was submitted" in err, err
+            assert not job_exists(name)
+        assert len(queued_of(name)) == 1  # only the replacing run's
+        release.touch()
+        _, err = replacing.communicate(timeout=120)
+        assert replacing.returncode == 0, err
+        assert "out of the queue (--replace)" in err, err
+        assert len(nomad(f"job/{name}/versions")["Versions"]) == 1 and not queued_of(name)
+    finally:
+        release.touch()
+        purge(blocker)
+        purge(name)
+
+
+def test_two_runs_of_one_job_queued_together_one_runs_the_other_is_refused(stack, tmp_path):
+    blocker, release = start_blocker(tmp_path)
+    name = unique("twice")
+    path = write_job(tmp_path, share_job(name, 0.65, sleep=1))
+    procs = []
+    try:
+        for count in (1, 2):
+            procs.append(popen_run(path, "--timeout", "2m"))
+            wait_until(lambda count=count: len(queued_of(name)) == count, 30, "the run to be queued")
+        release.touch()
+        results = [proc.communicate(timeout=120) + (proc.returncode,) for proc in procs]
+        assert sorted(code for _, _, code in results) == [0, 1], results
+        (refused,) = [err for _, err, code in results if code == 1]
+        assert f"another submission of {name} in namespace default registered first" in refused, refused
+        assert "this run was not submitted" in refused
+        assert len(nomad(f"job/{name}/versions")["Versions"]) == 1 and not queued_of(name)
+    finally:
+        release.touch()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+        purge(blocker)
+        purge(name)
 
 
 def _plain_job(job_id: str, cpu: int, seconds: int) -> dict:

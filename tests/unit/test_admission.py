@@ -6,7 +6,15 @@ from __future__ import annotations
 import time
 
 from nomadtf import wire
-from nomadtf.admission import QueuedLine, QueueStatus, _all_placed, _ClusterView, identity, queue_overview, queue_status
+from nomadtf.admission import (
+    QueuedLine,
+    QueueStatus,
+    _all_placed,
+    _ClusterView,
+    identity,
+    queue_overview,
+    queue_status,
+)
 from nomadtf.capacity import NodeCapacity, Resources
 from nomadtf.plan import NOT_NOW, Placement
 from nomadtf.queue import Entry, QueuedRun
@@ -39,13 +47,13 @@ def test_a_run_behind_others_counts_them_and_names_only_devices_it_asks_for():
     assert GPU not in status().describe()  # a job without GPUs is not told about them
 
 
-def _waiting(view: _ClusterView, placement=Placement(NOT_NOW)) -> str:
+def _waiting(view: _ClusterView) -> str:
     """What team-b's run (3380 MHz in all) says at the head of the queue, from `view`."""
     job = {"Job": {"ID": "digits", "Namespace": "team-b", "Meta": {"nomadtf.run": "3f2a9c1e"}, "TaskGroups": [
         {"Name": "chief", "Count": 1, "Tasks": [{"Name": "chief", "Resources": {"CPU": 3380, "MemoryMB": 1800}}]}]}}  # fmt: skip
     ticket = wire.queue_ticket("team-b", "digits", "3f2a9c1e")
     entry = Entry("team-b", ticket, 50, 0.0, key=wire.kv_queue_entry("team-b", ticket), order=1)
-    return queue_status(job, entry, [entry], placement, view).describe()
+    return queue_status(job, entry, [entry], Placement(NOT_NOW), view).describe()
 
 
 def _running(job, ns, cpu):
