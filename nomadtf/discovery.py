@@ -182,6 +182,24 @@ class ConsulDiscovery:
         )
         return int(new_index)
 
+    def wait_for_generation_change(self, index: int, wait_s: float) -> int:
+        """Block until the run's generation key is written, or `wait_s` passes: all a task
+        waits on while its cluster forms. The key is written once, when the cluster is
+        complete, so another task's arrival wakes nobody (a query per role and one on the
+        whole prefix woke every waiting task on every arrival: N x N answers). The key must
+        exist (`open_generation`): on a missing key Consul answers any write to the KV store.
+
+        GET /v1/kv/nomadtf/<ns>/<job>/<run>/cluster/generation?index=&wait=
+        """
+        new_index, _ = consul_call(
+            "a blocking query on the generation",
+            self.consul.kv.get,
+            wire.kv_generation(*self._kv, self.run_id),
+            index=index or None,
+            wait=f"{max(1, int(wait_s))}s",
+        )
+        return int(new_index)
+
     def watched_instances(self, role: str) -> dict[str, str] | None:
         """What the role's running watch last answered (no request); None without one."""
         watched = self._watched.get(role)
@@ -360,8 +378,13 @@ class ConsulDiscovery:
         return item["Value"].decode() if item and item.get("Value") else None
 
     def set_job_state(self, state: str) -> None:
-        """PUT .../cluster/state"""
+        """Write the run's state, then wake the tasks still waiting for their cluster to form
+        (they watch the generation key alone): they end at once, not at their next look.
+
+        PUT .../cluster/state ; GET, PUT .../cluster/generation?cas=<index>
+        """
         self._write("writing job state", self.consul.kv.put, wire.kv_state(*self._kv, self.run_id), state)
+        self.touch_generation()
 
     def mark_done(self, role: str, index: int) -> set[tuple[str, int]]:
         """Record that our code finished (success = all_workers); every slot finished so far.
@@ -397,6 +420,28 @@ class ConsulDiscovery:
         if not item:
             return {}, 0
         return json.loads(item["Value"] or b"{}"), int(item["ModifyIndex"])
+
+    def open_generation(self) -> int:
+        """The run's generation number, the key created at 0 by the first task that asks
+        (check-and-set: never over a generation already written).
+
+        PUT .../cluster/generation?cas=0 ; GET .../cluster/generation
+        """
+        key = wire.kv_generation(*self._kv, self.run_id)
+        self._write("creating the generation key", self.consul.kv.put, key, json.dumps({"generation": 0}), cas=0)
+        return int(self.generation()[0].get("generation", 0))
+
+    def touch_generation(self) -> None:
+        """Write the generation key again, its generation unchanged, to wake the tasks that
+        wait on it while their cluster forms (Consul does not wake a query for a write of the
+        same value, hence the time). Check-and-set: a generation written meanwhile woke them.
+
+        GET .../cluster/generation ; PUT .../cluster/generation?cas=<index>
+        """
+        current, modify_index = self.generation()
+        if modify_index:
+            self._write("waking the tasks that wait", self.consul.kv.put, wire.kv_generation(*self._kv, self.run_id),
+                        json.dumps({**current, "touched": time.time()}), cas=modify_index)
 
     def bump_generation(self, fingerprint: str) -> dict[str, Any]:
         """Move the whole job to a new generation for `fingerprint`, exactly once.

@@ -83,6 +83,8 @@ class Membership:
         self.debounce = Debounce(spec.discovery.debounce_s)
         self.watches: list[Watch] = []
         self.file_watch: FileWatch | None = None
+        self.forming = False  # waiting on the generation key alone (start_watches)
+        self.post: Callable[[Event], None] = lambda event: None
 
     # the roles whose registrations matter to us
     @property
@@ -116,15 +118,48 @@ class Membership:
             ) from None
 
     def start_watches(self, post: Callable[[Event], None]) -> None:
-        # One blocking query per role we may depend on (each wakes only on its own service),
-        # and one on the run's cluster keys.
-        self.watches = [
-            *(Watch(CATALOG, lambda i, w, role=role: self.discovery.wait_for_service_change(role, i, w), post).start()
-              for role in self.watched_roles),
-            Watch(CLUSTER_KV, self.discovery.wait_for_cluster_kv_change, post).start(),
-        ]
+        """While the run's cluster forms for the first time, a task waits on one key, the
+        generation, which the task that completes the cluster writes once (`forming`; the
+        last to claim its slot watches everything, `watch_closely_if_last`): formation then
+        costs each task the same whatever the job's size. Otherwise (a task that joins a
+        formed cluster, template mode) it watches everything at once.
+
+        PUT .../cluster/generation?cas=0 ; GET .../cluster/generation
+        """
+        self.post = post
         if self.spec.discovery.reconfigure == "template":
             self.file_watch = FileWatch(self.cluster_file, CLUSTER_FILE, post).start()
+        elif self.awaited_roles and self.retry(self.discovery.open_generation, "reading the generation") == 0:
+            self.forming = True
+            # Every answer is a look, also a wait that passed with no change (WATCH_WAIT_S):
+            # a cluster whose closer died still forms, at a constant cost per task.
+            self.watches = [Watch(CLUSTER_KV, self.discovery.wait_for_generation_change, post, every_answer=True).start()]
+            return
+        self.watch_everything()
+
+    def watch_everything(self) -> None:
+        """One blocking query per role we may depend on (each wakes only on its own service),
+        and one on the run's cluster keys; the formation wait, if any, ends."""
+        if self.watches and not self.forming:
+            return
+        for watch in self.watches:
+            watch.stop.set()
+        self.forming = False
+        self.watches = [
+            *(Watch(CATALOG, lambda i, w, role=role: self.discovery.wait_for_service_change(role, i, w), self.post).start()
+              for role in self.watched_roles),
+            Watch(CLUSTER_KV, self.discovery.wait_for_cluster_kv_change, self.post).start(),
+        ]
+
+    def watch_closely_if_last(self, slots: dict[tuple[str, int], Slot]) -> None:
+        """While the cluster forms: once every slot we wait for is claimed, we are (one of)
+        the last to arrive, and watch the catalog until every member passes its checks; the
+        generation we then write wakes every other task. Costs no request."""
+        if self.forming and all(
+            (role, index) in slots for role in self.awaited_roles for index in range(self.spec.counts.get(role, 0))
+        ):
+            log.info("every task has claimed its slot; watching their checks until the cluster is complete")
+            self.watch_everything()
 
     def close(self) -> None:
         for watch in self.watches:
@@ -243,10 +278,12 @@ class Membership:
 
     def bump(self, members: list[Member]) -> int:
         """The generation of the complete cluster `members` (a new one when it changed), retried
-        for a minute.
+        for a minute. A task that waits for nobody (TensorBoard) takes the generation as it is.
 
         GET .../cluster/generation ; PUT .../cluster/generation?cas=<index>
         """
+        if not self.awaited_roles:
+            return int(self.discovery.generation()[0].get("generation", 0))
         generation = self.retry(lambda: self.discovery.bump_generation(fingerprint(members)), "moving to a new generation")
         return int(generation.get("generation", 1))
 
@@ -258,6 +295,11 @@ class Membership:
 
         GET .../cluster/generation ; PUT .../cluster/generation?cas=<index>
         """
+        if not self.awaited_roles:
+            # We wait for nobody (TensorBoard), so the cluster is never ours to move: a
+            # generation of a cluster still forming would wake every task that waits for it.
+            generation, _ = self.discovery.generation()
+            return Settled(int(generation.get("generation", 0)), False)
         if self.missing(members):
             self.debounce.reset()
             return None

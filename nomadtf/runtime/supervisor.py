@@ -172,6 +172,12 @@ class Supervisor:
             if self.phase is Phase.CLAIMING:
                 count = self.spec.counts.get(self.role, 1)
                 raise TaskError(f"every {self.role} index (0..{count - 1}) is held by a live task; is a previous run still stopping?")
+            if self.phase is Phase.RENDEZVOUS and self.membership.forming:
+                # A task waiting for the cluster to form last looked up to a wait ago: look
+                # now, so that the error names who is missing now (or the cluster is complete).
+                ended = self._step()
+                if ended is not None or self.phase is not Phase.RENDEZVOUS:
+                    return ended
             if self.phase is Phase.RENDEZVOUS or (self.phase is Phase.CHECKING and self.last_missing):
                 raise RendezvousTimeout(self.last_missing, self.spec.discovery.rendezvous_timeout_s)
             return None
@@ -248,11 +254,13 @@ class Supervisor:
             if missing != self.last_missing:
                 log.info("waiting for %s", ", ".join(missing))
             self.last_missing = missing
+            self.membership.watch_closely_if_last(self.discovery.slots())
             return None
         self.last_missing = []
         self.loop.cancel("rendezvous-deadline")
         log.info("cluster complete after %.1fs: %s", time.monotonic() - self.rendezvous_started, describe(members) or "(nobody to wait for)")
         generation = self.membership.bump(members)
+        self.membership.watch_everything()
         if roles.runs_user_code(self.spec.strategy, self.role):
             try:
                 self.secrets.read_once()

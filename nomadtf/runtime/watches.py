@@ -21,10 +21,11 @@ class Watch:
     """One Consul blocking query turned into loop events, on its own thread, for ever.
     An index that goes backwards means Consul restarted: start over from 0."""
 
-    def __init__(self, kind: str, query: Callable[[int, float], int], post: Callable[[Event], None]):
+    def __init__(self, kind: str, query: Callable[[int, float], int], post: Callable[[Event], None], every_answer: bool = False):
         self.kind = kind
         self.query = query
         self.post = post
+        self.every_answer = every_answer  # also when the wait passed with no change: a look now and then
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"watch-{kind}", daemon=True)
 
@@ -41,7 +42,7 @@ class Watch:
                 index = 0
                 self.stop.wait(WATCH_RETRY_S)
                 continue
-            if new_index != index:
+            if new_index != index or self.every_answer:
                 self.post(Event(self.kind, new_index))
             index = new_index if new_index >= index else 0
 

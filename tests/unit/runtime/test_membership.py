@@ -38,6 +38,7 @@ class Discovery:
         self.states: list[str] = []
         self.failures = 0  # the next writes that fail as Consul away would
         self.reopened = 0
+        self.queries: list[str] = []
 
     def generation(self):
         return dict(self.generation_value), 7
@@ -69,6 +70,27 @@ class Discovery:
             self.failures -= 1
             raise ConsulError("Consul answered 500")
         self.states.append(state)
+
+    def open_generation(self):
+        return self.generation_value.get("generation", 0)
+
+    def wait_for_generation_change(self, index, wait_s):
+        self.queries.append("generation")
+        time.sleep(0.05)
+        return index + 1
+
+    def wait_for_service_change(self, role, index, wait_s):
+        self.queries.append(f"service {role}")
+        time.sleep(0.05)
+        return index
+
+    def wait_for_cluster_kv_change(self, index, wait_s):
+        self.queries.append("cluster/")
+        time.sleep(0.05)
+        return index
+
+    def close(self):
+        pass
 
 
 def _membership(role="worker", index=1, should_stop=lambda: False) -> tuple[Membership, Discovery]:
@@ -164,3 +186,49 @@ def test_we_wait_for_the_roles_our_strategy_names():
     assert set(worker.awaited_roles) == {"chief", "ps", "worker"}
     tensorboard, _ = _membership("tensorboard", 0)
     assert tensorboard.awaited_roles == ()
+
+
+def _watched(membership: Membership) -> set[str]:
+    """What the running watches ask Consul (each has answered at least once)."""
+    discovery = membership.discovery
+    discovery.queries.clear()
+    time.sleep(0.2)
+    return set(discovery.queries)
+
+
+def test_while_the_cluster_forms_a_task_waits_on_the_generation_alone_until_it_is_the_last():
+    membership, discovery = _membership()
+    events = []
+    membership.start_watches(events.append)
+    try:
+        assert membership.forming
+        assert _watched(membership) == {"generation"}  # another task's arrival wakes nobody
+        assert events and all(e.kind == "cluster-kv" for e in events)  # every answer is a look
+        slots = {(r, i): Slot(f"a-{r}{i}", "x", "s") for r, i in (("chief", 0), ("ps", 0), ("worker", 0))}
+        membership.watch_closely_if_last(slots)  # worker[1] has not claimed yet
+        assert membership.forming and _watched(membership) == {"generation"}
+        slots[("worker", 1)] = Slot("alloc-me", "x", "s")
+        membership.watch_closely_if_last(slots)  # we are the last: we watch their checks
+        assert not membership.forming
+        assert _watched(membership) == {"service chief", "service worker", "service ps", "cluster/"}
+    finally:
+        membership.close()
+
+
+def test_a_task_that_joins_a_formed_cluster_watches_everything_at_once():
+    membership, discovery = _membership()
+    discovery.generation_value = {"generation": 3, "fingerprint": fingerprint(CLUSTER)}
+    membership.start_watches(lambda event: None)
+    try:
+        assert not membership.forming
+        assert _watched(membership) == {"service chief", "service worker", "service ps", "cluster/"}
+    finally:
+        membership.close()
+
+
+def test_tensorboard_waits_for_nobody_and_never_moves_the_generation():
+    membership, discovery = _membership(role="tensorboard", index=0)
+    discovery.generation_value = {"generation": 2, "fingerprint": "old"}
+    assert membership.bump(CLUSTER[:2]) == 2  # a cluster still forming is not a generation
+    assert membership.settle(CLUSTER[:2], now=100.0) == Settled(2, False)
+    assert discovery.generation_value == {"generation": 2, "fingerprint": "old"}
