@@ -9,7 +9,8 @@ Consul services (registered by Nomad from each group's service block):
 Consul KV, one prefix per namespace, job and run (`<run>/` is left out for a job rendered
 without a run, e.g. by `nomadtf render`):
     nomadtf/<namespace>/<job>/<run>/cluster/slots/<role>/<i>   which allocation holds index i
-    nomadtf/<namespace>/<job>/<run>/cluster/generation         {"generation": n, "fingerprint": ...}
+    nomadtf/<namespace>/<job>/<run>/cluster/generation         {"generation": n, "fingerprint": ...}; 0 (no
+                                                               fingerprint) while the cluster forms
     nomadtf/<namespace>/<job>/<run>/cluster/state              "succeeded" or "failed: <why>"
     nomadtf/<namespace>/<job>/<run>/cluster/counts             {"worker": n} after `nomadtf scale`
     nomadtf/<namespace>/<job>/<run>/cluster/done/<role>/<i>    success = all_workers: who finished
