@@ -19,7 +19,8 @@ Four policies, one job (`nomadtf acl policies JOB`):
 On Nomad 1.7+ (target.py) the tasks' Vault token comes from their workload identity: a
 **Vault JWT auth role** per job (`vault_jwt_role`), bound to the claims Nomad signs into the
 task's `vault_default` identity (audience vault.io, `nomad_namespace`, `nomad_job_id`),
-grants that Vault policy and nothing else. The JWT auth method it lives in trusts Nomad's
+grants that Vault policy and the ones job.json lists in `vault.policies` (`jwt_role_policies`),
+nothing else. The JWT auth method it lives in trusts Nomad's
 JWKS; `jwt_auth_config` is its configuration as `nomad setup vault` writes it (once per
 cluster).
 
@@ -174,12 +175,19 @@ def vault_tasks_policy(
     return blocks[0] + "\n".join(blocks[1:])
 
 
-def vault_jwt_role(spec: JobSpec, policies: list[str] | None = None) -> dict[str, Any]:
+def jwt_role_policies(spec: JobSpec) -> list[str]:
+    """What the job's JWT auth role grants: the job's own Vault policy, then every policy
+    job.json lists in `vault.policies`. Nomad 1.10+ drops a job's own policies, so the role
+    is where what the job asks for is granted, and the operator reviews it there."""
+    return list(dict.fromkeys([policy_name(spec), *spec.vault["policies"]]))
+
+
+def vault_jwt_role(spec: JobSpec) -> dict[str, Any]:
     """The Vault JWT auth role a job's tasks log in with on Nomad 1.7+ (POST
     /v1/auth/<mount>/role/<name>): only a Nomad workload identity for Vault (audience
-    vault.io) of this job in this namespace is accepted, and the token grants `policies`
-    (default: the job's own Vault policy). The claims mapped into the token's metadata are
-    what Vault's audit log then shows of each login."""
+    vault.io) of this job in this namespace is accepted, and the token grants
+    `jwt_role_policies`. The claims mapped into the token's metadata are what Vault's audit
+    log then shows of each login."""
     return {
         "role_type": "jwt",
         "bound_audiences": [target.VAULT_AUDIENCE],
@@ -189,7 +197,7 @@ def vault_jwt_role(spec: JobSpec, policies: list[str] | None = None) -> dict[str
         "user_claim_json_pointer": True,
         "claim_mappings": {"nomad_namespace": "nomad_namespace", "nomad_job_id": "nomad_job_id", "nomad_task": "nomad_task"},
         "token_type": "service",
-        "token_policies": list(policies or [policy_name(spec)]),
+        "token_policies": jwt_role_policies(spec),
         "token_period": JWT_TOKEN_PERIOD,
         "token_explicit_max_ttl": f"{spec.recovery.deadline_ns // 10**9 + JWT_TOKEN_MAX_MARGIN_S}s",
     }

@@ -14,9 +14,10 @@ Vault policy's first line); a policy of that name that another job owns is never
     `secret/nomadtf/consul-tokens/<namespace>/<job>` (`apply` again rotates it);
 - the Vault policy of the job's tasks: read on that path and on the job's secrets;
 - on Nomad 1.7+ (`jwt`), the job's Vault JWT auth role `auth/<mount>/role/<name>`
-  (acl.vault_jwt_role: this job's identities only, that policy only); with `jwt.config`
-  also the auth method itself (enabled at <mount> if missing, its config written: the
-  once-per-cluster step `nomad setup vault` does).
+  (acl.vault_jwt_role: this job's identities only, that policy and the ones job.json lists);
+  with `jwt.config` also the auth method itself (enabled at <mount> if missing, its config
+  written: the once-per-cluster step `nomad setup vault` does); without it a missing method
+  is refused (NoJwtAuthMethod, naming --configure-auth) before anything is written.
 
 A Consul without ACLs (the plain dev stack) needs no token: only the Vault half is written.
 Consul's failures are mapped where every Consul call's are (discovery.consul_call).
@@ -40,7 +41,7 @@ import hvac.exceptions
 
 from nomadtf import acl
 from nomadtf.discovery import consul_call, consul_client
-from nomadtf.errors import AclConflict, ConsulError, VaultError
+from nomadtf.errors import AclConflict, ConsulError, NoJwtAuthMethod, VaultError
 from nomadtf.spec import JobSpec
 from nomadtf.vault import vault_address, vault_tls
 
@@ -137,6 +138,24 @@ def ensure_jwt_auth(vault: hvac.Client, mount: str, config: dict[str, Any]) -> N
     vault.write(f"auth/{mount}/config", **config)
 
 
+def require_jwt_auth(vault: hvac.Client, mount: str) -> None:
+    """A JWT auth method at `mount`, which the job's role is written into: NoJwtAuthMethod
+    (naming --configure-auth) when there is none, AclConflict when the mount is another kind.
+
+    GET /v1/sys/auth
+    """
+    mounts = vault.sys.list_auth_methods()
+    existing = (mounts.get("data", mounts)).get(f"{mount}/")
+    if existing is None:
+        raise NoJwtAuthMethod(
+            f"no JWT auth method at {mount}/ in Vault: run `nomadtf acl apply` once with --configure-auth "
+            "(and --jwks-url <Nomad's address as Vault reaches it>, --issuer if the servers set oidc_issuer) to create it "
+            "the way `nomad setup vault` does; nothing was written"
+        )
+    if existing.get("type") != "jwt":
+        raise AclConflict(f"Vault auth mount {mount}/ is a {existing.get('type')} method, not jwt; nothing was written")
+
+
 def _jwt_role(vault: hvac.Client, mount: str, name: str) -> dict[str, Any] | None:
     """GET /v1/auth/:mount/role/:name (None: there is none, or no such mount yet)"""
     try:
@@ -175,15 +194,17 @@ def write_vault_side(vault: hvac.Client, spec: JobSpec, token_path: str, jwt: Jw
     the job's secrets) and, for workload identities, the job's JWT auth role (after the auth
     method, when `jwt.config` asks for it). Returns the role's path, "" without `jwt`.
 
-    PUT /v1/sys/policy/:name ; [GET /v1/sys/auth, POST /v1/sys/auth/:mount,
-    POST /v1/auth/:mount/config] ; POST /v1/auth/:mount/role/:name
+    [GET /v1/sys/auth, POST /v1/sys/auth/:mount, POST /v1/auth/:mount/config] ;
+    PUT /v1/sys/policy/:name ; POST /v1/auth/:mount/role/:name
     """
     name = acl.policy_name(spec)
+    if jwt and jwt.config:
+        ensure_jwt_auth(vault, jwt.mount, jwt.config)
+    elif jwt:
+        require_jwt_auth(vault, jwt.mount)  # before the policy: a role with no method to live in helps no task
     vault.sys.create_or_update_policy(name, acl.vault_tasks_policy(spec, token_path=token_path, consul_token=bool(token_path)))
     if not jwt:
         return ""
-    if jwt.config:
-        ensure_jwt_auth(vault, jwt.mount, jwt.config)
     vault.write(f"auth/{jwt.mount}/role/{name}", **acl.vault_jwt_role(spec))
     return f"auth/{jwt.mount}/role/{name}"
 
@@ -192,7 +213,7 @@ def apply(spec: JobSpec, token_ttl: str = acl.CONSUL_TOKEN_ROLE_TTL, jwt: JwtSet
     """Create or update the job's task policies, its tasks' Consul token source and, with
     `jwt`, its JWT auth role (write_vault_side).
 
-    GET /v1/acl/policies ; GET /v1/sys/policy/:name ; PUT /v1/acl/policy[/:id] ;
+    GET /v1/acl/policies ; GET /v1/sys/policy/:name ; [GET /v1/sys/auth] ; PUT /v1/acl/policy[/:id] ;
     GET /v1/sys/mounts ; POST /v1/consul/roles/:name or (KV) GET+POST /v1/secret/data/...,
     PUT /v1/acl/token, DELETE /v1/acl/token/:accessor ; PUT /v1/sys/policy/:name ;
     [GET /v1/auth/:mount/role/:name, POST /v1/auth/:mount/role/:name]
@@ -213,6 +234,8 @@ def apply(spec: JobSpec, token_ttl: str = acl.CONSUL_TOKEN_ROLE_TTL, jwt: JwtSet
     existing = consul_call("listing policies", _consul_policy, cons, name, needs=OPERATOR_TOKEN)
     try:
         check_owner(spec, existing.get("Description", "") if existing else None, _vault_policy_text(vault, name))
+        if jwt and not jwt.config:
+            require_jwt_auth(vault, jwt.mount)  # before the Consul half is written
         if jwt:  # a mount not there yet answers 404: no role
             check_jwt_role_owner(spec, _jwt_role(vault, jwt.mount, name))
     except hvac.exceptions.Forbidden:

@@ -3,9 +3,12 @@
 be read is said in `notes`, which the CLI shows.
 
 Order, for `run`, `plan`, `validate` and `acl apply`:
-- the target: the server's own version (GET /v1/agent/self); when that is refused (a token
-  without agent:read) or Nomad does not answer: NOMADTF_NOMAD_VERSION, else the profile's
-  `nomad_version`, else Nomad 1.6 with a note saying how to name it;
+- the target: the server's own version (GET /v1/agent/self); when the agent refuses that
+  (a token without agent:read), the oldest alive server's version from the gossip members
+  (GET /v1/agent/members, node:read); when neither answers: NOMADTF_NOMAD_VERSION, else
+  the profile's `nomad_version`, else Nomad 1.6 with a note saying how to name it. A job
+  whose rendering depends on the version (render.version_dependent) is refused instead of
+  rendered for that guess (`ClusterFacts.require_target_for`);
 - the profile: the file NOMADTF_CLUSTER_PROFILE names, else Consul KV
   (wire.KV_CLUSTER_PROFILE), else none (every setting from job.json and the schema).
 Offline (`render`, `acl policies`): --nomad-version, NOMADTF_NOMAD_VERSION, the profile
@@ -28,9 +31,17 @@ from typing import Any
 
 from nomadtf import discovery, wire
 from nomadtf import target as target_mod
-from nomadtf.errors import ServerError, SpecError
+from nomadtf.errors import NomadError, ServerError, SpecError, UnknownNomadVersion
 from nomadtf.nomad import NomadAPI
 from nomadtf.profile import ClusterProfile, fill_job, offline_target, profile_from_file
+from nomadtf.render import version_dependent
+from nomadtf.spec import JobSpec
+
+# How to name the target when Nomad will not say it (the notes and the refusal say it).
+NAME_THE_VERSION = (
+    f"name it: {target_mod.ENV_NOMAD_VERSION}=<the servers' version> (or --nomad-version where the command takes it), "
+    "or the cluster profile's nomad_version (`nomadtf acl profile`); or give the token node:read (or agent:read)"
+)
 
 
 @dataclass(frozen=True)
@@ -42,6 +53,19 @@ class ClusterFacts:
     def fill(self, raw: dict[str, Any]) -> dict[str, Any]:
         """job.json's raw options (spec.load_options) with what the cluster says filled in."""
         return fill_job(raw, self.profile, self.target)
+
+    def require_target_for(self, spec: JobSpec) -> None:
+        """Refuse (UnknownNomadVersion, exit 2) to render `spec` for the assumed Nomad 1.6
+        when nobody said the version and the job renders differently per version: such a
+        guess fails at run time, far from its cause (a task without its Vault token)."""
+        if self.target is None or not self.target.assumed:
+            return
+        reasons = version_dependent(spec)
+        if reasons:
+            raise UnknownNomadVersion(
+                f"could not read Nomad's version ({self.target.unread}), and job {spec.name} renders differently per Nomad version: "
+                f"{'; '.join(reasons)}. Nothing was submitted; {NAME_THE_VERSION}"
+            )
 
 
 def read_profile(environ: Mapping[str, str] = os.environ) -> tuple[ClusterProfile | None, list[str]]:
@@ -70,20 +94,33 @@ def read_profile(environ: Mapping[str, str] = os.environ) -> tuple[ClusterProfil
 def server_target(api: NomadAPI, profile: ClusterProfile | None, environ: Mapping[str, str] = os.environ) -> tuple[target_mod.Target, list[str]]:
     """The server's version; the fallbacks of the module docstring when it cannot be read.
 
-    GET /v1/agent/self
+    GET /v1/agent/self ; GET /v1/agent/members when the agent refuses the first
     """
     try:
         found = target_mod.resolve(api.agent_version(), f"Nomad at {api.address}")
+        return found, list(found.notes)
     except ServerError as exc:
-        fallback = offline_target(None, profile, environ)
-        if fallback is not None:
-            return fallback, [f"could not read Nomad's version ({exc}); rendering for {fallback.version} ({fallback.source})"]
-        baseline = target_mod.Target(target_mod.BASELINE, target_mod.BASELINE, "default")
-        return baseline, [
-            f"could not read Nomad's version ({exc}); rendering for Nomad {target_mod.BASELINE}. On Nomad 1.7+ set "
-            f"{target_mod.ENV_NOMAD_VERSION} (or the cluster profile's nomad_version), or give the token agent:read"
-        ]
-    return found, list(found.notes)
+        unread = str(exc) or type(exc).__name__
+        refused = isinstance(exc, NomadError) and exc.status is not None  # it answered: the gossip tags may still say
+    if refused:
+        try:
+            versions = api.server_versions()
+        except ServerError as exc:
+            unread = f"{unread}; {exc}"
+        else:
+            if versions:
+                found = target_mod.oldest_server(versions, f"Nomad's servers at {api.address}, GET /v1/agent/members")
+                return found, list(found.notes)
+            unread = f"{unread}; GET /v1/agent/members named no alive server"
+    fallback = offline_target(None, profile, environ)
+    if fallback is not None:
+        return fallback, [f"could not read Nomad's version ({unread}); rendering for {fallback.version} ({fallback.source})"]
+    # Assumed only where Nomad answered: one that does not cannot take the job either, and
+    # `validate` still checks job.json without it.
+    baseline = target_mod.Target(target_mod.BASELINE, target_mod.BASELINE, "default", unread=unread if refused else "")
+    return baseline, [
+        f"could not read Nomad's version ({unread}); rendering for Nomad {target_mod.BASELINE}. On Nomad 1.7+ {NAME_THE_VERSION}"
+    ]
 
 
 def at_submission(api: NomadAPI, environ: Mapping[str, str] = os.environ) -> ClusterFacts:

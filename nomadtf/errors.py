@@ -3,6 +3,7 @@
     NomadtfError                      exit code 1 unless a subclass says otherwise
     ├── SpecError                     job.json is wrong (exit 2); carries every problem found
     ├── RenderError                   a template could not be rendered (exit 2)
+    ├── UnknownNomadVersion           the job's rendering depends on a Nomad version nobody said (exit 2)
     ├── DevStackError                 the local Nomad + Consul + OpenBao stack
     │   ├── BinaryError               a server binary could not be found, verified or built
     │   └── PortInUseError            a port the stack needs belongs to something else
@@ -11,6 +12,7 @@
     │   ├── NomadError                Nomad API failure (status code and message)
     │   ├── ConsulError               Consul API failure
     │   ├── VaultError                Vault/OpenBao failure (never carries a secret value)
+    │   │   └── NoJwtAuthMethod       `acl apply`: no JWT auth method where Nomad logs tasks in
     │   └── AclConflict               `acl apply`: a policy of the job's name is another job's
     ├── TaskError                     the in-allocation supervisor could not continue
     │   ├── RendezvousTimeout         the cluster never became complete; lists who is missing
@@ -52,6 +54,14 @@ class RenderError(NomadtfError):
     exit_code = 2
 
 
+class UnknownNomadVersion(NomadtfError):
+    """Nomad's version could not be read and no setting names it, and the job renders
+    differently per version (its tasks' Vault tokens, templates that read Consul): it is
+    refused rather than rendered for a guess. The message names the settings that fix it."""
+
+    exit_code = 2
+
+
 class DevStackError(NomadtfError):
     pass
 
@@ -84,6 +94,11 @@ class ConsulError(ServerError):
 
 class VaultError(ServerError):
     pass
+
+
+class NoJwtAuthMethod(VaultError):
+    """`acl apply` for Nomad 1.7+: Vault has no JWT auth method at the mount Nomad's clients
+    log tasks in at (the once-per-cluster step was not done); nothing is written."""
 
 
 class AclConflict(ServerError):

@@ -223,6 +223,45 @@ def vault_role(spec: JobSpec) -> str:
     return spec.vault.get("role") or wire.acl_name(spec.namespace, spec.name)
 
 
+def rendering_notes(spec: JobSpec, target: target_mod.Target | None) -> list[str]:
+    """What the rendering for `target` leaves out of job.json, in words for the submitter:
+    on a Nomad whose tasks log in to Vault with their identity, `vault.policies` is not
+    rendered (Nomad 1.10+ drops a job's policies); the job's JWT role grants them instead,
+    the one `nomadtf acl apply` writes (acl.jwt_role_policies), unless vault.role names
+    another. The job's own policy, which that role always grants, is not mentioned."""
+    vault = spec.vault
+    if target is None or not any(needs_vault_token(spec, role) for role in spec.roles):
+        return []
+    if not target.rendering(vault.get("workflow")).vault_identity:
+        return []
+    own = wire.acl_name(spec.namespace, spec.name)
+    listed = [policy for policy in vault["policies"] if policy != own]
+    if not listed:
+        return []
+    role = vault_role(spec)
+    if role != own:
+        return [
+            f"vault.policies {listed} are not rendered for Nomad {target.version}: its tasks log in with the JWT role {role} "
+            "(vault.role), which grants what its operator wrote into it"
+        ]
+    return [
+        f"vault.policies {listed} are granted through the JWT role {role} that `nomadtf acl apply` writes; "
+        "Nomad >= 1.10 ignores a job's policies"
+    ]
+
+
+def version_dependent(spec: JobSpec) -> list[str]:
+    """Why `spec` renders differently for Nomad 1.6 and for later versions in a way that
+    breaks at run time when the guess is wrong (docs/nomad-versions.md, "What differs");
+    [] when a rendering for 1.6 also runs on later versions."""
+    reasons = []
+    if any(needs_vault_token(spec, role) for role in spec.roles):
+        reasons.append("its tasks get their Vault token from Nomad (with vault.policies on 1.6, a workload identity and a JWT role on 1.7+)")
+    if spec.discovery.reconfigure == "template":
+        reasons.append("template mode's tasks read Consul in a template (Nomad 1.10+ needs a consul block for that)")
+    return reasons
+
+
 def rendering_context(spec: JobSpec, target: target_mod.Target | None) -> dict[str, Any]:
     """What the templates need to know about the target Nomad: the decisions (never the
     version) and the identities' settings. No target: Nomad 1.6, the rendering of before."""

@@ -114,6 +114,14 @@ class Target:
     rendering_version: NomadVersion
     source: str
     notes: tuple[str, ...] = ()
+    # Why nobody said it: Nomad answered but would not say its version and no setting names
+    # one, so a submission would assume the baseline (cluster_facts). "" when someone said it
+    # (or when Nomad did not answer at all: nothing can be submitted then).
+    unread: str = ""
+
+    @property
+    def assumed(self) -> bool:
+        return bool(self.unread)
 
     def rendering(self, workflow: str | None = None) -> Rendering:
         return rendering_for(self.rendering_version, workflow)
@@ -133,6 +141,18 @@ def resolve(text: str, source: str) -> Target:
         )
         return Target(version, NEWEST_KNOWN, source, (note,))
     return Target(version, version, source)
+
+
+def oldest_server(versions: list[str], source: str) -> Target:
+    """The target for a cluster whose servers run `versions`: the oldest, since Nomad
+    turns a feature on only once every server has it (an upgrade in progress renders for
+    the servers not yet upgraded); a note says when they differ."""
+    parsed = sorted({NomadVersion.parse(text) for text in versions})
+    found = resolve(str(parsed[0]), source)
+    if len(parsed) == 1:
+        return found
+    note = f"Nomad's servers run {', '.join(map(str, parsed))}; rendering for the oldest, {parsed[0]}"
+    return Target(found.version, found.rendering_version, source, (*found.notes, note))
 
 
 def workflow_problems(workflow: str | None, target: Target) -> list[str]:

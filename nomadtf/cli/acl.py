@@ -123,6 +123,7 @@ def acl_apply(
     for note in facts.notes:
         err(note)
     spec = _acl_spec(job_file, var, facts)
+    facts.require_target_for(spec)  # 1.6 or 1.7+ decides whether the job's JWT role is written
     jwt = None
     if _identity(spec, facts):
         config = acl.jwt_auth_config(_nomad_address_for_jwks(jwks_url), issuer, _jwks_ca_pem()) if configure_auth else None
@@ -135,7 +136,8 @@ def acl_apply(
         err(f"Consul policy and Vault policy {applied.name} written; the tasks' Consul token: {applied.token_path} ({how})")
         err(f"or, once for every job, set consul_token_source = {applied.mode!r} in the cluster profile (`nomadtf acl profile`)")
     if applied.jwt_role:
-        err(f"Vault JWT auth role {applied.jwt_role} written: this job's identities get policy {applied.name}")
+        granted = ", ".join(acl.jwt_role_policies(spec))
+        err(f"Vault JWT auth role {applied.jwt_role} written: this job's identities get {granted}")
     typer.echo("add to job.json:")
     settings: dict = {"discovery": {"consul_token_path": applied.token_path}} if applied.token_path else {}
     if not applied.jwt_role:
@@ -150,6 +152,7 @@ def acl_revoke(job_file: JobFile, var: Vars = None, nomad_version: NomadVersion 
 
     facts = cluster_facts.for_operator(nomad_version)
     spec = _acl_spec(job_file, var, facts)
+    facts.require_target_for(spec)
     acl_setup.revoke(spec, jwt=acl_setup.JwtSetup(jwt_mount) if _identity(spec, facts) else None)
     err("removed the job's policies and Consul token source")
 

@@ -57,12 +57,16 @@ def run(
     timeout_s = _timeout_s(timeout) if timeout else None
     started = time.monotonic()
     job_run = Run.from_job_file(job_file, var or [], templates)
+    for note in job_run.notes:  # before anything is sent, also for a run that will wait in the queue
+        stamp(note)
     admission = Admission(
         job_run.api, on_status=lambda s: stamp(f"queued: {s.describe()}"), on_event=stamp, timeout_s=timeout_s,
         on_interrupt=on_interrupt, detach=detach,
     )  # fmt: skip
     submitted = job_run.submit(replace=replace, resume=resume, admission=admission)
     where = "" if submitted.namespace == "default" else f" --namespace {submitted.namespace}"
+    for note in submitted.notes:
+        stamp(note)
     if submitted.queued_at is not None:
         place, length = submitted.queued_at
         stamp(f"queued {submitted.job_id} run {submitted.run_id} at place {place} of {length}; the admission service submits it in its turn")
@@ -70,8 +74,6 @@ def run(
         return
     if timeout_s is not None:  # one --timeout for the wait in the queue and the run together
         timeout_s = max(1.0, timeout_s - (time.monotonic() - started))
-    for note in submitted.notes:
-        stamp(note)
     stamp(f"submitted {submitted.job_id} run {submitted.run_id} (evaluation {submitted.eval_id[:8]}); Nomad UI: {submitted.ui_url}")
     job_id = submitted.job_id
     if detach:

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from nomadtf import cluster_facts, wire
-from nomadtf.errors import SpecError, UnreachableError
+from nomadtf.errors import NomadError, SpecError, UnknownNomadVersion, UnreachableError
 from nomadtf.profile import ClusterProfile, consul_token_path, fill_job, offline_target, profile_from_file
 from nomadtf.render import render_job
 from nomadtf.spec import load_options, parse_spec
@@ -100,17 +100,25 @@ def test_the_offline_target_comes_from_the_flag_then_the_environment_then_the_pr
 
 
 class _FakeNomad:
-    """NomadAPI's agent_version, answering or refusing as a server would."""
+    """NomadAPI's agent_version and server_versions, answering or refusing as a server would."""
 
     address = "http://127.0.0.1:1"
 
-    def __init__(self, answer):
+    def __init__(self, answer, members=()):
         self.answer = answer
+        self.members = members
+        self.asked_members = False
 
     def agent_version(self):
         if isinstance(self.answer, Exception):
             raise self.answer
         return self.answer
+
+    def server_versions(self):
+        self.asked_members = True
+        if isinstance(self.members, Exception):
+            raise self.members
+        return list(self.members)
 
 
 def test_the_server_says_the_target_and_a_refusal_falls_back_with_a_note():
@@ -122,7 +130,48 @@ def test_the_server_says_the_target_and_a_refusal_falls_back_with_a_note():
     found, notes = cluster_facts.server_target(_FakeNomad(refused), ClusterProfile(nomad_version="1.11.3", source="p"), {})
     assert str(found.version) == "1.11.3" and "cannot reach Nomad" in notes[0]
     found, notes = cluster_facts.server_target(_FakeNomad(refused), None, {})
-    assert found.version == BASELINE and ENV_NOMAD_VERSION in notes[0] and "agent:read" in notes[0]
+    assert found.version == BASELINE and ENV_NOMAD_VERSION in notes[0] and "node:read" in notes[0]
+    assert not found.assumed  # nothing can be submitted to a Nomad that does not answer: no refusal for it
+
+
+def _denied(what: str, needs: str) -> NomadError:
+    """What nomad.nomad_error makes of a 403."""
+    return NomadError(f"Nomad refused {what} (403 Permission denied): NOMAD_TOKEN lacks the {needs} capability in namespace 'default'", 403)
+
+
+AGENT_READ_DENIED = _denied("reading the agent's version", "agent:read")
+
+
+def test_a_token_without_agent_read_gets_the_version_from_the_servers_gossip_tags():
+    nomad = _FakeNomad(AGENT_READ_DENIED, members=["1.6.1", "1.6.1", "1.6.1"])
+    found, notes = cluster_facts.server_target(nomad, None, {ENV_NOMAD_VERSION: "2.0.5"})
+    assert str(found.version) == "1.6.1" and "/v1/agent/members" in found.source and notes == [] and not found.assumed
+    # An upgrade in progress: the oldest server decides (Nomad turns a feature on once all have it).
+    found, notes = cluster_facts.server_target(_FakeNomad(AGENT_READ_DENIED, ["1.10.2", "1.9.7", "1.10.2"]), None, {})
+    assert str(found.version) == "1.9.7" and notes == ["Nomad's servers run 1.9.7, 1.10.2; rendering for the oldest, 1.9.7"]
+    # Nomad that does not answer is not asked twice.
+    unreachable = _FakeNomad(UnreachableError("cannot reach Nomad"), members=["2.0.5"])
+    assert cluster_facts.server_target(unreachable, None, {})[0].version == BASELINE and not unreachable.asked_members
+
+
+def test_a_version_nobody_said_refuses_a_job_whose_tasks_get_vault_tokens_and_names_the_fix():
+    members_denied = _denied("reading the servers' versions", "node:read")
+    found, notes = cluster_facts.server_target(_FakeNomad(AGENT_READ_DENIED, members_denied), None, {})
+    facts = cluster_facts.ClusterFacts(found, None, notes)
+    assert facts.target.assumed and "lacks the agent:read" in facts.target.unread and "lacks the node:read" in facts.target.unread
+    secrets = parse_spec(fill_job(load_options(JOB_EXAMPLES["secrets"], []), None, facts.target))
+    with pytest.raises(UnknownNomadVersion) as refused:
+        facts.require_target_for(secrets)
+    message = str(refused.value)
+    assert refused.value.exit_code == 2 and "lacks the agent:read" in message and "Vault token" in message
+    for fix in (ENV_NOMAD_VERSION, "--nomad-version", "nomad_version", "node:read"):
+        assert fix in message, fix
+    facts.require_target_for(parse_spec(load_options(JOB_EXAMPLES["digits"], [])))  # renders alike everywhere: a note only
+    with pytest.raises(UnknownNomadVersion, match="template mode"):
+        facts.require_target_for(parse_spec(load_options(JOB_EXAMPLES["digits"], ["discovery.reconfigure=template"])))
+    # A version someone said is never refused.
+    said = cluster_facts.ClusterFacts(resolve("1.6.1", "NOMADTF_NOMAD_VERSION"), None)
+    said.require_target_for(secrets)
 
 
 def test_a_consul_that_does_not_answer_gives_no_profile_and_a_note(monkeypatch):

@@ -162,3 +162,22 @@ def test_example_renders_for_2_0_5_as_its_golden_file(name):
         golden.write_text(text)
     assert golden.exists(), f"{golden} is missing; create it with NOMADTF_UPDATE_GOLDEN=1"
     assert text == golden.read_text(), f"{name} renders for 2.0.5 differently from {golden}; if intended, regenerate it"
+
+
+def test_vault_policies_on_a_workload_identity_target_are_said_to_go_through_the_jwt_role():
+    from nomadtf.render import rendering_notes
+
+    spec = example_spec("secrets")  # lists nomadtf-digits-read
+    role = wire.acl_name("default", "digits-secrets")
+    notes = rendering_notes(spec, V205)
+    assert notes == [
+        f"vault.policies ['nomadtf-digits-read'] are granted through the JWT role {role} that `nomadtf acl apply` writes; "
+        "Nomad >= 1.10 ignores a job's policies"
+    ]
+    assert rendering_notes(spec, resolve("1.6.1", "test")) == [] and rendering_notes(spec, None) == []  # rendered as Policies
+    assert rendering_notes(load_spec(JOB_EXAMPLES["secrets"], ["vault.workflow=token"]), resolve("1.9.7", "test")) == []
+    # Only the job's own policy (what the profile or `acl` adds): the role grants it, nothing to say.
+    assert rendering_notes(load_spec(JOB_EXAMPLES["secrets"], [f"vault.policies=[\"{role}\"]"]), V205) == []
+    other = rendering_notes(load_spec(JOB_EXAMPLES["secrets"], ["vault.role=team-ml"]), V205)
+    assert len(other) == 1 and "JWT role team-ml (vault.role)" in other[0] and "not rendered for Nomad 2.0.5" in other[0]
+    assert rendering_notes(example_spec("digits"), V205) == []  # no task gets a Vault token
