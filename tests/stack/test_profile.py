@@ -130,3 +130,51 @@ def test_a_profile_that_is_not_json_is_refused_naming_where_it_is(stack, tmp_pat
     finally:
         consul.kv.delete(wire.KV_CLUSTER_PROFILE)
     assert discovery.read_cluster_profile(consul) is None
+
+
+def _nomad_token(cluster, name: str, rules: str) -> str:
+    """A client token with exactly `rules` (the operator creates them; POST /v1/acl/policy/:name, /v1/acl/token)."""
+    api, found = cluster.api().session(), cluster.api().urls
+    api.post(f"{found['nomad']}/v1/acl/policy/{name}", json={"Name": name, "Rules": rules}, timeout=10).raise_for_status()
+    token = api.post(f"{found['nomad']}/v1/acl/token", json={"Type": "client", "Policies": [name]}, timeout=10)
+    token.raise_for_status()
+    return token.json()["SecretID"]
+
+
+def test_a_submitter_without_agent_read_gets_the_servers_version_and_without_node_read_is_told_how_to_name_it(secure_cluster, tmp_path):
+    """Nomad v1.6.1 on the secure several-client stack: a token that may not read the agent
+    still learns the servers' version from their gossip tags (GET /v1/agent/members,
+    node:read); one that may read neither is refused a job whose tasks get Vault tokens
+    (exit 2, nothing submitted) until the version is named."""
+    from nomadtf import cluster_facts
+    from nomadtf.nomad import NomadAPI, NomadSettings
+    from nomadtf.target import NomadVersion
+    from tests.cluster_access import secured
+    from tests.helpers import probe_job, write_job
+
+    namespace_only = 'namespace "default" {\n  capabilities = ["read-job", "submit-job", "list-jobs"]\n}\n'
+    with_nodes = _nomad_token(secure_cluster, "nomadtf-test-no-agent-read", namespace_only + 'node {\n  policy = "read"\n}\n')
+    without_nodes = _nomad_token(secure_cluster, "nomadtf-test-namespace-only", namespace_only)
+
+    def api_with(token: str) -> NomadAPI:
+        return NomadAPI(NomadSettings.from_env({**secure_cluster.env(), "NOMAD_TOKEN": token}))
+
+    found, notes = cluster_facts.server_target(api_with(with_nodes), None, {})
+    assert found.version == NomadVersion(1, 6, 1) and "/v1/agent/members" in found.source and not found.assumed, (found, notes)
+    assert notes == []  # three servers, one version
+    assumed, notes = cluster_facts.server_target(api_with(without_nodes), None, {})
+    assert assumed.assumed and "agent:read" in assumed.unread and "node:read" in assumed.unread, assumed
+
+    job = write_job(tmp_path, secured(probe_job(unique("no-agent-read")), secure_cluster, tmp_path))  # reads its Consul token from Vault
+    env = {**secure_cluster.env(), "NOMAD_TOKEN": with_nodes}
+    try:
+        checked = nomadtf("validate", str(job), env=env, timeout=120)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert "could not read Nomad's version" not in checked.stderr, checked.stderr
+        refused = nomadtf("validate", str(job), env={**env, "NOMAD_TOKEN": without_nodes}, timeout=120)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert "NOMADTF_NOMAD_VERSION" in refused.stderr and "Vault token" in refused.stderr and "Traceback" not in refused.stderr
+        named = nomadtf("validate", str(job), env={**env, "NOMAD_TOKEN": without_nodes, "NOMADTF_NOMAD_VERSION": "1.6.1"}, timeout=120)
+        assert named.returncode == 0 and "rendering for 1.6.1 (NOMADTF_NOMAD_VERSION)" in named.stderr, named.stdout + named.stderr
+    finally:
+        nomadtf("acl", "revoke", str(job), env=secure_cluster.env(), timeout=60)

@@ -5,7 +5,9 @@ Nomad's /.well-known/jwks.json; Nomad 1.7+ is never run here).
 
 A job's identity logs in and reads that job's secrets and nothing else; the identity of
 another job, of the same job in another namespace, for another audience, expired, or signed
-by another key is refused."""
+by another key is refused. `nomadtf acl apply --nomad-version 2.0.5` itself, as an operator
+runs it, writes a role that such an identity logs in with, granting the policies job.json
+lists too, and refuses, naming --configure-auth, where the auth method is missing."""
 
 from __future__ import annotations
 
@@ -22,11 +24,12 @@ import pytest
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
-from nomadtf import acl, acl_setup
+from nomadtf import acl, acl_setup, wire
 from nomadtf import vault as vault_api
 from nomadtf.devstack import stack as stack_mod
 from nomadtf.errors import AclConflict
 from nomadtf.spec import parse_spec
+from tests.helpers import nomadtf, probe_job, write_job
 
 pytestmark = pytest.mark.stack
 
@@ -116,7 +119,7 @@ def job_spec(namespace: str, name: str, secret_path: str) -> dict:
         "entrypoint": {"script": "train.py"},
         "roles": {"chief": {"count": 1}, "worker": {"count": 1}, "ps": {"count": 1}},
         "secrets": [{"path": secret_path, "key": "value", "env": "JOB_SECRET"}],
-        "vault": {"policies": ["unused-on-1.10"]},
+        "vault": {"policies": [wire.acl_name(namespace, name)]},  # what the cluster profile fills in
     })
 
 
@@ -208,3 +211,56 @@ def test_apply_refuses_a_role_of_the_jobs_name_bound_to_another_job(root, jwks_s
     finally:
         root.sys.disable_auth_method(mount)
 
+
+
+def test_acl_apply_from_the_command_line_writes_the_role_a_jobs_identity_logs_in_with(stack, root, jwks_server, tmp_path):
+    """The operator's commands as docs/nomad-versions.md shows them, against the real OpenBao
+    (the plain stack's Consul has no ACLs: only the Vault half is written)."""
+    signer, nomad_address = jwks_server
+    tag = uuid.uuid4().hex[:6]
+    mount, name = f"jwt-nomadtf-{tag}", f"jwt-cli-{tag}"
+    role = wire.acl_name("default", name)
+    extra = f"nomadtf-jwt-extra-{tag}"  # a policy job.json lists: on 1.10+ only the role can grant it
+    values = {key: f"{key}-{uuid.uuid4().hex}" for key in ("own", "extra")}
+    for key, value in values.items():
+        root.secrets.kv.v2.create_or_update_secret(path=f"nomadtf-jwt/{tag}/{key}", secret={"value": value}, mount_point="secret")
+    root.sys.create_or_update_policy(extra, f'path "secret/data/nomadtf-jwt/{tag}/extra" {{\n  capabilities = ["read"]\n}}\n')
+    job = write_job(tmp_path, {
+        **probe_job(name),
+        "secrets": [{"path": f"secret/nomadtf-jwt/{tag}/own", "key": "value", "env": "JOB_SECRET"}],
+        "vault": {"policies": [extra]},
+    })
+    env = {"VAULT_ADDR": stack_mod.VAULT_ADDR, "VAULT_TOKEN": stack.root_token(), "NOMAD_CACERT": "", "NOMADTF_CLUSTER_PROFILE": ""}
+    apply = ["acl", "apply", str(job), "--nomad-version", "2.0.5", "--jwt-mount", mount]
+    try:
+        missing = nomadtf(*apply, env=env, timeout=60)
+        assert missing.returncode == 1, missing.stdout + missing.stderr
+        assert f"no JWT auth method at {mount}/" in missing.stderr and "--configure-auth" in missing.stderr, missing.stderr
+        assert "unexpected error" not in missing.stderr and "Traceback" not in missing.stderr
+        with pytest.raises(hvac.exceptions.InvalidPath):  # nothing was written
+            root.sys.read_policy(role)
+
+        applied = nomadtf(*apply, "--configure-auth", "--jwks-url", nomad_address, env=env, timeout=60)
+        assert applied.returncode == 0, applied.stdout + applied.stderr
+        assert f"auth/{mount}/role/{role} written" in applied.stderr and extra in applied.stderr, applied.stderr
+        again = nomadtf(*apply, env=env, timeout=60)  # the method is there now: the role alone is rewritten
+        assert again.returncode == 0, again.stdout + again.stderr
+
+        task = hvac.Client(url=stack_mod.VAULT_ADDR)
+        task.auth.jwt.jwt_login(role=role, jwt=signer.sign(vault_identity("default", name, role)), path=mount)
+        assert task.lookup_token()["data"]["policies"] == sorted(["default", role, extra])
+        for key, value in values.items():
+            read = task.secrets.kv.v2.read_secret_version(path=f"nomadtf-jwt/{tag}/{key}", mount_point="secret", raise_on_deleted_version=True)
+            assert read["data"]["data"]["value"] == value, key
+
+        revoked = nomadtf("acl", "revoke", str(job), "--nomad-version", "2.0.5", "--jwt-mount", mount, env=env, timeout=60)
+        assert revoked.returncode == 0, revoked.stdout + revoked.stderr
+        assert acl_setup._jwt_role(root, mount, role) is None
+        assert f"{mount}/" in root.sys.list_auth_methods()["data"]  # the cluster's method stays
+    finally:
+        if f"{mount}/" in root.sys.list_auth_methods()["data"]:
+            root.sys.disable_auth_method(mount)
+        for policy in (role, extra):
+            root.sys.delete_policy(policy)
+        for key in values:
+            root.secrets.kv.v2.delete_metadata_and_all_versions(path=f"nomadtf-jwt/{tag}/{key}", mount_point="secret")
