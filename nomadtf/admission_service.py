@@ -33,6 +33,7 @@ from nomadtf.discovery import AdmissionQueue, ConsulDiscovery
 from nomadtf.errors import ServerError
 from nomadtf.nomad import NomadAPI
 
+SERVICE_TOKENS_VAR = f"nomad/jobs/{wire.ADMISSION_SERVICE_JOB}"  # its tasks may read it (workload identity)
 LEAD_WAIT_S = 30.0  # a standby re-asks for the lead at least this often
 QUEUE_WAIT_S = 30.0  # the leader looks at the queue at least this often
 
@@ -55,7 +56,10 @@ class AdmissionService:
         self.api = api
         self.queue = queue_kv or AdmissionQueue()
         self.on_event = on_event
-        self.name = name or f"{socket.gethostname()} pid {os.getpid()}"
+        # In the cluster, the allocation too: `admission status` (and a test) can tell whose
+        # client the leader runs on.
+        alloc = f" alloc {os.environ['NOMAD_ALLOC_ID'][:8]}" if os.environ.get("NOMAD_ALLOC_ID") else ""
+        self.name = name or f"{socket.gethostname()} pid {os.getpid()}{alloc}"
 
     def serve(self, stop: threading.Event | None = None) -> None:
         """Until `stop` is set: stand by, lead when the lead is free, admit while leading.
@@ -117,13 +121,19 @@ def service_job(
     env: Mapping[str, str] | None = None,
     namespace: str = wire.DEFAULT_NAMESPACE,
     datacenters: tuple[str, ...] = ("*",),
+    clients: int = 0,
+    tokens: bool = False,
 ) -> dict[str, Any]:
     """The Nomad service job of the admission service (the body of POST /v1/jobs). Pure.
 
     `python`: the interpreter on the clients that has nomadtf installed (default: this one;
     then the task also gets this process's PYTHONPATH, so a checkout deploys its own code).
-    `env`: what the replicas need to reach Nomad and Consul (addresses; tokens are better
-    given through Nomad's workload identity or Vault than written into a job)."""
+    `env`: what the replicas need to reach Nomad and Consul (addresses, never tokens).
+    `clients`: the eligible client nodes (0: unknown), for where the replicas go.
+    `tokens`: the replicas read their Nomad and Consul tokens from the Nomad variable
+    SERVICE_TOKENS_VAR (`deploy --tokens` writes it), rendered into their environment by a
+    template: a job's tasks may read their own job's variables through their workload
+    identity, so no token is written into the job itself."""
     environment = dict(env or {})
     if python is None:
         import nomadtf
@@ -138,12 +148,33 @@ def service_job(
         "Resources": {"CPU": 100, "MemoryMB": 128},
         "KillTimeout": 5_000_000_000,
     }
+    if tokens:
+        task["Templates"] = [
+            {
+                "EmbeddedTmpl": (
+                    f'{{{{ with nomadVar "{SERVICE_TOKENS_VAR}" }}}}'
+                    "NOMAD_TOKEN={{ .nomad_token }}\nCONSUL_HTTP_TOKEN={{ .consul_token }}\n{{ end }}"
+                ),
+                "DestPath": "secrets/tokens.env",
+                "Envvars": True,
+                "ChangeMode": "restart",  # new tokens: the replica starts again with them
+            }
+        ]
     group = {
         "Name": "admission",
         "Count": count,
         "Tasks": [task],
         "RestartPolicy": {"Attempts": 10, "Interval": 600_000_000_000, "Delay": 2_000_000_000, "Mode": "delay"},
     }
+    # A standby on its leader's client dies with it. distinct_hosts keeps the replicas on
+    # different clients, but it is a hard constraint: with fewer clients than replicas Nomad
+    # leaves the rest unplaced (blocked), so a one-client cluster could not deploy two. There
+    # (or when the nodes could not be counted) a spread asks for distinct clients where it
+    # can and still places every replica.
+    if count > 1 and clients >= count:
+        group["Constraints"] = [{"Operand": "distinct_hosts", "RTarget": "true"}]
+    elif count > 1:
+        group["Spreads"] = [{"Attribute": "${node.unique.id}", "Weight": 100}]
     return {
         "Job": {
             "ID": wire.ADMISSION_SERVICE_JOB,

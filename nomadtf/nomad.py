@@ -384,6 +384,12 @@ class NomadAPI:
             resp = self._send(self.client.allocations, params=params)
         return resp.json(), int(resp.headers.get("X-Nomad-Index", 0))
 
+    def put_variable(self, path: str, items: Mapping[str, str]) -> dict[str, Any]:
+        """Write a Nomad variable in this namespace (a job's tasks may read `nomad/jobs/<job>`
+        through their workload identity).  PUT /v1/var/:path"""
+        body = {"Namespace": self.namespace, "Path": path, "Items": dict(items)}
+        return self._json(f"the variable {path}", "variables write", self.client.variable, path, method="put", json=body)
+
     def namespaces(self) -> list[str]:
         """The namespaces the token may use (Nomad lists no others).  GET /v1/namespaces"""
         return [ns["Name"] for ns in self._json("the namespace list", "read-job", self.client.namespaces)]

@@ -37,16 +37,31 @@ def serve() -> None:
 def deploy(
     count: Annotated[int, typer.Option("--count", min=1, help="Replicas (one leads, the others stand by)")] = 2,
     python: Annotated[Optional[str], typer.Option("--python", help="Interpreter on the clients with nomadtf installed; default: this one, with this checkout's code")] = None,
+    tokens: Annotated[bool, typer.Option("--tokens", help="ACL cluster: hand this shell's NOMAD_TOKEN and CONSUL_HTTP_TOKEN to the replicas through a Nomad variable (give it tokens made for the service)")] = False,
     namespace: Namespace = None,
 ) -> None:
     """Run the admission service in the cluster as a Nomad service job (nomadtf-admission);
-    it reaches Nomad and Consul at the addresses this shell uses."""
-    from nomadtf import wire
-    from nomadtf.admission_service import service_env, service_job
+    it reaches Nomad and Consul at the addresses this shell uses. Replicas go to different
+    clients when there are enough."""
+    from nomadtf import capacity, wire
+    from nomadtf.admission_service import SERVICE_TOKENS_VAR, service_env, service_job
+    from nomadtf.errors import NomadError, SpecError
     from nomadtf.nomad import NomadAPI
 
     api = NomadAPI.from_env(namespace=namespace)
-    job = service_job(count, python, service_env(os.environ), namespace=api.namespace)
+    try:
+        clients = len(capacity.node_capacities(api.nodes(), {"Datacenters": ["*"]}))
+    except NomadError as exc:
+        if exc.status != 403:
+            raise
+        clients = 0  # not countable with this token: the replicas are spread, not bound apart
+    if tokens:
+        missing = [name for name in ("NOMAD_TOKEN", "CONSUL_HTTP_TOKEN") if not os.environ.get(name)]
+        if missing:
+            raise SpecError(f"--tokens: {' and '.join(missing)} not set in this shell")
+        api.put_variable(SERVICE_TOKENS_VAR, {"nomad_token": os.environ["NOMAD_TOKEN"], "consul_token": os.environ["CONSUL_HTTP_TOKEN"]})
+        stamp(f"wrote the replicas' tokens to the Nomad variable {SERVICE_TOKENS_VAR} in namespace {api.namespace}")
+    job = service_job(count, python, service_env(os.environ), namespace=api.namespace, clients=clients, tokens=tokens)
     registered = api.register(job)
     stamp(f"deployed {wire.ADMISSION_SERVICE_JOB} ({count} replicas) in namespace {api.namespace} (evaluation {registered['EvalID'][:8]})")
 

@@ -542,3 +542,83 @@ def test_a_team_waiting_behind_another_learns_the_shortfall_but_not_the_other_te
             waiting.kill()
         for job, namespace in ((job_a, NAMESPACE_A), (job_b, NAMESPACE_B)):
             nomadtf("stop", job, "--namespace", namespace, "--purge", env=secure_cluster.env(), timeout=60)
+
+
+def _plain_hog(job_id: str, cpu: int, count: int) -> dict:
+    """A job nomadtf did not start: `count` sleeps of `cpu` MHz, one per client."""
+    task = {"Name": "sleep", "Driver": "raw_exec", "Config": {"command": "/bin/sleep", "args": ["600"]},
+            "Resources": {"CPU": cpu, "MemoryMB": 64}}  # fmt: skip
+    group = {"Name": "sleep", "Count": count, "Tasks": [task], "Constraints": [{"Operand": "distinct_hosts", "RTarget": "true"}],
+             "RestartPolicy": {"Attempts": 0, "Mode": "fail"}}  # fmt: skip
+    return {"Job": {"ID": job_id, "Type": "service", "Datacenters": ["*"], "TaskGroups": [group]}}
+
+
+def test_the_admission_service_keeps_admitting_when_its_leader_s_client_dies(secure_cluster, tmp_path):
+    """`nomadtf admission deploy --tokens` on the secure stack: two replicas on different
+    clients, reading their tokens from the job's Nomad variable. The leader's client dies
+    (every process in it SIGKILLed); team-b's detached run waits behind a plain job that
+    holds every client; once that ends, the standby has taken the lead and admits the run,
+    exactly once."""
+    from nomadtf import capacity, wire
+    from tests import faults
+    from tests.node_loss import client_of
+
+    operator = secure_cluster.env()
+    api, found = secure_cluster.api().session(), secure_cluster.api().urls
+    nomad_url = found["nomad"]
+    ensure_namespace(api, nomad_url, NAMESPACE_B)
+    nodes = capacity.node_capacities(api.get(f"{nomad_url}/v1/nodes", params={"resources": "true"}, timeout=10).json(), {"Datacenters": ["*"]})
+    node_cpu = min(n.resources.cpu for n in nodes)
+    hog, name = unique("hog"), unique("unattended-b")
+    spec = probe_job(name, namespace=NAMESPACE_B, context={"sleep": 1})
+    spec["roles"]["chief"]["cpu"] = int(node_cpu * 0.6)  # fits on any one client the hog left
+    spec = secured(spec, secure_cluster, tmp_path)
+    victim = None
+
+    def service_allocs() -> list[dict]:
+        allocs = api.get(f"{nomad_url}/v1/job/{wire.ADMISSION_SERVICE_JOB}/allocations", timeout=10).json()
+        return [a for a in allocs if a["ClientStatus"] == "running"]
+
+    def leader() -> str:
+        out = nomadtf("admission", "status", env=operator, timeout=30)
+        assert out.returncode == 0, out.stderr
+        match = re.search(r"^leader: (.*) alloc ([0-9a-f]{8})$", out.stdout, re.M)
+        return match[2] if match else ""
+
+    try:
+        deployed = nomadtf("admission", "deploy", "--count", "2", "--tokens", env=operator, timeout=60)
+        assert deployed.returncode == 0 and "(2 replicas)" in deployed.stderr, deployed.stderr
+        replicas = wait_until(lambda: len(a := service_allocs()) == 2 and a, 90, "two replicas running")
+        assert len({a["NodeID"] for a in replicas}) == 2, replicas  # distinct_hosts: never both on one client
+        leading = wait_until(leader, 60, "a replica to lead")
+        (lead_alloc,) = [a for a in replicas if a["ID"].startswith(leading)]
+        victim = client_of(lead_alloc)
+
+        api.post(f"{nomad_url}/v1/jobs", json=_plain_hog(hog, int(node_cpu * 0.6), len(nodes)), timeout=10).raise_for_status()
+        wait_until(lambda: sum(a["ClientStatus"] == "running" for a in api.get(f"{nomad_url}/v1/job/{hog}/allocations", timeout=10).json())
+                   == len(nodes), 60, "the hog on every client")  # fmt: skip
+        detached = nomadtf("run", str(write_job(tmp_path, spec)), "--detach", env=submitter_env(secure_cluster, NAMESPACE_B), timeout=120)
+        assert detached.returncode == 0 and "the admission service submits it in its turn" in detached.stderr, detached.stderr
+
+        faults.kill_client(secure_cluster, victim)  # the leader's machine dies, its replica with it
+        new_leader = wait_until(lambda: (lead := leader()) and lead != leading and lead, 90, "the standby to lead")
+        assert new_leader != leading
+        api.delete(f"{nomad_url}/v1/job/{hog}", params={"purge": "true"}, timeout=10).raise_for_status()
+
+        def succeeded() -> bool:
+            out = nomadtf("status", name, "--namespace", NAMESPACE_B, env=operator, timeout=30)
+            return "outcome: succeeded" in out.stdout
+
+        wait_until(succeeded, 180, f"{name} admitted by the standby and succeeded", interval=2.0)
+        versions = api.get(f"{nomad_url}/v1/job/{name}/versions", params={"namespace": NAMESPACE_B}, timeout=10).json()["Versions"]
+        assert len(versions) == 1, versions  # admitted exactly once
+        consul = secure_cluster.api().consul()
+        assert not consul.kv.get(wire.kv_queue_prefix(NAMESPACE_B), recurse=True)[1]
+    finally:
+        api.delete(f"{nomad_url}/v1/job/{hog}", params={"purge": "true"}, timeout=10)
+        api.delete(f"{nomad_url}/v1/job/{wire.ADMISSION_SERVICE_JOB}", params={"purge": "true"}, timeout=10)
+        api.delete(f"{nomad_url}/v1/var/nomad/jobs/{wire.ADMISSION_SERVICE_JOB}", timeout=10)
+        nomadtf("stop", name, "--namespace", NAMESPACE_B, "--purge", env=operator, timeout=60)
+        if victim is not None:
+            faults.restart_client(secure_cluster, victim)
+    assert [r.node for r in secure_cluster.status().rows if r.node] == ["ready"] * len(nodes)
