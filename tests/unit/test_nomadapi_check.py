@@ -11,9 +11,11 @@ import shutil
 
 import pytest
 
+from nomadtf.dcos import convert_options
 from nomadtf.render import job_json, render_job
-from nomadtf.spec import load_spec
+from nomadtf.spec import apply_overrides, load_spec, parse_spec, read_options
 from nomadtf.target import resolve
+from tests.helpers import EXAMPLES
 from tests.nomadapi import nomadapi_check, run_check
 from tests.unit.test_render import JOB_EXAMPLES, example_spec
 
@@ -38,11 +40,19 @@ def checker():
     return nomadapi_check()
 
 
+def variant_spec(name: str, overrides: list[str]):
+    """An example with a variant's `--var`s (the DC/OS one as `convert-dcos` makes it, then varied)."""
+    if name == "dcos":
+        return parse_spec(apply_overrides(convert_options(read_options(EXAMPLES / "dcos" / "options.json")).job, overrides))
+    return load_spec(JOB_EXAMPLES[name], overrides)
+
+
 def renderings(tmp_path, version: str, variants=VARIANTS):
+    """Every example in every variant: 35 renderings, each different."""
     paths = []
     for name in [*JOB_EXAMPLES, "dcos"]:
         for variant, overrides in variants.items():
-            spec = example_spec(name) if name == "dcos" else load_spec(JOB_EXAMPLES[name], overrides)
+            spec = variant_spec(name, overrides)
             path = tmp_path / f"{name}{'-' + variant if variant else ''}.json"
             path.write_text(job_json(render_job(spec, target=resolve(version, "test"))))
             paths.append(path)
@@ -52,6 +62,7 @@ def renderings(tmp_path, version: str, variants=VARIANTS):
 @pytest.mark.parametrize("version", ["2.0.5", "1.10.0", "1.8.0", "1.7.0"])
 def test_every_rendering_decodes_strictly_and_lints_clean(checker, tmp_path, version):
     paths = renderings(tmp_path, version)
+    assert len({path.read_text() for path in paths}) == len(paths) == 35  # no variant left unvaried
     out = run_check(checker, version, paths)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count(": ok\n") == len(paths)
