@@ -13,8 +13,9 @@ ARG BASE=tensorflow/tensorflow:2.21.0
 FROM ${BASE} AS build
 # A requirement such as tensorflow-cpu==2.21.0 where BASE has no TensorFlow; empty: BASE's.
 ARG TENSORFLOW=
-# What the examples' code imports besides TensorFlow (your code's own packages go here too).
-ARG EXTRA_REQUIREMENTS=scikit-learn
+# What the examples' code imports besides TensorFlow, and TensorBoard for the tensorboard role
+# (recent TensorFlow releases no longer install it); your code's own packages go here too.
+ARG EXTRA_REQUIREMENTS="scikit-learn tensorboard"
 # 1: install from wheels/ alone (a build without a package index, as `dev image build` runs).
 ARG PIP_NO_INDEX=
 COPY wheels/ /tmp/wheels/

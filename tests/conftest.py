@@ -76,3 +76,35 @@ def secure_cluster():
     yield cluster
     if started and not os.environ.get("NOMADTF_KEEP_STACK"):
         cluster.down(progress=_progress)
+
+
+@pytest.fixture
+def code_server(tmp_path):
+    """A zip and a tarball of the probe served on 127.0.0.1, as a user's artifact store."""
+    import functools
+    import http.server
+    import shutil
+    import tarfile
+    import threading
+    import zipfile
+
+    from tests.helpers import JOBS
+
+    root = tmp_path / "served"
+    root.mkdir()
+    with zipfile.ZipFile(root / "code.zip", "w") as zf:
+        zf.write(JOBS / "probe.py", "probe.py")
+    with tarfile.open(root / "code.tar.gz", "w:gz") as tf:
+        tf.add(JOBS / "probe.py", "probe.py")
+    with zipfile.ZipFile(root / "empty.zip", "w") as zf:
+        zf.writestr("README", "no code here")
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *_args):
+            pass
+
+    handler = functools.partial(Quiet, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    shutil.rmtree(root, ignore_errors=True)

@@ -37,8 +37,9 @@ MIRROR = "http://deb.debian.org/debian"
 BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates", "procps")
 BASE_REPOSITORY = "nomadtf-base"
 REPOSITORY = "nomadtf"
-# What the examples import besides TensorFlow (the Dockerfile's EXTRA_REQUIREMENTS default).
-EXTRA_REQUIREMENTS = ("scikit-learn",)
+# What the examples import besides TensorFlow, and TensorBoard for the tensorboard role (the
+# Dockerfile's EXTRA_REQUIREMENTS default).
+EXTRA_REQUIREMENTS = ("scikit-learn", "tensorboard")
 # What the image's tasks run under; the container's Python must be the one the wheels are for.
 CONTAINER_PYTHON = "3.11"
 # Parts of the root filesystem no task needs (apt's caches, documentation).
