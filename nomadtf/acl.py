@@ -179,7 +179,7 @@ def jwt_role_policies(spec: JobSpec) -> list[str]:
     """What the job's JWT auth role grants: the job's own Vault policy, then every policy
     job.json lists in `vault.policies`. Nomad 1.10+ drops a job's own policies, so the role
     is where what the job asks for is granted, and the operator reviews it there."""
-    return list(dict.fromkeys([policy_name(spec), *spec.vault["policies"]]))
+    return list(dict.fromkeys([policy_name(spec), *spec.vault.policies]))
 
 
 def vault_jwt_role(spec: JobSpec) -> dict[str, Any]:

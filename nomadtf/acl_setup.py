@@ -75,7 +75,7 @@ def kv_token_path(spec: JobSpec) -> str:
 
 
 def _vault(spec: JobSpec) -> hvac.Client:
-    client = hvac.Client(url=vault_address(spec.vault), **vault_tls())
+    client = hvac.Client(url=vault_address(spec.vault.document), **vault_tls())
     client.token = os.environ.get("VAULT_TOKEN", "")
     if not client.token:
         raise VaultError("`nomadtf acl` writes Vault policies: set VAULT_TOKEN to an operator's token")

@@ -146,10 +146,10 @@ def task_env(spec: JobSpec, role: str) -> dict[str, str]:
     env.update({wire.ENV_TASK_ROLE: role, "CONSUL_HTTP_ADDR": spec.discovery.consul_address})
     if spec.discovery.consul_ca_file:
         env["CONSUL_CACERT"] = spec.discovery.consul_ca_file
-    if spec.vault.get("address"):
-        env["VAULT_ADDR"] = spec.vault["address"]
-    if spec.vault.get("ca_file"):
-        env["VAULT_CACERT"] = spec.vault["ca_file"]
+    if spec.vault.address:
+        env["VAULT_ADDR"] = spec.vault.address
+    if spec.vault.ca_file:
+        env["VAULT_CACERT"] = spec.vault.ca_file
     return env
 
 
@@ -170,7 +170,7 @@ def docker_volumes(spec: JobSpec) -> list[str]:
     to mount (spec validation refuses any other model_dir that is not an absolute path)."""
     root = model_dir_root(spec.model_dir)
     shared = [] if "://" in spec.model_dir else [f"{root}:{root}"]
-    cas = dict.fromkeys(ca for ca in (spec.discovery.consul_ca_file, spec.vault.get("ca_file")) if ca)
+    cas = dict.fromkeys(ca for ca in (spec.discovery.consul_ca_file, spec.vault.ca_file) if ca)
     return [*shared, *(f"{ca}:{ca}:ro" for ca in cas), *spec.driver.volumes]
 
 
@@ -178,7 +178,7 @@ def needs_vault_token(spec: JobSpec, role: str) -> bool:
     """Whether Nomad derives a Vault token for `role`'s task: for the secrets of the roles
     that run user code (parameter servers never see one), and for every task when the
     tasks' Consul token comes from Vault."""
-    if spec.vault["auth"] != "nomad":
+    if spec.vault.auth != "nomad":
         return False
     if spec.discovery.consul_token_path:
         return True
@@ -220,7 +220,7 @@ def job_meta(spec: JobSpec, run: RunInfo | None = None, target: target_mod.Targe
 def vault_role(spec: JobSpec) -> str:
     """The Vault JWT auth role a task's vault block names on Nomad 1.7+: job.json's
     `vault.role`, else the job's own (the name `nomadtf acl apply` gives it)."""
-    return spec.vault.get("role") or wire.acl_name(spec.namespace, spec.name)
+    return spec.vault.role or wire.acl_name(spec.namespace, spec.name)
 
 
 def rendering_notes(spec: JobSpec, target: target_mod.Target | None) -> list[str]:
@@ -232,10 +232,10 @@ def rendering_notes(spec: JobSpec, target: target_mod.Target | None) -> list[str
     vault = spec.vault
     if target is None or not any(needs_vault_token(spec, role) for role in spec.roles):
         return []
-    if not target.rendering(vault.get("workflow")).vault_identity:
+    if not target.rendering(vault.workflow).vault_identity:
         return []
     own = wire.acl_name(spec.namespace, spec.name)
-    listed = [policy for policy in vault["policies"] if policy != own]
+    listed = [policy for policy in vault.policies if policy != own]
     if not listed:
         return []
     role = vault_role(spec)
@@ -265,7 +265,7 @@ def version_dependent(spec: JobSpec) -> list[str]:
 def rendering_context(spec: JobSpec, target: target_mod.Target | None) -> dict[str, Any]:
     """What the templates need to know about the target Nomad: the decisions (never the
     version) and the identities' settings. No target: Nomad 1.6, the rendering of before."""
-    workflow = spec.vault.get("workflow")
+    workflow = spec.vault.workflow
     effective = target or target_mod.Target(target_mod.BASELINE, target_mod.BASELINE, "no --nomad-version")
     problems = target_mod.workflow_problems(workflow, effective)
     if problems:

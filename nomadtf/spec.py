@@ -606,6 +606,36 @@ class Recovery:
 
 
 @dataclass(frozen=True)
+class VaultSettings:
+    """job.json `vault`: how a task gets its Vault token and where Vault answers. `document`
+    is the schema's object as normalised: what vault.py logs in with (`login`, VaultSession)."""
+
+    auth: str  # "nomad" (the token Nomad gives the task), "approle", "jwt" (nomadtf logs in)
+    policies: tuple[str, ...]  # Nomad 1.6's token workflow; on 1.7+ the job's JWT role grants them
+    role: str | None  # auth nomad on 1.7+: the JWT auth role (None: the job's own); approle/jwt: theirs
+    workflow: str | None  # "identity", "token"; None: the target Nomad's own way
+    mount: str | None
+    address: str | None  # as the tasks see it
+    ca_file: str | None
+    token_for_code: bool
+    document: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_normalized(cls, section: dict[str, Any]) -> VaultSettings:
+        return cls(
+            auth=section.get("auth", "nomad"),
+            policies=tuple(section.get("policies", ())),
+            role=section.get("role"),
+            workflow=section.get("workflow"),
+            mount=section.get("mount"),
+            address=section.get("address"),
+            ca_file=section.get("ca_file"),
+            token_for_code=bool(section.get("token_for_code", False)),
+            document=section,
+        )
+
+
+@dataclass(frozen=True)
 class Discovery:
     provider: str  # "consul"
     consul_address: str  # as the tasks see it (their CONSUL_HTTP_ADDR)
@@ -651,8 +681,8 @@ class JobSpec:
     (`load_spec`, `parse_spec`; in a task `read_spec_file`), then only read.
 
     `document` is the normalised job.json itself (without the run): what the tasks' spec file
-    carries (`spec_file_text`) and the job's Meta digests (`sha256`). `vault` and `secrets`
-    stay the schema's objects: vault.py takes them as they are.
+    carries (`spec_file_text`) and the job's Meta digests (`sha256`). `secrets` stays the
+    schema's objects, and `vault.document` the schema's `vault`: vault.py takes them as they are.
     """
 
     name: str
@@ -673,7 +703,7 @@ class JobSpec:
     env: dict[str, str]  # every task's; a role's own `env` is Role.env
     driver: Driver
     secrets: tuple[dict[str, Any], ...]
-    vault: dict[str, Any]
+    vault: VaultSettings
     recovery: Recovery
     discovery: Discovery
     admission: Admission
@@ -722,7 +752,7 @@ class JobSpec:
             env=dict(document["env"]),
             driver=Driver(driver["name"], driver["python"], driver.get("image"), driver.get("gpu_image"), tuple(driver.get("volumes", ()))),
             secrets=tuple(document["secrets"]),
-            vault=document["vault"],
+            vault=VaultSettings.from_normalized(document["vault"]),
             recovery=Recovery(
                 restart_attempts=rec["restart_attempts"],
                 restart_interval_ns=parse_ns(rec["restart_interval"]),

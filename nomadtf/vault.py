@@ -10,7 +10,7 @@ the path or the role; only transient errors (connection refused, timeouts, 5xx, 
 or standby Vault) are retried, for `budget_s`, and then fail naming Vault's address.
 
 Usage:
-    vault = VaultSession(spec.vault, on_error=log.warning)      # logs in on first use
+    vault = VaultSession(spec.vault.document, on_error=log.warning)  # logs in on first use
     fetched = vault.fetch(list(spec.secrets), secrets_dir)      # renews its leases
     ...
     vault.close()          # stops every renewer; revokes a token nomadtf logged in for
@@ -335,7 +335,7 @@ class VaultSession:
     renew and revoke; leases read with it are revoked one by one.
 
     Usage:
-        vault = VaultSession(spec.vault, on_error=log.warning)
+        vault = VaultSession(spec.vault.document, on_error=log.warning)
         fetched = vault.fetch(refs, secrets_dir); data, lease = vault.read(path)
         vault.close()
 

@@ -41,7 +41,7 @@ def _acl_spec(job_file: Path, var: list[str] | None, facts: ClusterFacts) -> Job
 
 def _identity(spec: JobSpec, facts: ClusterFacts) -> bool:
     """Whether the job's tasks log in to Vault with their workload identity (Nomad 1.7+)."""
-    return facts.target is not None and facts.target.rendering(spec.vault.get("workflow")).vault_identity
+    return facts.target is not None and facts.target.rendering(spec.vault.workflow).vault_identity
 
 
 def _nomad_address_for_jwks(flag: str | None) -> str:
@@ -85,7 +85,7 @@ def acl_policies(
         (f"Vault policy for the job's tasks ({policies.name}; {granted})", policies.vault_tasks),
     ]
     if identity:
-        vault_address = spec.vault.get("address") or os.environ.get("VAULT_ADDR", "http://127.0.0.1:8200")
+        vault_address = spec.vault.address or os.environ.get("VAULT_ADDR", "http://127.0.0.1:8200")
         sections += [
             (
                 f"Vault JWT auth role for the job's tasks (POST /v1/auth/{jwt_mount}/role/{policies.name})",

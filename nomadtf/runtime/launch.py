@@ -54,7 +54,7 @@ def waiting_env(spec: JobSpec, role: str, index: int, environ: dict[str, str], p
     credentials and plumbing, the NOMADTF_* names that do not depend on the cluster and the
     GPUs. No TF_CONFIG, no generation, no secret."""
     env = {k: v for k, v in environ.items() if k not in wire.CHILD_ENV_DROPPED}
-    if spec.vault.get("token_for_code") and environ.get("VAULT_TOKEN"):
+    if spec.vault.token_for_code and environ.get("VAULT_TOKEN"):
         env["VAULT_TOKEN"] = environ["VAULT_TOKEN"]  # the job asked to hand it to its code
     extra_path = [p for p in [spec.entrypoint.workdir, *spec.entrypoint.pythonpath] if p]
     if extra_path:

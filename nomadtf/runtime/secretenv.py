@@ -41,7 +41,7 @@ class SecretEnv:
         from nomadtf import vault as vault_api  # hvac only when the job has secrets
 
         if self.vault is None:
-            self.vault = vault_api.VaultSession(self.spec.vault, on_error=log.warning, budget_s=deadline.server_retry_s())
+            self.vault = vault_api.VaultSession(self.spec.vault.document, on_error=log.warning, budget_s=deadline.server_retry_s())
         fetched = self.vault.fetch(list(self.spec.secrets), self.secrets_dir)
         self.env, self.read = fetched.env, True
         log.info("read %d secret(s) for the training process (%s)%s", len(self.spec.secrets), ", ".join(

@@ -62,7 +62,7 @@ def _supervise(role: str) -> int:
     if spec.discovery.consul_token_path or spec.secrets:
         from nomadtf import vault as vault_api  # hvac only when the job reads Vault
 
-        vault = vault_api.VaultSession(spec.vault, on_error=log.warning, budget_s=deadline.server_retry_s())  # one login per task
+        vault = vault_api.VaultSession(spec.vault.document, on_error=log.warning, budget_s=deadline.server_retry_s())  # one login per task
     try:
         if spec.discovery.consul_token_path:
             try:

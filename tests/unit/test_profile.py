@@ -33,8 +33,8 @@ def test_the_profile_fills_what_job_json_leaves_unset_and_nothing_it_sets():
     assert spec.discovery.consul_address == "10.0.0.1:8500"  # --var wins
     assert spec.discovery.consul_ca_file == "/etc/nomadtf/ca.pem"
     assert spec.discovery.consul_token_path == f"consul/creds/{own}"
-    assert spec.vault["address"] == "https://127.0.0.1:8200" and spec.vault["ca_file"] == "/etc/nomadtf/ca.pem"
-    assert spec.vault["policies"] == ["nomadtf-digits-read", own]  # job.json's, and the job's own
+    assert spec.vault.address == "https://127.0.0.1:8200" and spec.vault.ca_file == "/etc/nomadtf/ca.pem"
+    assert spec.vault.policies == ("nomadtf-digits-read", own)  # job.json's, and the job's own
     chief = task(render_job(spec), "chief")
     assert chief["Env"]["CONSUL_HTTP_ADDR"] == "10.0.0.1:8500" and chief["Env"]["VAULT_CACERT"] == "/etc/nomadtf/ca.pem"
     assert chief["Vault"]["Policies"] == ["nomadtf-digits-read", own]

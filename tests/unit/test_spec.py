@@ -424,7 +424,7 @@ def test_the_raw_options_are_one_step_before_validation(tmp_path, monkeypatch):
     assert "cpu" not in raw["roles"]["worker"]  # not yet validated: no defaults
     assert load_spec(path, ["roles.worker.count=3"]) == parse_spec(raw)
     # `nomadtf acl`'s policy goes in only where the file lists none.
-    assert parse_spec(with_vault_policies(raw, ["p1"])).vault["policies"] == ["p1"]
+    assert parse_spec(with_vault_policies(raw, ["p1"])).vault.policies == ("p1",)
     own = {**raw, "vault": {"policies": ["mine"]}}
     assert with_vault_policies(own, ["p1"]) is own
     assert isinstance(parse_spec(raw), JobSpec)
