@@ -38,6 +38,7 @@ class Slot:
     alloc_id: str
     incarnation: str
     session: str | None
+    claimed_at: int = 0  # Consul's index of the claim (its key's ModifyIndex): claims in order
 
 
 def consul_call(what: str, fn: Callable[..., T], *args: Any, needs: str = "", **kwargs: Any) -> T:
@@ -334,7 +335,7 @@ class ConsulDiscovery:
                 continue  # a lock nobody holds any more
             _, role, index = item["Key"].rsplit("/", 2)
             value = json.loads(item["Value"] or b"{}")
-            out[(role, int(index))] = Slot(value.get("alloc", ""), value.get("incarnation", ""), item["Session"])
+            out[(role, int(index))] = Slot(value.get("alloc", ""), value.get("incarnation", ""), item["Session"], int(item.get("ModifyIndex", 0)))
         return out
 
     def claim_slot(self, role: str, count: int, alloc_id: str, preferred: int, incarnation: str) -> int | None:
@@ -421,15 +422,16 @@ class ConsulDiscovery:
             return {}, 0
         return json.loads(item["Value"] or b"{}"), int(item["ModifyIndex"])
 
-    def open_generation(self) -> int:
-        """The run's generation number, the key created at 0 by the first task that asks
-        (check-and-set: never over a generation already written).
+    def open_generation(self) -> tuple[int, int]:
+        """(the run's generation number, the key's modify index), the key created at 0 by
+        the first task that asks (check-and-set: never over a generation already written).
 
         PUT .../cluster/generation?cas=0 ; GET .../cluster/generation
         """
         key = wire.kv_generation(*self._kv, self.run_id)
         self._write("creating the generation key", self.consul.kv.put, key, json.dumps({"generation": 0}), cas=0)
-        return int(self.generation()[0].get("generation", 0))
+        value, modify_index = self.generation()
+        return int(value.get("generation", 0)), modify_index
 
     def touch_generation(self) -> None:
         """Write the generation key again, its generation unchanged, to wake the tasks that

@@ -26,11 +26,13 @@ from nomadtf.errors import CannotRecord, ServerError
 from nomadtf.runtime import deadline
 from nomadtf.runtime.loop import CATALOG, CLUSTER_FILE, CLUSTER_KV, Event
 from nomadtf.runtime.policy import Debounce, SlotState, failed_state, fingerprint, slot_state
-from nomadtf.runtime.watches import FileWatch, Watch
+from nomadtf.runtime.watches import WATCH_WAIT_S, FileWatch, Watch
 from nomadtf.spec import JobSpec
 from nomadtf.tfconfig import Member
 
 log = logging.getLogger("nomadtf.task")
+
+CLOSER_AFTER_S = 2 * WATCH_WAIT_S  # a waiting task watches the checks itself after this long
 
 
 def new_incarnation() -> str:
@@ -84,6 +86,7 @@ class Membership:
         self.watches: list[Watch] = []
         self.file_watch: FileWatch | None = None
         self.forming = False  # waiting on the generation key alone (start_watches)
+        self.forming_since = 0.0  # monotonic
         self.post: Callable[[Event], None] = lambda event: None
 
     # the roles whose registrations matter to us
@@ -129,12 +132,16 @@ class Membership:
         self.post = post
         if self.spec.discovery.reconfigure == "template":
             self.file_watch = FileWatch(self.cluster_file, CLUSTER_FILE, post).start()
-        elif self.awaited_roles and self.retry(self.discovery.open_generation, "reading the generation") == 0:
-            self.forming = True
-            # Every answer is a look, also a wait that passed with no change (WATCH_WAIT_S):
-            # a cluster whose closer died still forms, at a constant cost per task.
-            self.watches = [Watch(CLUSTER_KV, self.discovery.wait_for_generation_change, post, every_answer=True).start()]
-            return
+        elif self.awaited_roles:
+            generation, index = self.retry(self.discovery.open_generation, "reading the generation")
+            if generation == 0:
+                self.forming = True
+                self.forming_since = time.monotonic()
+                # Every answer is a look, also a wait that passed with no change (WATCH_WAIT_S):
+                # a cluster whose last arrival died still forms, at a constant cost per task.
+                # The first query blocks: the claim's step has just looked.
+                self.watches = [Watch(CLUSTER_KV, self.discovery.wait_for_generation_change, post, every_answer=True, index=index).start()]
+                return
         self.watch_everything()
 
     def watch_everything(self) -> None:
@@ -152,14 +159,23 @@ class Membership:
         ]
 
     def watch_closely_if_last(self, slots: dict[tuple[str, int], Slot]) -> None:
-        """While the cluster forms: once every slot we wait for is claimed, we are (one of)
-        the last to arrive, and watch the catalog until every member passes its checks; the
-        generation we then write wakes every other task. Costs no request."""
-        if self.forming and all(
-            (role, index) in slots for role in self.awaited_roles for index in range(self.spec.counts.get(role, 0))
-        ):
-            log.info("every task has claimed its slot; watching their checks until the cluster is complete")
-            self.watch_everything()
+        """While the cluster forms: once every slot we wait for is claimed, the task whose
+        claim came last (Consul's index orders them; exactly one) watches the catalog until
+        every member passes its checks, and the generation it then writes wakes every other
+        task. A task that has waited two blocking waits, every slot claimed, watches too (the
+        last arrival died or hangs). Costs no request."""
+        awaited = [slots.get((role, index)) for role in self.awaited_roles for index in range(self.spec.counts.get(role, 0))]
+        ours = slots.get((self.me.role, self.me.index))
+        if not self.forming or ours is None or any(slot is None for slot in awaited):
+            return
+        last = max(slot.claimed_at for slot in awaited if slot is not None)
+        if ours.claimed_at >= last:
+            log.info("every task has claimed its slot, ours last; watching their checks until the cluster is complete")
+        elif time.monotonic() - self.forming_since >= CLOSER_AFTER_S:
+            log.info("every task has claimed its slot %.0fs ago or more; watching their checks too", CLOSER_AFTER_S)
+        else:
+            return
+        self.watch_everything()
 
     def close(self) -> None:
         for watch in self.watches:

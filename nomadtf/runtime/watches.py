@@ -21,11 +21,14 @@ class Watch:
     """One Consul blocking query turned into loop events, on its own thread, for ever.
     An index that goes backwards means Consul restarted: start over from 0."""
 
-    def __init__(self, kind: str, query: Callable[[int, float], int], post: Callable[[Event], None], every_answer: bool = False):
+    def __init__(
+        self, kind: str, query: Callable[[int, float], int], post: Callable[[Event], None], every_answer: bool = False, index: int = 0
+    ):
         self.kind = kind
         self.query = query
         self.post = post
         self.every_answer = every_answer  # also when the wait passed with no change: a look now and then
+        self.index = index  # what the caller has seen already: the first query blocks
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"watch-{kind}", daemon=True)
 
@@ -34,7 +37,7 @@ class Watch:
         return self
 
     def _run(self) -> None:
-        index = 0
+        index = self.index
         while not self.stop.is_set():
             try:
                 new_index = self.query(index, WATCH_WAIT_S)

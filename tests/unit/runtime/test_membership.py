@@ -72,7 +72,7 @@ class Discovery:
         self.states.append(state)
 
     def open_generation(self):
-        return self.generation_value.get("generation", 0)
+        return self.generation_value.get("generation", 0), 7
 
     def wait_for_generation_change(self, index, wait_s):
         self.queries.append("generation")
@@ -204,11 +204,15 @@ def test_while_the_cluster_forms_a_task_waits_on_the_generation_alone_until_it_i
         assert membership.forming
         assert _watched(membership) == {"generation"}  # another task's arrival wakes nobody
         assert events and all(e.kind == "cluster-kv" for e in events)  # every answer is a look
-        slots = {(r, i): Slot(f"a-{r}{i}", "x", "s") for r, i in (("chief", 0), ("ps", 0), ("worker", 0))}
-        membership.watch_closely_if_last(slots)  # worker[1] has not claimed yet
+        slots = {(r, i): Slot(f"a-{r}{i}", "x", "s", n) for n, (r, i) in enumerate((("chief", 0), ("ps", 0), ("worker", 0)))}
+        membership.me.index = 1
+        membership.watch_closely_if_last(slots)  # worker[1] (we) has not claimed yet
         assert membership.forming and _watched(membership) == {"generation"}
-        slots[("worker", 1)] = Slot("alloc-me", "x", "s")
-        membership.watch_closely_if_last(slots)  # we are the last: we watch their checks
+        slots[("worker", 1)] = Slot("alloc-me", "x", "s", 1)
+        membership.watch_closely_if_last(slots)  # every slot is claimed, but ours not last: the last arrival watches
+        assert membership.forming and _watched(membership) == {"generation"}
+        slots[("worker", 1)] = Slot("alloc-me", "x", "s", 9)
+        membership.watch_closely_if_last(slots)  # ours is the last claim: we watch their checks
         assert not membership.forming
         assert _watched(membership) == {"service chief", "service worker", "service ps", "cluster/"}
     finally:
@@ -232,3 +236,18 @@ def test_tensorboard_waits_for_nobody_and_never_moves_the_generation():
     assert membership.bump(CLUSTER[:2]) == 2  # a cluster still forming is not a generation
     assert membership.settle(CLUSTER[:2], now=100.0) == Settled(2, False)
     assert discovery.generation_value == {"generation": 2, "fingerprint": "old"}
+
+
+def test_a_task_that_waited_long_with_every_slot_claimed_watches_too(monkeypatch):
+    membership, discovery = _membership()
+    membership.start_watches(lambda event: None)
+    try:
+        membership.me.index = 1
+        slots = {(r, i): Slot(f"a-{r}{i}", "x", "s", n) for n, (r, i) in enumerate((("worker", 1), ("chief", 0), ("ps", 0), ("worker", 0)))}
+        membership.watch_closely_if_last(slots)
+        assert membership.forming  # worker[0] claimed last: it watches
+        membership.forming_since -= 61.0  # the last arrival died: nobody wrote the generation for two waits
+        membership.watch_closely_if_last(slots)
+        assert not membership.forming
+    finally:
+        membership.close()
