@@ -119,10 +119,15 @@ def consul_hcl(rules: dict[str, Any]) -> str:
 
 def consul_submitter_rules(namespace: str) -> dict[str, Any]:
     """`run`, `status`, `scale` and `stop --purge`: the state of every run in the namespace;
-    `run`'s place in the admission queue."""
+    `run`'s place in the admission queue, and whether an admission service leads (`run
+    --detach`, `admission status`)."""
     prefix = wire.kv_job_prefix(namespace, "").rstrip("/") + "/"
     return {
-        "key": {wire.KV_CLUSTER_PROFILE: {"policy": "read"}, wire.KV_ADMISSION_LOCK: {"policy": "write"}},
+        "key": {
+            wire.KV_CLUSTER_PROFILE: {"policy": "read"},
+            wire.KV_ADMISSION_LOCK: {"policy": "write"},
+            wire.KV_ADMISSION_LEADER: {"policy": "read"},
+        },
         "key_prefix": {
             prefix: {"policy": "write"},
             wire.KV_QUEUE_PREFIX: {"policy": "read"},
