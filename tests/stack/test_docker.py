@@ -18,9 +18,12 @@ import uuid
 from pathlib import Path
 
 import pytest
+import requests
 
 from nomadtf.devstack import images
+from tests import faults
 from tests.helpers import JOBS, all_logs, nomadtf, probe_job, purge, unique, wait_until, write_job
+from tests.stack.test_recovery import ACCURACY_FLOOR
 
 pytestmark = [pytest.mark.stack, pytest.mark.docker]
 
@@ -105,14 +108,78 @@ def test_the_docker_example_trains_with_every_task_in_a_container_of_its_memory(
         for role, containers in tasks.items():
             for attrs in containers:
                 assert attrs["HostConfig"]["Memory"] == job["roles"][role]["memory"] * MiB, (role, attrs["HostConfig"]["Memory"])
+                # The role's cpu is Docker's relative weight, not a quota (docs/operations/drivers.md).
+                assert attrs["HostConfig"]["CpuShares"] == job["roles"][role]["cpu"], (role, attrs["HostConfig"]["CpuShares"])
+                assert not attrs["HostConfig"]["CpuQuota"], (role, attrs["HostConfig"]["CpuQuota"])
                 assert attrs["HostConfig"]["NetworkMode"] == "host"
                 assert attrs["Config"]["Image"] == task_image
         logs = all_logs(job_id)
         # The chief's own report of its accuracy (train_ps.py) and the versions line (item 5).
-        assert float(re.findall(r"final_accuracy=([0-9.]+)", out.stdout + out.stderr + logs)[-1]) > 0.8
+        assert float(re.findall(r"final_accuracy=([0-9.]+)", out.stdout + out.stderr + logs)[-1]) >= ACCURACY_FLOOR
         assert f"tensorflow-cpu {images.installed_tensorflow()}" in logs and "/opt/nomadtf/venv/bin/python3" in logs
     finally:
         purge(job_id)
+
+
+def test_side_roles_code_from_source_url_and_a_legacy_main_run_in_containers(stack, docker_client, task_image, tmp_path, code_server):
+    """The roles and code sources the example does not use, each in a container: a chief,
+    an evaluator and TensorBoard on code Nomad fetched from source.url (unpacked into the
+    task's local/, the one task directory a container sees, at /local/code), then the legacy
+    main() of examples/legacy with the driver swapped to docker."""
+    from tests.helpers import task_log
+
+    job_id = unique("docker-roles")
+    # The probes wait for this file; under model_dir's root, which every container mounts.
+    release = Path("/tmp/nomadtf") / f"{job_id}.release"
+    job = probe_job(job_id, context={"until_file": str(release)}, source={"url": f"{code_server}/code.tar.gz"})
+    job["entrypoint"] = {"script": "probe.py"}  # no workdir: where Nomad unpacked the code
+    job["roles"].update(evaluator={"count": 1, "cpu": 200, "memory": 600}, tensorboard={"count": 1, "cpu": 200, "memory": 600})
+    job["driver"] = {"name": "docker", "image": task_image}
+    legacy = json.loads((EXAMPLE.parents[1] / "legacy" / "job.json").read_text())
+    legacy.update(name=unique("docker-legacy"), driver={"name": "docker", "image": task_image})
+    run = subprocess.Popen([str(Path(sys.executable).parent / "nomadtf"), "run", str(write_job(tmp_path, job)), "--timeout", "5m"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        with ContainerWatch(docker_client, job_id) as watch:
+            said = []
+            for line in run.stdout:  # `run` names TensorBoard's address once its container runs
+                said.append(line)
+                if "TensorBoard: " in line:
+                    break
+            url = said[-1].split("TensorBoard: ", 1)[-1].strip()
+            assert url.startswith("http://"), "".join(said)
+            page = wait_until(lambda: _answer(url), 90, "TensorBoard in its container to answer")
+            assert "TensorBoard" in page
+            release.parent.mkdir(parents=True, exist_ok=True)
+            release.touch()
+            rest, _ = run.communicate(timeout=180)
+        assert run.returncode == 0, "".join(said) + rest
+        assert sorted(watch.tasks()) == ["chief", "evaluator", "ps", "tensorboard", "worker"], watch.tasks().keys()
+        evaluator = _allocs(job_id, "evaluator")[0]
+        log = task_log(evaluator["ID"], "evaluator")
+        assert json.loads(log.split("TF_CONFIG=", 1)[1].splitlines()[0])["task"] == {"type": "evaluator", "index": 0}
+        assert "probe finished" in log
+
+        with ContainerWatch(docker_client, legacy["name"]) as legacy_watch:
+            out = nomadtf("run", str(write_job(tmp_path, legacy)), "--timeout", "5m")
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert sorted(legacy_watch.tasks()) == ["ps", "worker"]
+        logs = all_logs(legacy["name"])
+        assert "legacy_ok" in logs and "cluster_jobs=ps,worker" in logs
+    finally:
+        if run.poll() is None:
+            run.kill()
+        release.unlink(missing_ok=True)
+        purge(job_id)
+        purge(legacy["name"])
+
+
+def _answer(url: str) -> str | None:
+    try:
+        resp = requests.get(url, timeout=5)
+    except requests.RequestException:
+        return None
+    return resp.text if resp.status_code == 200 else None
 
 
 @pytest.mark.parametrize("role", ["ps", "worker", "chief"])
@@ -130,14 +197,21 @@ def test_a_killed_container_heals_and_the_job_succeeds(stack, docker_client, tas
     try:
         def training():
             found = [c for c in _job_containers(docker_client, job_id) if c.labels.get("com.hashicorp.nomad.task_name") == role]
-            return found[0] if found and "step=" in all_logs(job_id) else None
+            # Past the first checkpoint (step 100; the log line comes before the save).
+            return found[0] if found and faults.step(job_id) >= 150 else None
 
-        wait_until(training, 300, f"the {role} container while the chief trains").kill()
+        wait_until(training, 300, f"the {role} container while the chief trains past a checkpoint").kill()
         output, _ = run.communicate(timeout=600)
         assert run.returncode == 0, output
         assert "succeeded" in output
-        restarted = [e for a in _allocs(job_id, role) for t in a["TaskStates"].values() for e in t["Events"] if e["Type"] == "Terminated"]
-        assert restarted, f"the {role} task was never terminated: the kill did not land"
+        # Nomad's account of the kill: the task ended by SIGKILL (137), then Nomad restarted it.
+        events = [e for a in _allocs(job_id, role) for t in a["TaskStates"].values() for e in t["Events"]]
+        killed = [e["Time"] for e in events if e["Type"] == "Terminated" and (e.get("ExitCode") == 137 or e.get("Signal") == 9)]
+        assert killed, f"the {role} task never ended by SIGKILL: the kill did not land ({[(e['Type'], e.get('ExitCode')) for e in events]})"
+        assert any(e["Type"] == "Restarting" and e["Time"] > killed[0] for e in events), [e["Type"] for e in events]
+        if role == "chief":  # a new chief process: it must start from the checkpoint, not from 0
+            resumed = [int(n) for n in re.findall(r"resumed from step (\d+)", faults.chief_stdout(job_id))]
+            assert resumed and resumed[0] >= 100, resumed
     finally:
         if run.poll() is None:
             run.kill()
@@ -195,6 +269,28 @@ def test_code_over_its_memory_is_reported_as_killed_for_memory_not_as_a_bug(stac
         assert "worker[0] exited 137, killed for exceeding its 300 MiB: raise roles.worker.memory" in text
         assert "what to do: raise roles.worker.memory in job.json" in text
         assert time.monotonic() - started < 120, "an OOM kill is final: it is not retried until a timeout"
+    finally:
+        purge(job_id)
+
+
+def test_an_image_that_cannot_be_pulled_fails_the_run_at_once_naming_the_image_and_the_fix(stack, tmp_path):
+    """Nomad's docker driver retries a failed pull as recoverable (restarts × reschedules,
+    minutes); nomadtf reads the task's "Driver Failure" event and ends the run at once."""
+    from tests.helpers import nomad
+
+    job = json.loads(EXAMPLE.read_text())
+    job_id = unique("docker-noimage")
+    job["name"] = job_id
+    started = time.monotonic()
+    out = nomadtf("run", str(write_job(tmp_path, job)), "--var", "driver.image=nomadtf:no-such", "--timeout", "4m")
+    try:
+        text = out.stdout + out.stderr
+        assert out.returncode == 1, text
+        assert re.search(r"\w+\[\d\]: driver\.image nomadtf:no-such could not be pulled on client \S+: .+; build it "
+                         r"\(`nomadtf dev image build`\) or push it where the clients pull from", text), text  # fmt: skip
+        assert "what to do: make nomadtf:no-such pullable by every client" in text
+        assert time.monotonic() - started < 60, "a pull failure is final: it is not retried for minutes"
+        assert nomad(f"job/{job_id}")["Stop"], "a failed run is stopped: its other tasks must not hold the clients"
     finally:
         purge(job_id)
 
