@@ -35,6 +35,14 @@ def dev_up(
     docker: Annotated[
         bool, typer.Option("--docker", help="A private Docker daemon (with --clients N: one per client) and Nomad's docker driver beside raw_exec")
     ] = False,
+    mig: Annotated[
+        Optional[int],
+        typer.Option(
+            "--mig", min=0,
+            help="Single-node stack: fake MIG slices beside the --gpus, as nomad-device-nvidia 1.1 lists them "
+            "(GPUs named '<model> MIG 1g.5gb', 4864 MiB); default none, or as the running stack has",
+        ),
+    ] = None,
 ) -> None:
     """Build or find the binaries and start Consul, OpenBao and Nomad on 127.0.0.1
     (--clients N or --secure: a server on 198.18.0.1 and N client namespaces)."""
@@ -44,7 +52,7 @@ def dev_up(
     stack = devstack.for_options(clients, secure)
     chosen = parse_client_list(gpu_clients) if gpu_clients is not None else None
     started = time.monotonic()
-    if not stack.up(stamp, timeout=timeout, gpus=gpus, clients=clients, gpu_clients=chosen, secure=secure, docker=docker or None):
+    if not stack.up(stamp, timeout=timeout, gpus=gpus, clients=clients, gpu_clients=chosen, secure=secure, docker=docker or None, mig=mig):
         err(f"the {stack.title} is already up ({stack.state_dir})")
         return
     err(f"{stack.title} up in {time.monotonic() - started:.1f}s; state in {stack.state_dir}")

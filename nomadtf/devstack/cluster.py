@@ -216,13 +216,17 @@ class ClusterStack:
         gpu_clients: Sequence[int] | None = None,
         secure: bool = False,
         docker: bool | None = None,
+        mig: int | None = None,
     ) -> bool:
         """Start the server machine and `clients` client namespaces, `gpus` fake GPUs on
         each client of `gpu_clients` (None: every client). `gpus` None means as the running
         cluster has, or none; `secure`: ACLs and TLS everywhere; `docker`: a Docker daemon
         in each client's namespaces and Nomad's docker driver beside raw_exec (None: as the
         running cluster has, or none). Returns False when that cluster already runs (a no-op);
-        another shape running is an error that names the command for this one."""
+        another shape running is an error that names the command for this one. MIG slices
+        (`mig`) are the single-node stack's only."""
+        if mig:
+            raise DevStackError("--mig (fake MIG slices) is for the single-node stack: leave out --clients and --secure")
         layout.check_clients(clients)
         if os.geteuid() != 0:
             raise DevStackError("the several-client stack creates network namespaces and a bridge: run it as root")

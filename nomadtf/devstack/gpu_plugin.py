@@ -12,6 +12,7 @@ rebuilds it; nothing else does.
 Usage:
     binary = find_or_build(progress)                       # built when missing or stale
     hcl = client_plugin_hcl(binary.parent, 4, seed="client-1")   # the client config's lines
+    hcl = client_plugin_hcl(binary.parent, 6, seed="dev", models=stack_groups(6, 2))   # and 2 MIG slices
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ NOMAD_MODULE = "github.com/hashicorp/nomad"
 DEFAULT_MODEL = "Tesla-V100-SXM2-16GB"
 DEFAULT_MEMORY_MIB = 16160
 
+# A MIG slice as nomad-device-nvidia 1.1.0 lists one: a GPU of its own, named after its
+# parent with " MIG <profile>" appended, with the slice's memory. 1g.5gb is the smallest
+# profile of an A100 40GB; nvidia-smi shows 4864 MiB for it.
+MIG_PROFILE = "1g.5gb"
+MIG_MEMORY_MIB = 4864
+
 
 @dataclass(frozen=True)
 class GpuGroup:
@@ -56,6 +63,17 @@ class GpuInventory:
 
     def plugin_hcl(self, plugin_dir: Path) -> str:
         return client_plugin_hcl(plugin_dir, len(self.ids), self.model, self.memory_mib, ids=self.ids)
+
+
+def mig_model(model: str = DEFAULT_MODEL, profile: str = MIG_PROFILE) -> str:
+    """The name nomad-device-nvidia gives a MIG slice of `model`: "<model> MIG <profile>"."""
+    return f"{model} MIG {profile}"
+
+
+def stack_groups(gpus: int, mig: int) -> list[GpuGroup]:
+    """A local stack's client: `gpus` whole GPUs of the default model, and `mig` MIG slices of
+    it (a group of their own, as the NVIDIA plugin lists slices: another name, less memory)."""
+    return [GpuGroup(DEFAULT_MODEL, gpus), GpuGroup(mig_model(), mig, MIG_MEMORY_MIB)]
 
 
 def check_nomad_license(progress: Progress, source: Path = SOURCE_DIR) -> str:

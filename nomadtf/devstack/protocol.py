@@ -158,6 +158,7 @@ class Stack(Protocol):
         gpu_clients: Sequence[int] | None = None,
         secure: bool = False,
         docker: bool | None = None,
+        mig: int | None = None,
     ) -> bool: ...
 
     def down(self, progress: Progress, grace: float = 15.0) -> None: ...

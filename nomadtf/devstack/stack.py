@@ -5,6 +5,7 @@ Everything lives under one state directory (`~/.local/state/nomadtf/dev`, $NOMAD
 
     <state>/.nomadtf-devstack  marks a directory `up` created: `down` removes no other
     <state>/stack.json     PID, start time, binary and log of each server `up` started; its fake GPUs
+                           and MIG slices
     <state>/root-token     the OpenBao root token (0600, random per stack)
     <state>/nomad.hcl      Nomad agent config (consul + vault wiring, the device plugin)
     <state>/<name>.log     each server's output
@@ -13,7 +14,7 @@ Everything lives under one state directory (`~/.local/state/nomadtf/dev`, $NOMAD
 
 Usage:
     stack = DevStack.default()
-    stack.up(progress=print, timeout=120, gpus=6, docker=True)
+    stack.up(progress=print, timeout=120, gpus=6, mig=2, docker=True)   # 6 whole GPUs, 2 MIG slices
     stack.env()      # NOMAD_ADDR, CONSUL_HTTP_ADDR, VAULT_ADDR, VAULT_TOKEN (DOCKER_HOST)
     stack.api().nomad().nodes.get_nodes()
     stack.down(progress=print)
@@ -67,6 +68,11 @@ def port_is_open(port: int, host: str = HOST) -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
+def describe_gpus(gpus: int, mig: int) -> str:
+    """'6 fake NVIDIA GPUs', '6 fake NVIDIA GPUs and 2 MIG slices'. Pure."""
+    return f"{gpus} fake NVIDIA GPUs" + (f" and {mig} MIG slices" if mig else "")
+
+
 def nomad_config(data_dir: Path) -> str:
     """The -dev Nomad agent's config, without the device plugin's lines."""
     return wiring.nomad_dev_config(data_dir, HOST, CONSUL_ADDR, VAULT_ADDR)
@@ -81,11 +87,12 @@ class DevStack:
     def __init__(self, state_dir: Path):
         self.state_dir = state_dir
         self.gpus = 0  # fake NVIDIA GPUs the Nomad client advertises (`up --gpus N`)
+        self.mig = 0  # and MIG slices beside them, a device group of their own (`up --mig N`)
         # When set, the plugin advertises exactly these (real) GPUs instead of `gpus` made-up ones.
         self.gpu_inventory: gpu_plugin.GpuInventory | None = None
         self.docker = False  # a private Docker daemon and Nomad's docker driver (`up --docker`)
         self.daemon = Daemon.for_stack(state_dir)
-        self.record = Record(state_dir / "stack.json", defaults={"gpus": 0, "docker": False})
+        self.record = Record(state_dir / "stack.json", defaults={"gpus": 0, "mig": 0, "docker": False})
         self.record_path = self.record.path
         self.token_path = state_dir / "root-token"
         self.marker_path = state_dir / MARKER
@@ -113,6 +120,13 @@ class DevStack:
         """The fake GPUs of the stack as `up` recorded it (0 without a record)."""
         try:
             return int(self.record.get("gpus") or 0)
+        except (OSError, ValueError):
+            return 0
+
+    def recorded_mig(self) -> int:
+        """The fake MIG slices of the stack as `up` recorded it (0 without a record)."""
+        try:
+            return int(self.record.get("mig") or 0)
         except (OSError, ValueError):
             return 0
 
@@ -156,8 +170,8 @@ class DevStack:
             )
             for comp in self.components()
         )
-        gpus = self.recorded_gpus() if rows else 0
-        footer = f"nomad client: {gpus} fake NVIDIA GPUs (device plugin {gpu_plugin.PLUGIN_NAME})" if gpus else None
+        gpus, mig = (self.recorded_gpus(), self.recorded_mig()) if rows else (0, 0)
+        footer = f"nomad client: {describe_gpus(gpus, mig)} (device plugin {gpu_plugin.PLUGIN_NAME})" if gpus or mig else None
         return Status(rows, footer=footer)
 
     # ---- up --------------------------------------------------------------------------
@@ -172,30 +186,36 @@ class DevStack:
         gpu_clients: Sequence[int] | None = None,
         secure: bool = False,
         docker: bool | None = None,
+        mig: int | None = None,
     ) -> bool:
         """Start the stack. Returns False when it was already up (a no-op). `gpus`: fake
         NVIDIA GPUs on the Nomad client through the project's device plugin (None: as the
-        last `up` of this object, else none). `docker`: a private Docker daemon and Nomad's
-        docker driver beside raw_exec (None: as the last `up` of this object). One client,
-        no ACLs: more clients, GPUs on some of them, or ACLs and TLS are the several-client
-        stack's."""
+        last `up` of this object, else none); `mig`: fake MIG slices beside them, listed as
+        nomad-device-nvidia 1.1 lists slices (`gpu_plugin.mig_model`; None: likewise); a
+        running stack with other counts than those given is an error. `docker`: a private
+        Docker daemon and Nomad's docker driver beside raw_exec (None: as the last `up` of
+        this object). One client, no ACLs: more clients, GPUs on some of them, or ACLs and
+        TLS are the several-client stack's."""
         if gpu_clients is not None:
             raise DevStackError("--gpu-clients is for the several-client stack: add --clients N (2 or more)")
         if clients != 1 or secure:
             raise DevStackError("the single-node stack has one Nomad client and no ACLs: `--clients N` or `--secure` is the several-client stack")
         self.gpus = self.gpus if gpus is None else gpus
+        self.mig = self.mig if mig is None else mig
         self.docker = self.docker if docker is None else docker
         self._adopt_legacy_record()
         if self.is_up():
-            running = self.recorded_gpus()
-            if gpus is not None and running != gpus:
+            running = (self.recorded_gpus(), self.recorded_mig())
+            wanted = (running[0] if gpus is None else gpus, running[1] if mig is None else mig)
+            if wanted != running:
                 raise DevStackError(
-                    f"the running local stack has {running} fake GPUs, not {gpus}; "
-                    f"`nomadtf dev down`, then `nomadtf dev up --gpus {gpus}`"
+                    f"the running local stack has {describe_gpus(*running)}, not {describe_gpus(*wanted)}; "
+                    f"`nomadtf dev down --single`, then `nomadtf dev up --gpus {wanted[0]}"
+                    + (f" --mig {wanted[1]}`" if wanted[1] else "`")
                 )
             if docker and not self.recorded_docker():
                 raise DevStackError("the running local stack has no Docker daemon; `nomadtf dev down`, then `nomadtf dev up --docker`")
-            self.gpus = running
+            self.gpus, self.mig = running
             self.docker = self.recorded_docker()
             return False
         if self.components():
@@ -204,7 +224,7 @@ class DevStack:
         self._check_ports_free()
         self._claim_state_dir()
         bins = {name: binaries.find_or_build(name, progress) for name in ("consul", "bao", "nomad")}
-        plugin = gpu_plugin.find_or_build(progress) if self.gpus else None
+        plugin = gpu_plugin.find_or_build(progress) if self.gpus or self.mig else None
         token = secrets.token_urlsafe(24)
         write_private(self.token_path, token)
         api = self.api()
@@ -230,8 +250,9 @@ class DevStack:
             started.append(self._start_nomad(bins["nomad"], nomad_token, plugin))
             self._record(started)
             drivers = ("raw_exec", "docker") if self.docker else ("raw_exec",)
-            wait_for(lambda: probes.nomad_node_ready(api, self.gpus, drivers=drivers), timeout, "nomad", started[-1].log)
+            wait_for(lambda: probes.nomad_node_ready(api, self.gpus + self.mig, drivers=drivers), timeout, "nomad", started[-1].log)
             gpus_line = f"; {self.gpus} fake GPUs ({gpu_plugin.DEFAULT_MODEL})" if self.gpus else ""
+            gpus_line += f"; {self.mig} MIG slices ({gpu_plugin.mig_model()})" if self.mig else ""
             gpus_line += "; drivers raw_exec and docker" if self.docker else ""
             progress(f"nomad ready at {NOMAD_ADDR} (UI at {NOMAD_ADDR}/ui/){gpus_line}")
         except BaseException:
@@ -292,10 +313,16 @@ class DevStack:
         """The device plugin's lines of the Nomad client config."""
         if self.gpu_inventory is not None:
             return self.gpu_inventory.plugin_hcl(plugin_dir)
-        return gpu_plugin.client_plugin_hcl(plugin_dir, self.gpus, seed="nomadtf-dev")
+        models = gpu_plugin.stack_groups(self.gpus, self.mig) if self.mig else None
+        return gpu_plugin.client_plugin_hcl(plugin_dir, self.gpus, seed="nomadtf-dev", models=models)
 
     def _record(self, comps: list[Component]) -> None:
-        self.record.save(components=[asdict(c) for c in comps], gpus=self.gpus or self.recorded_gpus(), docker=self.docker or self.recorded_docker())
+        self.record.save(
+            components=[asdict(c) for c in comps],
+            gpus=self.gpus or self.recorded_gpus(),
+            mig=self.mig or self.recorded_mig(),
+            docker=self.docker or self.recorded_docker(),
+        )
 
     def restart_consul(self, progress: Progress, timeout: float = 60.0) -> None:
         """Stop and start the Consul agent alone (a -dev agent forgets its catalog and KV:

@@ -102,6 +102,38 @@ def test_status_shows_a_recorded_stack_and_fails_when_part_of_it_stopped(dirs, t
         sleeper.wait()
 
 
+def test_a_running_stack_of_another_gpu_shape_is_refused_and_the_same_one_left_alone(dirs, tmp_path):
+    """The shape `dev up` compares includes the MIG slices: a count given and different is
+    an error naming the commands; one left out means as the stack runs."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        proc = {"pid": sleeper.pid, "binary": sys.executable, "create_time": processes.started_at(sleeper.pid)}
+        _record(tmp_path / "dev", [{**proc, "name": name, "log": f"/l/{name}.log"} for name in ("consul", "openbao", "nomad")],
+                gpus=6, mig=2)  # fmt: skip
+        for same in (["--gpus", "6", "--mig", "2"], ["--gpus", "6"], ["--mig", "2"], []):
+            up = nomadtf("dev", "up", *same, env=dirs, timeout=60)
+            assert up.returncode == 0 and "is already up" in up.stderr, (same, up.stderr)
+        up = nomadtf("dev", "up", "--gpus", "6", "--mig", "0", env=dirs, timeout=60)
+        assert up.returncode == 1
+        assert up.stderr == (
+            "error: the running local stack has 6 fake NVIDIA GPUs and 2 MIG slices, not 6 fake NVIDIA GPUs; "
+            "`nomadtf dev down --single`, then `nomadtf dev up --gpus 6`\n"
+        )
+        up = nomadtf("dev", "up", "--mig", "1", env=dirs, timeout=60)
+        assert up.returncode == 1 and "not 6 fake NVIDIA GPUs and 1 MIG slices" in up.stderr and "--gpus 6 --mig 1`" in up.stderr
+        shown = nomadtf("dev", "status", env=dirs, timeout=60)
+        assert shown.stdout.splitlines()[-1] == "nomad client: 6 fake NVIDIA GPUs and 2 MIG slices (device plugin nomadtf-fake-gpu)"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_mig_slices_are_the_single_node_stack_s(dirs, tmp_path):
+    up = nomadtf("dev", "up", "--clients", "3", "--mig", "2", env=dirs, timeout=60)
+    assert (up.returncode, up.stderr) == (1, "error: --mig (fake MIG slices) is for the single-node stack: leave out --clients and --secure\n")
+    assert not (tmp_path / "cluster").exists()
+
+
 def test_a_single_node_status_has_no_node_column():
     rows = (StatusRow("consul", "running", 804, "http://127.0.0.1:8500", "/s/consul.log"),
             StatusRow("openbao", "stopped", 813, "http://127.0.0.1:8200", "/s/openbao.log"))  # fmt: skip

@@ -82,6 +82,28 @@ def test_hcl_models_give_one_block_each():
     assert hcl.count("{") == hcl.count("}")
 
 
+def test_a_stack_with_mig_slices_offers_them_as_a_group_of_their_own(tmp_path):
+    """`dev up --gpus 6 --mig 2`: the whole GPUs as before (same model, so the same seeded
+    ids), and the slices as nomad-device-nvidia 1.1 names them, with the slice's memory."""
+    from nomadtf.devstack.stack import DevStack
+
+    assert gpu_plugin.mig_model() == "Tesla-V100-SXM2-16GB MIG 1g.5gb"
+    assert gpu_plugin.mig_model("NVIDIA A100-SXM4-40GB", "2g.10gb") == "NVIDIA A100-SXM4-40GB MIG 2g.10gb"
+    dev = DevStack(tmp_path)
+    dev.gpus, dev.mig = 6, 2
+    hcl = dev.plugin_hcl(Path("/p"))
+    blocks = re.findall(r"models \{(.*?)\n    \}", hcl, flags=re.S)
+    assert len(blocks) == 2
+    assert f'model      = "{gpu_plugin.DEFAULT_MODEL}"' in blocks[0] and "count      = 6" in blocks[0]
+    assert f"memory_mib = {gpu_plugin.DEFAULT_MEMORY_MIB}" in blocks[0]
+    assert 'model      = "Tesla-V100-SXM2-16GB MIG 1g.5gb"' in blocks[1] and "count      = 2" in blocks[1]
+    assert f"memory_mib = {gpu_plugin.MIG_MEMORY_MIB}" in blocks[1]
+    assert _config_body(hcl)["seed"] == '"nomadtf-dev"'
+    # Without slices the config is what it always was: one group, no models blocks.
+    dev.mig = 0
+    assert "models" not in dev.plugin_hcl(Path("/p")) and _config_body(dev.plugin_hcl(Path("/p")))["count"] == "6"
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
