@@ -123,7 +123,7 @@ class Membership:
     def start_watches(self, post: Callable[[Event], None]) -> None:
         """While the run's cluster forms for the first time, a task waits on one key, the
         generation, which the task that completes the cluster writes once (`forming`; the
-        last to claim its slot watches everything, `watch_closely_if_last`): formation then
+        last to claim its slot watches everything, `watch_closely_if_needed`): formation then
         costs each task the same whatever the job's size. Otherwise (a task that joins a
         formed cluster, template mode) it watches everything at once.
 
@@ -158,15 +158,24 @@ class Membership:
             Watch(CLUSTER_KV, self.discovery.wait_for_cluster_kv_change, self.post).start(),
         ]
 
-    def watch_closely_if_last(self, slots: dict[tuple[str, int], Slot]) -> None:
+    def watch_closely_if_needed(self, slots: dict[tuple[str, int], Slot]) -> None:
         """While the cluster forms: once every slot we wait for is claimed, the task whose
         claim came last (Consul's index orders them; exactly one) watches the catalog until
         every member passes its checks, and the generation it then writes wakes every other
         task. A task that has waited two blocking waits, every slot claimed, watches too (the
-        last arrival died or hangs). Costs no request."""
+        last arrival died or hangs), and so does every task once the cluster has formed.
+        Costs no request inside a step's one read."""
+        if not self.forming:
+            return
+        if int(self.discovery.generation()[0].get("generation", 0)) >= 1:
+            # Formed, yet a peer is missing as we look (its check failed since): from now on
+            # we watch, to see it come back.
+            log.info("the cluster formed; watching it")
+            self.watch_everything()
+            return
         awaited = [slots.get((role, index)) for role in self.awaited_roles for index in range(self.spec.counts.get(role, 0))]
         ours = slots.get((self.me.role, self.me.index))
-        if not self.forming or ours is None or any(slot is None for slot in awaited):
+        if ours is None or any(slot is None for slot in awaited):
             return
         last = max(slot.claimed_at for slot in awaited if slot is not None)
         if ours.claimed_at >= last:

@@ -206,13 +206,13 @@ def test_while_the_cluster_forms_a_task_waits_on_the_generation_alone_until_it_i
         assert events and all(e.kind == "cluster-kv" for e in events)  # every answer is a look
         slots = {(r, i): Slot(f"a-{r}{i}", "x", "s", n) for n, (r, i) in enumerate((("chief", 0), ("ps", 0), ("worker", 0)))}
         membership.me.index = 1
-        membership.watch_closely_if_last(slots)  # worker[1] (we) has not claimed yet
+        membership.watch_closely_if_needed(slots)  # worker[1] (we) has not claimed yet
         assert membership.forming and _watched(membership) == {"generation"}
         slots[("worker", 1)] = Slot("alloc-me", "x", "s", 1)
-        membership.watch_closely_if_last(slots)  # every slot is claimed, but ours not last: the last arrival watches
+        membership.watch_closely_if_needed(slots)  # every slot is claimed, but ours not last: the last arrival watches
         assert membership.forming and _watched(membership) == {"generation"}
         slots[("worker", 1)] = Slot("alloc-me", "x", "s", 9)
-        membership.watch_closely_if_last(slots)  # ours is the last claim: we watch their checks
+        membership.watch_closely_if_needed(slots)  # ours is the last claim: we watch their checks
         assert not membership.forming
         assert _watched(membership) == {"service chief", "service worker", "service ps", "cluster/"}
     finally:
@@ -244,10 +244,23 @@ def test_a_task_that_waited_long_with_every_slot_claimed_watches_too(monkeypatch
     try:
         membership.me.index = 1
         slots = {(r, i): Slot(f"a-{r}{i}", "x", "s", n) for n, (r, i) in enumerate((("worker", 1), ("chief", 0), ("ps", 0), ("worker", 0)))}
-        membership.watch_closely_if_last(slots)
+        membership.watch_closely_if_needed(slots)
         assert membership.forming  # worker[0] claimed last: it watches
         membership.forming_since -= 61.0  # the last arrival died: nobody wrote the generation for two waits
-        membership.watch_closely_if_last(slots)
+        membership.watch_closely_if_needed(slots)
         assert not membership.forming
+    finally:
+        membership.close()
+
+
+def test_a_task_that_finds_a_peer_missing_after_the_cluster_formed_watches_everything():
+    membership, discovery = _membership()
+    membership.start_watches(lambda event: None)
+    try:
+        assert membership.forming
+        discovery.generation_value = {"generation": 1, "fingerprint": "formed"}  # the last arrival wrote it
+        membership.watch_closely_if_needed({})  # a peer's check failed since: we must see it come back
+        assert not membership.forming
+        assert _watched(membership) == {"service chief", "service worker", "service ps", "cluster/"}
     finally:
         membership.close()
