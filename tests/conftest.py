@@ -21,6 +21,10 @@ def _progress(message: str) -> None:
 # as a GPU node would: enough for the GPU example (a 1-GPU chief, two 2-GPU workers) and
 # one to spare.
 TEST_GPUS = 6
+# Beside them, MIG slices as nomad-device-nvidia 1.1 lists them (`dev up --mig`: GPUs named
+# "<model> MIG 1g.5gb" with a slice's memory), where `gpus.model` / `min_memory` must keep a
+# role off them (tests/stack/test_gpus.py).
+TEST_MIG = 2
 # and its own Docker daemon beside raw_exec, as a client of a shared cluster would have
 # (`dev up --docker`): the container tests run there.
 TEST_DOCKER = True

@@ -65,7 +65,7 @@ RUN_BY: dict[str, str] = {
     r"nomadtf run examples/legacy/job.json --var entrypoint.workdir=\$PWD/examples/digits":
         "tests/stack/test_run.py::test_legacy_server_main_gets_the_server_and_context",
     # Run as commands on the session's stack, which has this shape: already up, nothing restarted.
-    r"nomadtf dev up --gpus 6( --docker)?":
+    r"nomadtf dev up --gpus 6( --mig 2)?( --docker)?":
         "tests/stack/test_devstack.py::test_dev_up_as_the_docs_show_it_finds_the_running_stack_and_leaves_it_alone",
     r"nomadtf dev up --docker":
         "tests/stack/test_devstack.py::test_dev_up_as_the_docs_show_it_finds_the_running_stack_and_leaves_it_alone",

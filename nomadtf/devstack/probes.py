@@ -108,8 +108,9 @@ def node_gpu_count(node: dict) -> int:
 
 
 def nomad_node_ready(api: StackApi, gpus: int = 0, name: str | None = None, drivers: tuple[str, ...] = ("raw_exec",)) -> bool:
-    """A Nomad client is ready to run our jobs: status ready, each of `drivers` healthy, every
-    one of `gpus` fake GPUs fingerprinted. With `name`, that node, and it talks to its own
+    """A Nomad client is ready to run our jobs: status ready, each of `drivers` healthy, at
+    least `gpus` NVIDIA GPUs fingerprinted (whole GPUs and MIG slices alike: each is a GPU to
+    Nomad). With `name`, that node, and it talks to its own
     Consul agent (the agent's node name is the node's).
 
     GET /v1/nodes?resources=true ; with `name`, GET /v1/node/:node_id

@@ -144,12 +144,15 @@ def test_up_twice_is_a_noop_and_status_hides_the_token(stack):
 
 
 @pytest.mark.stack
-@pytest.mark.parametrize("options", [["--gpus", "6", "--docker"], ["--gpus", "6"], ["--docker"]], ids=" ".join)
+@pytest.mark.parametrize(
+    "options", [["--gpus", "6", "--mig", "2", "--docker"], ["--gpus", "6", "--docker"], ["--gpus", "6"], ["--docker"]], ids=" ".join
+)
 def test_dev_up_as_the_docs_show_it_finds_the_running_stack_and_leaves_it_alone(stack, options):
-    """The docs' `nomadtf dev up --gpus 6 [--docker]` and `nomadtf dev up --docker`, run as
-    commands on the session's stack (the same shape: 6 fake GPUs and its Docker daemon):
-    exit 0, say it is already up, and restart nothing."""
-    assert (stack.recorded_gpus(), stack.recorded_docker()) == (6, True)  # the shape the docs show
+    """The docs' `nomadtf dev up --gpus 6 [--mig 2] [--docker]` and `nomadtf dev up --docker`,
+    run as commands on the session's stack (the same shape: 6 fake GPUs, 2 MIG slices and its
+    Docker daemon; a count left out means as it runs): exit 0, say it is already up, and
+    restart nothing."""
+    assert (stack.recorded_gpus(), stack.recorded_mig(), stack.recorded_docker()) == (6, 2, True)  # the shape the docs show
     before = [(c.name, c.pid) for c in stack.components()]
     out = nomadtf("dev", "up", *options, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -161,14 +164,15 @@ def test_dev_up_as_the_docs_show_it_finds_the_running_stack_and_leaves_it_alone(
 @pytest.mark.stack
 def test_the_probes_and_the_stack_api_see_the_running_stack(stack):
     """What `up` waits on, asked of the stack that runs (read-only): every probe holds, and
-    one more GPU than the node has is not ready. The -dev agent is also the client whose
-    heartbeats HeartbeatWatch reads (a Go duration in its agent/self)."""
+    one more GPU than the node has (whole GPUs and MIG slices) is not ready. The -dev agent
+    is also the client whose heartbeats HeartbeatWatch reads (a Go duration in its agent/self)."""
     api = stack.api()
     assert api.urls == {"nomad": stack_mod.NOMAD_ADDR, "consul": f"http://{stack_mod.CONSUL_ADDR}", "vault": stack_mod.VAULT_ADDR}
     assert probes.consul_leader(api) and probes.consul_node_alive(api, "nomadtf-dev")
     assert probes.openbao_listening(api) and probes.openbao_active(api)
-    assert probes.nomad_leader(api) and probes.nomad_node_ready(api, stack.recorded_gpus())
-    assert not probes.nomad_node_ready(api, stack.recorded_gpus() + 1)
+    offered = stack.recorded_gpus() + stack.recorded_mig()
+    assert probes.nomad_leader(api) and probes.nomad_node_ready(api, offered)
+    assert not probes.nomad_node_ready(api, offered + 1)
     assert not probes.nomad_node_ready(api, 0, name="client-1")  # no such node here
     assert set(probes.node_statuses(api).values()) == {"ready"}
     seen = probes.HeartbeatWatch(api, api.nomad_url)

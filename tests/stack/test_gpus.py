@@ -1,6 +1,8 @@
 """GPUs on the real stack: the Nomad client offers fake NVIDIA GPUs through the project's
-device plugin (tests/conftest.py TEST_GPUS); Nomad places, reserves and releases them; each
-task's code sees exactly the GPUs Nomad assigned to it."""
+device plugin (tests/conftest.py TEST_GPUS), and beside them MIG slices as nomad-device-nvidia
+1.1 lists them (TEST_MIG, a device group named "<model> MIG 1g.5gb"); Nomad places, reserves
+and releases them; each task's code sees exactly the GPUs Nomad assigned to it; `gpus.model`
+and `min_memory` keep a role off the slices or put it on one."""
 
 from __future__ import annotations
 
@@ -11,21 +13,33 @@ import time
 import pytest
 import requests
 
+from nomadtf.devstack import gpu_plugin
 from nomadtf.devstack.probes import node_gpu_count
 from nomadtf.runtime.launch import child_argv, gpu_env
 from nomadtf.spec import JobSpec, load_spec, spec_file_text
-from tests.conftest import TEST_GPUS
+from tests.conftest import TEST_GPUS, TEST_MIG
 from tests.helpers import (
     EXAMPLES,
     allocations,
+    nomad,
     nomadtf,
     probe_job,
     purge,
+    submit_raw,
     task_log,
     unique,
     wait_until,
     write_job,
 )
+
+# The test bed's two device groups: whole GPUs, and MIG slices of them.
+WHOLE = gpu_plugin.DEFAULT_MODEL
+SLICE = gpu_plugin.mig_model()
+
+
+def _pinned(count: int, model: str = WHOLE) -> dict:
+    """A role's gpus on one device group (the model is matched exactly)."""
+    return {"count": count, "model": model}
 
 
 def _gpu_job(name: str, **gpus_by_role) -> dict:
@@ -41,21 +55,39 @@ def _visible(alloc: dict) -> dict[str, str]:
     return dict(re.findall(r"^env (\w+)=(.*)$", out, re.M))
 
 
+def _device_ids(model: str) -> set[str]:
+    """The instance ids the node offers in device group `model` (what the plugin made).
+    GET /v1/nodes?resources=true"""
+    return {
+        instance["ID"]
+        for node in nomad("nodes", resources="true")
+        for group in (node.get("NodeResources") or {}).get("Devices") or []
+        if group["Name"] == model
+        for instance in group["Instances"]
+    }
+
+
 @pytest.mark.stack
 def test_the_client_offers_the_fake_gpus_as_the_nvidia_plugin_would(stack):
     nodes = requests.get(f"{os.environ['NOMAD_ADDR']}/v1/nodes", params={"resources": "true"}, timeout=10).json()
-    assert sum(node_gpu_count(n) for n in nodes) == TEST_GPUS
+    assert sum(node_gpu_count(n) for n in nodes) == TEST_GPUS + TEST_MIG
     node = requests.get(f"{os.environ['NOMAD_ADDR']}/v1/node/{nodes[0]['ID']}", timeout=10).json()
-    (group,) = node["NodeResources"]["Devices"]
-    assert (group["Vendor"], group["Type"]) == ("nvidia", "gpu")
-    assert all(i["ID"].startswith("GPU-") and i["Healthy"] for i in group["Instances"])
-    assert group["Attributes"]["memory"]["Unit"] == "MiB" and "driver_version" in group["Attributes"]
+    groups = {g["Name"]: g for g in node["NodeResources"]["Devices"]}
+    assert {name: len(g["Instances"]) for name, g in groups.items()} == {WHOLE: TEST_GPUS, SLICE: TEST_MIG}
+    for group in groups.values():
+        assert (group["Vendor"], group["Type"]) == ("nvidia", "gpu")
+        assert all(i["ID"].startswith("GPU-") and i["Healthy"] for i in group["Instances"])
+        assert group["Attributes"]["memory"]["Unit"] == "MiB" and "driver_version" in group["Attributes"]
+    # A slice is a GPU with less memory, as nomad-device-nvidia 1.1 reports one.
+    assert groups[WHOLE]["Attributes"]["memory"]["Int"] == gpu_plugin.DEFAULT_MEMORY_MIB
+    assert groups[SLICE]["Attributes"]["memory"]["Int"] == gpu_plugin.MIG_MEMORY_MIB
 
 
 @pytest.mark.stack
 def test_each_task_sees_exactly_its_own_gpus_and_they_are_free_again_after_the_job(stack, tmp_path):
     name = unique("gpus")
-    job = write_job(tmp_path, _gpu_job(name, chief=1, worker=2))
+    # On whole GPUs (of 6, 5 held): an unpinned request could take a slice (test below).
+    job = write_job(tmp_path, _gpu_job(name, chief=_pinned(1), worker=_pinned(2)))
     try:
         for attempt in (1, 2):  # the second run can only be placed if the first released its 5 GPUs
             out = nomadtf("run", str(job), "--timeout", "3m")
@@ -70,6 +102,7 @@ def test_each_task_sees_exactly_its_own_gpus_and_they_are_free_again_after_the_j
             full = requests.get(f"{os.environ['NOMAD_ADDR']}/v1/allocation/{alloc['ID']}", timeout=10).json()
             devices = full["AllocatedResources"]["Tasks"][alloc["TaskGroup"]]["Devices"]
             assert sorted(ids) == sorted(devices[0]["DeviceIDs"])  # exactly what Nomad reserved
+            assert devices[0]["Name"] == WHOLE
             seen += ids
         assert len(seen) == len(set(seen)) == 5  # disjoint across tasks
     finally:
@@ -114,9 +147,10 @@ def test_more_gpus_than_exist_is_explained_and_run_fails_fast(stack, tmp_path):
         ({"count": 1, "min_memory": "40 GiB"}, False),
         ({"count": 1, "model": "Tesla-V100-SXM2-16GB"}, True),
         ({"count": 1, "model": "NVIDIA A100-SXM4-40GB"}, False),
-        # The model is matched exactly: how a role is kept off (or put on) the MIG slices that
+        # The model is matched exactly: how a role is put on (or kept off) the MIG slices that
         # nomad-device-nvidia 1.1 lists as GPUs named "<model> MIG 1g.5gb" (docs/nomad-versions.md).
-        ({"count": 1, "model": "Tesla-V100-SXM2-16GB MIG 1g.5gb"}, False),
+        ({"count": 1, "model": SLICE}, True),
+        ({"count": TEST_MIG + 1, "model": SLICE}, False),  # more slices than there are; whole GPUs do not count
         ({"count": 1, "model": "Tesla-V100"}, False),
         # An affinity is a preference: a model nobody offers still places on what there is.
         ({"count": 1, "affinities": [{"attribute": "${device.model}", "value": "NVIDIA A100-SXM4-40GB", "weight": 80}]}, True),
@@ -147,7 +181,69 @@ def test_model_and_memory_constraints_are_honoured(stack, tmp_path, gpus, placea
     else:
         code, text = plan()
         assert code == 1, text
-        assert "chief: cannot be placed" in text and "nvidia/gpu x1" in text, text
+        assert "chief: cannot be placed" in text and f"nvidia/gpu x{gpus['count']}" in text, text
+
+
+def _gpu_holder(job_id: str, count: int, model: str) -> dict:
+    """A plain Nomad job whose one task sleeps holding `count` GPUs of `model`."""
+    device = {"Name": "nvidia/gpu", "Count": count, "Constraints": [{"LTarget": "${device.model}", "RTarget": model, "Operand": "="}]}
+    task = {"Name": "hold", "Driver": "raw_exec", "Config": {"command": "/bin/sleep", "args": ["600"]},
+            "Resources": {"CPU": 50, "MemoryMB": 32, "Devices": [device]}}  # fmt: skip
+    group = {"Name": "hold", "Count": 1, "Tasks": [task], "RestartPolicy": {"Attempts": 0, "Mode": "fail"}}
+    return {"Job": {"ID": job_id, "Name": job_id, "Type": "batch", "Datacenters": ["*"], "TaskGroups": [group]}}
+
+
+@pytest.mark.stack
+def test_gpus_model_puts_a_role_on_a_mig_slice_and_a_pinned_model_or_memory_never_lands_on_one(stack, tmp_path):
+    """The rule docs/guide/gpus.md gives for nodes whose GPUs are split into MIG slices
+    (nomad-device-nvidia 1.1), on the test bed's 2 slices: with every whole GPU held, a role
+    naming the slice's model gets a slice, and so does a role that pins nothing (the hazard);
+    a role pinned to the whole model, or asking more memory than a slice has, is not placed
+    on the free slices: plan says it does not fit now, and it fits once whole GPUs are free."""
+    slices, whole = _device_ids(SLICE), _device_ids(WHOLE)
+    assert (len(slices), len(whole)) == (TEST_MIG, TEST_GPUS)
+    holder = unique("gpuhold")
+
+    def held() -> bool:
+        return any(a["ClientStatus"] == "running" for a in allocations(holder))
+
+    def plan(gpus: dict) -> str:
+        out = nomadtf("plan", str(write_job(tmp_path, _gpu_job(unique("gpumig"), chief=gpus, worker=0))))
+        assert out.returncode == 1, out.stdout + out.stderr
+        return out.stdout + out.stderr
+
+    try:
+        submit_raw(_gpu_holder(holder, TEST_GPUS, WHOLE))
+        wait_until(held, 120, f"{holder} to hold every whole GPU")  # other tests' jobs may still hold some
+
+        name = unique("gpumig")
+        spec = _gpu_job(name, chief=_pinned(1, SLICE), worker=1)
+        spec["roles"]["worker"]["count"] = 1
+        out = nomadtf("run", str(write_job(tmp_path, spec)), "--timeout", "3m")
+        try:
+            assert out.returncode == 0, out.stderr
+            landed = {}
+            for alloc in allocations(name):
+                (device,) = nomad(f"allocation/{alloc['ID']}")["AllocatedResources"]["Tasks"][alloc["TaskGroup"]]["Devices"]
+                visible = _visible(alloc)["NVIDIA_VISIBLE_DEVICES"]
+                assert visible.split(",") == device["DeviceIDs"], (visible, device)
+                landed[alloc["TaskGroup"]] = (device["Name"], visible)
+            # Both on slices (the plugin's ids of the slice group), one each.
+            assert {role: model for role, (model, _id) in landed.items()} == {"chief": SLICE, "worker": SLICE}, landed
+            assert {gpu for _model, gpu in landed.values()} == slices
+        finally:
+            purge(name)
+
+        # The slices are the only free GPUs now; a control that asks for one places.
+        wait_until(lambda: "chief: place 1" in plan(_pinned(1, SLICE)), 60, "the slices to be free again")
+        for pinned in (_pinned(1, WHOLE), {"count": 1, "min_memory": "8 GiB"}):
+            text = plan(pinned)
+            assert "chief: cannot be placed" in text and "not enough free nvidia/gpu x1" in text, (pinned, text)
+            assert "it does not fit now (capacity in use)" in text and "can never fit" not in text, (pinned, text)
+    finally:
+        purge(holder)
+    for pinned in (_pinned(1, WHOLE), {"count": 1, "min_memory": "8 GiB"}):
+        wait_until(lambda gpus=pinned: "chief: place 1" in plan(gpus), 60, f"{pinned} to fit once the whole GPUs are free")
 
 
 def test_the_gpu_example_renders_device_blocks_and_the_gpu_image():
