@@ -45,6 +45,8 @@ class Watch:
                 index = 0
                 self.stop.wait(WATCH_RETRY_S)
                 continue
+            if self.stop.is_set():
+                break  # stopped while it waited: its answer is nobody's news
             if new_index != index or self.every_answer:
                 self.post(Event(self.kind, new_index))
             index = new_index if new_index >= index else 0

@@ -47,3 +47,29 @@ def test_another_file_in_the_directory_is_no_event(tmp_path):
         assert event is None
     finally:
         watch.close()
+
+
+def test_a_blocking_watch_posts_each_answer_it_is_asked_to_starting_from_what_was_seen_and_nothing_once_stopped():
+    import threading
+
+    from nomadtf.runtime.loop import CLUSTER_KV
+    from nomadtf.runtime.watches import Watch
+
+    asked: list[int] = []
+    answer = threading.Event()
+
+    def query(index: int, wait_s: float) -> int:
+        asked.append(index)
+        answer.wait(5)  # a blocking query: answers when the test says so
+        answer.clear()
+        return index  # no change: the wait passed
+
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    watch = Watch(CLUSTER_KV, query, events.put, every_answer=True, index=41).start()
+    answer.set()
+    assert events.get(timeout=5).kind == CLUSTER_KV  # a wait that passed is a look too
+    assert asked[0] == 41  # the first query blocks from what the caller had seen
+    watch.stop.set()
+    answer.set()  # the query in flight answers after the stop
+    watch.thread.join(5)
+    assert not watch.thread.is_alive() and events.empty()
