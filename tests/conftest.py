@@ -33,7 +33,7 @@ TEST_DOCKER = True
 @pytest.fixture(scope="session")
 def stack():
     dev = DevStack.default()
-    started = dev.up(progress=_progress, timeout=180, gpus=TEST_GPUS, docker=TEST_DOCKER)
+    started = dev.up(progress=_progress, timeout=180, gpus=TEST_GPUS, mig=TEST_MIG, docker=TEST_DOCKER)
     saved = {k: os.environ.get(k) for k in ("NOMAD_ADDR", "CONSUL_HTTP_ADDR", "VAULT_ADDR", "VAULT_TOKEN", "DOCKER_HOST")}
     os.environ.update(dev.env())
     yield dev
