@@ -408,9 +408,14 @@ class ConsulDiscovery:
         return {str(k): int(v) for k, v in json.loads(item["Value"]).items()} if item and item.get("Value") else {}
 
     def set_counts(self, counts: dict[str, int]) -> None:
-        """PUT .../cluster/counts (merged with what an earlier scale set)"""
+        """Write the role counts (merged with what an earlier scale set), then wake the tasks
+        still waiting for their cluster to form: the cluster they wait for changed.
+
+        PUT .../cluster/counts ; GET, PUT .../cluster/generation?cas=<index>
+        """
         merged = {**self.counts(), **counts}
         self._write("writing role counts", self.consul.kv.put, wire.kv_counts(*self._kv, self.run_id), json.dumps(merged, sort_keys=True))
+        self.touch_generation()
 
     def generation(self) -> tuple[dict[str, Any], int]:
         """(value, modify index) of the generation key; ({}, 0) before the first one.

@@ -86,7 +86,7 @@ class Membership:
         self.watches: list[Watch] = []
         self.file_watch: FileWatch | None = None
         self.forming = False  # waiting on the generation key alone (start_watches)
-        self.forming_since = 0.0  # monotonic
+        self.all_claimed_since: float | None = None  # monotonic: when we first saw every slot claimed
         self.post: Callable[[Event], None] = lambda event: None
 
     # the roles whose registrations matter to us
@@ -110,10 +110,16 @@ class Membership:
 
         PUT /v1/session/create
         """
-        budget = deadline.server_retry_s()
         name = wire.session_name(self.spec.name, self.me.role, self.me.alloc_id)
+        self.consul_or_give_up(lambda: self.discovery.open_session(name), "opening a Consul session")
+
+    def consul_or_give_up(self, call, what: str):
+        """A start-up step that needs Consul, retried for the server retry budget; a Consul
+        still away after it is a failure Consul cannot hold: CannotRecord (exit 78) names
+        the address."""
+        budget = deadline.server_retry_s()
         try:
-            self.retry(lambda: self.discovery.open_session(name), "opening a Consul session", budget)
+            return self.retry(call, what, budget)
         except ServerError as exc:
             raise CannotRecord(
                 f"{exc}; tried Consul at {self.consul_address()} for {budget:.0f}s: check discovery.consul_address "
@@ -133,13 +139,12 @@ class Membership:
         if self.spec.discovery.reconfigure == "template":
             self.file_watch = FileWatch(self.cluster_file, CLUSTER_FILE, post).start()
         elif self.awaited_roles:
-            generation, index = self.retry(self.discovery.open_generation, "reading the generation")
+            generation, index = self.consul_or_give_up(self.discovery.open_generation, "reading the generation")
             if generation == 0:
                 self.forming = True
-                self.forming_since = time.monotonic()
                 # Every answer is a look, also a wait that passed with no change (WATCH_WAIT_S):
                 # a cluster whose last arrival died still forms, at a constant cost per task.
-                # The first query blocks: the claim's step has just looked.
+                # The first query blocks from the index just read: the claim's step looks next.
                 self.watches = [Watch(CLUSTER_KV, self.discovery.wait_for_generation_change, post, every_answer=True, index=index).start()]
                 return
         self.watch_everything()
@@ -162,9 +167,9 @@ class Membership:
         """While the cluster forms: once every slot we wait for is claimed, the task whose
         claim came last (Consul's index orders them; exactly one) watches the catalog until
         every member passes its checks, and the generation it then writes wakes every other
-        task. A task that has waited two blocking waits, every slot claimed, watches too (the
+        task. A task that has seen every slot claimed for two blocking waits watches too (the
         last arrival died or hangs), and so does every task once the cluster has formed.
-        Costs no request inside a step's one read."""
+        Costs no request inside a step's one read (the claim's own step reads the generation)."""
         if not self.forming:
             return
         if int(self.discovery.generation()[0].get("generation", 0)) >= 1:
@@ -176,12 +181,15 @@ class Membership:
         awaited = [slots.get((role, index)) for role in self.awaited_roles for index in range(self.spec.counts.get(role, 0))]
         ours = slots.get((self.me.role, self.me.index))
         if ours is None or any(slot is None for slot in awaited):
+            self.all_claimed_since = None
             return
+        if self.all_claimed_since is None:
+            self.all_claimed_since = time.monotonic()
         last = max(slot.claimed_at for slot in awaited if slot is not None)
         if ours.claimed_at >= last:
             log.info("every task has claimed its slot, ours last; watching their checks until the cluster is complete")
-        elif time.monotonic() - self.forming_since >= CLOSER_AFTER_S:
-            log.info("every task has claimed its slot %.0fs ago or more; watching their checks too", CLOSER_AFTER_S)
+        elif time.monotonic() - self.all_claimed_since >= CLOSER_AFTER_S:
+            log.info("every slot has been claimed for %.0fs and the cluster has not formed; watching their checks too", CLOSER_AFTER_S)
         else:
             return
         self.watch_everything()
@@ -244,6 +252,8 @@ class Membership:
         """After Consul forgot us (a dev agent restarted): a new session, our index again."""
         log.warning("our slot %s[%d] is gone (Consul restarted?); claiming it again", self.me.role, self.me.index)
         self.discovery.reopen_session()
+        if self.forming:
+            self.discovery.open_generation()  # a restarted Consul lost it; waiting on a missing key wakes on every write
         self.me.alloc_index = self.me.index
         return self.try_claim()
 

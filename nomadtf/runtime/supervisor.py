@@ -254,7 +254,8 @@ class Supervisor:
             if missing != self.last_missing:
                 log.info("waiting for %s", ", ".join(missing))
             self.last_missing = missing
-            self.membership.watch_closely_if_needed(self.discovery.slots())
+            if self.membership.forming:
+                self.membership.watch_closely_if_needed(self.discovery.slots())
             return None
         self.last_missing = []
         self.loop.cancel("rendezvous-deadline")

@@ -1,6 +1,8 @@
 """The watches that turn changes into loop events, each on a thread of its own: one Consul
-blocking query per role we may depend on and one on the run's cluster keys (`Watch`), and
-the cluster file Nomad's template renders (`FileWatch`, reconfigure=template).
+blocking query per role we may depend on and one on the run's cluster keys (`Watch`), or,
+while the cluster forms, one on its generation key alone, whose every answer is a look
+(`every_answer`); and the cluster file Nomad's template renders (`FileWatch`,
+reconfigure=template).
 """
 
 from __future__ import annotations

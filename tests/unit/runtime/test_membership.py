@@ -246,7 +246,13 @@ def test_a_task_that_waited_long_with_every_slot_claimed_watches_too(monkeypatch
         slots = {(r, i): Slot(f"a-{r}{i}", "x", "s", n) for n, (r, i) in enumerate((("worker", 1), ("chief", 0), ("ps", 0), ("worker", 0)))}
         membership.watch_closely_if_needed(slots)
         assert membership.forming  # worker[0] claimed last: it watches
-        membership.forming_since -= 61.0  # the last arrival died: nobody wrote the generation for two waits
+        membership.all_claimed_since -= 59.0
+        membership.watch_closely_if_needed(slots)
+        assert membership.forming  # not yet two waits since every slot was claimed
+        membership.watch_closely_if_needed({k: v for k, v in slots.items() if k != ("worker", 0)})
+        assert membership.all_claimed_since is None  # a slot went: the clock starts again when it is back
+        membership.watch_closely_if_needed(slots)
+        membership.all_claimed_since -= 61.0  # the last arrival died: nobody wrote the generation for two waits
         membership.watch_closely_if_needed(slots)
         assert not membership.forming
     finally:
