@@ -284,17 +284,20 @@ class NomadAPI:
         return f"{text}-{prerelease}" if prerelease and "-" not in text else text
 
     def server_versions(self) -> list[str]:
-        """The Nomad version of every server that is alive, as its gossip tags say ("build":
-        "1.6.1"): what a job is rendered for when the agent refuses /v1/agent/self. Needs
+        """The Nomad version of every server of the answering agent's region that is alive, as
+        its gossip tags say ("build": "1.6.1"): what a job is rendered for when the agent refuses /v1/agent/self. Needs
         only node:read under ACLs, which admission needs as well.
 
         GET /v1/agent/members
         """
-        data = self._json("reading the servers' versions", "node:read", self.client.agent, "members")
+        data = self._json("reading the servers' versions", "node:read", self.client.agent, "members") or {}
+        # Server gossip spans every federated region: only this region's servers decide.
+        region = data.get("ServerRegion") or ""
         return [
             member["Tags"]["build"]
-            for member in (data or {}).get("Members") or []
+            for member in data.get("Members") or []
             if member.get("Status") == "alive" and (member.get("Tags") or {}).get("build")
+            and (not region or member["Tags"].get("region", region) == region)
         ]
 
     # ---- jobs -----------------------------------------------------------------------------
