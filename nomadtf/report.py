@@ -157,7 +157,8 @@ class FailedTask:
 
 
 _MEMORY_FIX = re.compile(r"killed for exceeding its \d+ MiB: raise (roles\.\w+\.memory(?:_max)?)")
-_IMAGE_FIX = re.compile(r"(driver\.(?:gpu_)?image)\S* (\S+) could not be pulled")
+# outcome.describe_pull_failure's words; a GPU-only job's field carries a note in brackets
+_IMAGE_FIX = re.compile(r"(driver\.(?:gpu_)?image)\S*(?: \([^)]*\))? (\S+) could not be pulled")
 
 
 def failure_text(job_id: str, reason: str, task: FailedTask | None) -> str:

@@ -217,3 +217,14 @@ def test_an_image_that_cannot_be_pulled_is_reported_on_its_task_with_the_image_s
         "what to do: make nomadtf:no-such pullable by every client (`nomadtf dev image build` on the local stack, "
         "`docker push` to your registry), or set driver.image in job.json (or --var driver.image=IMAGE) to one that is"
     )
+
+
+def test_a_gpu_only_job_s_image_that_cannot_be_pulled_gets_the_image_s_fix_too():
+    from nomadtf.outcome import PULL_FIX
+
+    field = "driver.gpu_image (driver.image when gpu_image is not set)"  # outcome.image_field, every task with GPUs
+    reason = f"worker[0]: {field} gpu:no-such could not be pulled on client client-3: manifest unknown; {PULL_FIX}"
+    pending = _alloc("worker[0]", "pending", 41)
+    text = failure_text("gpu", reason, FailedTask.of(pending, "", []))
+    assert text.splitlines()[-1].startswith("what to do: make gpu:no-such pullable by every client")
+    assert text.splitlines()[-1].endswith("or set driver.gpu_image in job.json (or --var driver.gpu_image=IMAGE) to one that is")
