@@ -173,7 +173,7 @@ def identity(job: dict[str, Any]) -> tuple[str, str, str]:
     return inner.get("Namespace") or wire.DEFAULT_NAMESPACE, inner["ID"], (inner.get("Meta") or {}).get(wire.META_RUN, "")
 
 
-def _readable_nodes(api: NomadAPI, job: dict[str, Any]) -> tuple[list[capacity.NodeCapacity], bool]:
+def readable_nodes(api: NomadAPI, job: dict[str, Any]) -> tuple[list[capacity.NodeCapacity], bool]:
     """(the nodes that may take `job`, whether the token may list nodes at all).
 
     GET /v1/nodes?resources=true"""
@@ -193,8 +193,7 @@ def queue_status(job: dict[str, Any], entry: Entry, entries: list[Entry], placem
     words; when the plan found no room although what the token sees would do, `hidden`
     says that the rest is held by jobs it cannot read."""
     namespace, job_id, run_id = identity(job)
-    on_nodes = {n.node_id for n in view.nodes}
-    held = capacity.usage(a for a in view.allocs if a.get("NodeID") in on_nodes)
+    held = held_on(view.nodes, view.allocs)
     cluster = capacity.cluster_capacity(view.nodes)
     free = capacity.subtract(cluster, capacity.total(held.values()))
     needs = capacity.job_needs(job)
@@ -271,21 +270,15 @@ class Admission:
     def _nodes(self, job: dict[str, Any]) -> list[capacity.NodeCapacity]:
         """The nodes that may take `job`; none known when the token may not list nodes (then
         only Nomad's plan decides "never", by feasibility).  GET /v1/nodes?resources=true"""
-        return _readable_nodes(self.api, job)[0]
+        return readable_nodes(self.api, job)[0]
 
     def view(self, job: dict[str, Any]) -> _ClusterView:
         """The nodes that may take `job` and every allocation the token may read, now.
 
         GET /v1/nodes?resources=true ; GET /v1/allocations?namespace=*&resources=true"""
-        nodes, readable = _readable_nodes(self.api, job)
+        nodes, readable = readable_nodes(self.api, job)
         allocs, index = self.api.cluster_allocations()
         return _ClusterView(nodes, allocs, index, readable)
-
-    def status(
-        self, job: dict[str, Any], entry: Entry, entries: list[Entry], placement: plan.Placement, view: _ClusterView
-    ) -> QueueStatus:
-        """What `entry` says while it waits, from `view` (read before `placement`'s plan)."""
-        return queue_status(job, entry, entries, placement, view)
 
     # ---- admission ----------------------------------------------------------------------------
 
@@ -427,7 +420,7 @@ class Admission:
                 q_index, entries = self.queue.entries()
                 continue
             if queue.ordered(entries)[0].key != turn.entry.key:
-                self._say(self.status(turn.job, turn.entry, entries, turn.placement, self.view(turn.job)))
+                self._say(queue_status(turn.job, turn.entry, entries, turn.placement, self.view(turn.job)))
                 left = self._leave_for_the_service(turn, entries)
                 if left is not None:
                     return left
@@ -470,7 +463,7 @@ class Admission:
             if turn.placement.verdict == plan.NEVER:
                 raise JobFailed(turn.placement.failure_text())
             if turn.placement.verdict == plan.NOT_NOW:
-                self._say(self.status(turn.job, turn.entry, entries, turn.placement, view))
+                self._say(queue_status(turn.job, turn.entry, entries, turn.placement, view))
                 return None, view.holding
             self.after_plan()
             registration = turn.register(turn.modify_index)
@@ -645,13 +638,17 @@ def free_now(api: NomadAPI) -> Resources | None:
     its job), so it is the cluster's, not one job's.
 
     GET /v1/nodes?resources=true ; GET /v1/allocations?namespace=*&resources=true"""
-    nodes, readable = _readable_nodes(api, {"Datacenters": ["*"]})
+    nodes, readable = readable_nodes(api, {"Datacenters": ["*"]})
     if not readable:
         return None
     allocs, _ = api.cluster_allocations()
+    return capacity.subtract(capacity.cluster_capacity(nodes), capacity.total(held_on(nodes, allocs).values()))
+
+
+def held_on(nodes: list[capacity.NodeCapacity], allocs: list[dict[str, Any]]) -> dict[tuple[str, str], Resources]:
+    """What the allocations on `nodes` hold, by job (capacity.usage). Pure."""
     on_nodes = {n.node_id for n in nodes}
-    held = capacity.total(capacity.usage(a for a in allocs if a.get("NodeID") in on_nodes).values())
-    return capacity.subtract(capacity.cluster_capacity(nodes), held)
+    return capacity.usage(a for a in allocs if a.get("NodeID") in on_nodes)
 
 
 def queued_runs(queue_kv: AdmissionQueue, namespace: str, job_id: str | None = None) -> list[QueuedLine]:

@@ -43,18 +43,15 @@ def deploy(
     """Run the admission service in the cluster as a Nomad service job (nomadtf-admission);
     it reaches Nomad and Consul at the addresses this shell uses. Replicas go to different
     clients when there are enough."""
-    from nomadtf import capacity, wire
+    from nomadtf import wire
+    from nomadtf.admission import readable_nodes
     from nomadtf.admission_service import SERVICE_TOKENS_VAR, service_env, service_job
-    from nomadtf.errors import NomadError, SpecError
+    from nomadtf.errors import SpecError
     from nomadtf.nomad import NomadAPI
 
     api = NomadAPI.from_env(namespace=namespace)
-    try:
-        clients = len(capacity.node_capacities(api.nodes(), {"Datacenters": ["*"]}))
-    except NomadError as exc:
-        if exc.status != 403:
-            raise
-        clients = 0  # not countable with this token: the replicas are spread, not bound apart
+    # Not countable with this token (0): the replicas are spread, not bound apart.
+    clients = len(readable_nodes(api, {"Datacenters": ["*"]})[0])
     if tokens:
         missing = [name for name in ("NOMAD_TOKEN", "CONSUL_HTTP_TOKEN") if not os.environ.get(name)]
         if missing:
