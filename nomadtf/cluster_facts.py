@@ -49,6 +49,9 @@ class ClusterFacts:
     target: target_mod.Target | None
     profile: ClusterProfile | None
     notes: list[str] = field(default_factory=list)
+    # Nomad did not answer at all when asked its version: what `run` and `plan`, which need
+    # it, fail with at once (one line); `validate` goes on offline with the note.
+    unreachable: ServerError | None = None
 
     def fill(self, raw: dict[str, Any]) -> dict[str, Any]:
         """job.json's raw options (spec.load_options) with what the cluster says filled in."""
@@ -96,10 +99,19 @@ def server_target(api: NomadAPI, profile: ClusterProfile | None, environ: Mappin
 
     GET /v1/agent/self ; GET /v1/agent/members when the agent refuses the first
     """
+    found, notes, _unreachable = _server_target(api, profile, environ)
+    return found, notes
+
+
+def _server_target(
+    api: NomadAPI, profile: ClusterProfile | None, environ: Mapping[str, str]
+) -> tuple[target_mod.Target, list[str], ServerError | None]:
+    """server_target, and the error when Nomad did not answer at all."""
     try:
         found = target_mod.resolve(api.agent_version(), f"Nomad at {api.address}")
-        return found, list(found.notes)
+        return found, list(found.notes), None
     except ServerError as exc:
+        error = exc
         unread = str(exc) or type(exc).__name__
         refused = isinstance(exc, NomadError) and exc.status is not None  # it answered: the gossip tags may still say
     if refused:
@@ -110,23 +122,24 @@ def server_target(api: NomadAPI, profile: ClusterProfile | None, environ: Mappin
         else:
             if versions:
                 found = target_mod.oldest_server(versions, f"Nomad's servers at {api.address}, GET /v1/agent/members")
-                return found, list(found.notes)
+                return found, list(found.notes), None
             unread = f"{unread}; GET /v1/agent/members named no alive server"
+    unreachable = None if refused else error
     fallback = offline_target(None, profile, environ)
     if fallback is not None:
-        return fallback, [f"could not read Nomad's version ({unread}); rendering for {fallback.version} ({fallback.source})"]
+        return fallback, [f"could not read Nomad's version ({unread}); rendering for {fallback.version} ({fallback.source})"], unreachable
     # Assumed only where Nomad answered: one that does not cannot take the job either, and
     # `validate` still checks job.json without it.
     baseline = target_mod.Target(target_mod.BASELINE, target_mod.BASELINE, "default", unread=unread if refused else "")
     return baseline, [
         f"could not read Nomad's version ({unread}); rendering for Nomad {target_mod.BASELINE}. On Nomad 1.7+ {NAME_THE_VERSION}"
-    ]
+    ], unreachable
 
 
 def at_submission(api: NomadAPI, environ: Mapping[str, str] = os.environ) -> ClusterFacts:
     profile, notes = read_profile(environ)
-    found, target_notes = server_target(api, profile, environ)
-    return ClusterFacts(found, profile, notes + target_notes)
+    found, target_notes, unreachable = _server_target(api, profile, environ)
+    return ClusterFacts(found, profile, notes + target_notes, unreachable)
 
 
 def offline(flag: str | None, environ: Mapping[str, str] = os.environ) -> ClusterFacts:

@@ -103,6 +103,7 @@ class Run:
         # What the cluster could not tell (cluster_facts) and what the rendering leaves out:
         # the caller shows them before submitting (Submitted.notes has only what submitting said).
         self.notes = list(notes or [])
+        self.unreachable: ServerError | None = None  # Nomad did not answer when asked its version
         self.job_id: str = spec.name
         self.discovery: ConsulDiscovery | None = None
         # The job as `validate` and `plan` see it; `submit` renders it again with its run.
@@ -122,7 +123,9 @@ class Run:
         spec = parse_spec(facts.fill(raw))
         facts.require_target_for(spec)  # never a guess where the guess decides how tasks get Vault
         api = NomadAPI.from_env(namespace=spec.namespace, region=spec.region)
-        return cls(spec, api, templates, facts.target, facts.notes + render.rendering_notes(spec, facts.target))
+        made = cls(spec, api, templates, facts.target, facts.notes + render.rendering_notes(spec, facts.target))
+        made.unreachable = facts.unreachable
+        return made
 
     def submit(self, replace: bool = False, resume: bool = False, admission: Admission | None = None) -> Submitted:
         """Validate with Nomad, handle a run of the same job that is still going (refused

@@ -57,6 +57,8 @@ def run(
     timeout_s = _timeout_s(timeout) if timeout else None
     started = time.monotonic()
     job_run = Run.from_job_file(job_file, var or [], templates)
+    if job_run.unreachable is not None:
+        raise job_run.unreachable  # one clear line, not a note about the version first
     for note in job_run.notes:  # before anything is sent, also for a run that will wait in the queue
         stamp(note)
     admission = Admission(
@@ -329,6 +331,8 @@ def plan(job_file: JobFile, var: Vars = None, templates: TemplatesDir = None) ->
 
     try:
         job_run = Run.from_job_file(job_file, var or [], templates)
+        if job_run.unreachable is not None:
+            raise job_run.unreachable
         for note in job_run.notes:
             err(note)
         result = job_run.api.plan(job_run.job)

@@ -189,7 +189,13 @@ def test_a_token_without_rights_is_explained_and_nothing_is_submitted(secure_clu
     job = unique("no-rights")
     spec = secured(probe_job(job), secure_cluster, tmp_path)
     env = {**secure_cluster.env(), "NOMAD_TOKEN": empty.json()["SecretID"]}
+    # The job's tasks get Vault tokens from Nomad: the version decides how, and this token may
+    # not read it (agent:read, node:read), so the run is refused before anything is sent.
     result = nomadtf("run", str(write_job(tmp_path, spec)), env=env, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "NOMAD_TOKEN" in result.stderr and "capability" in result.stderr and "Nothing was submitted" in result.stderr
+    # Named, the version is no longer the problem: the submission is refused for the token's rights.
+    result = nomadtf("run", str(write_job(tmp_path, spec)), env={**env, "NOMADTF_NOMAD_VERSION": "1.6.1"}, timeout=120)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "NOMAD_TOKEN" in result.stderr and "capability" in result.stderr and "Traceback" not in result.stderr
     assert api.get(f"{found['nomad']}/v1/job/{job}", timeout=10).status_code == 404
