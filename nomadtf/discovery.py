@@ -172,16 +172,8 @@ class ConsulDiscovery:
 
         GET /v1/kv/nomadtf/<ns>/<job>/<run>/cluster/?recurse&keys&index=&wait=
         """
-        new_index, _ = consul_call(
-            "a blocking KV query",
-            self.consul.kv.get,
-            wire.kv_cluster_prefix(*self._kv, self.run_id),
-            index=index or None,
-            wait=f"{max(1, int(wait_s))}s",
-            recurse=True,
-            keys=True,
-        )
-        return int(new_index)
+        return self._wait_for_kv("a blocking KV query", wire.kv_cluster_prefix(*self._kv, self.run_id), index, wait_s,
+                                 recurse=True, keys=True)
 
     def wait_for_generation_change(self, index: int, wait_s: float) -> int:
         """Block until the run's generation key is written, or `wait_s` passes: all a task
@@ -192,13 +184,11 @@ class ConsulDiscovery:
 
         GET /v1/kv/nomadtf/<ns>/<job>/<run>/cluster/generation?index=&wait=
         """
-        new_index, _ = consul_call(
-            "a blocking query on the generation",
-            self.consul.kv.get,
-            wire.kv_generation(*self._kv, self.run_id),
-            index=index or None,
-            wait=f"{max(1, int(wait_s))}s",
-        )
+        return self._wait_for_kv("a blocking query on the generation", wire.kv_generation(*self._kv, self.run_id), index, wait_s)
+
+    def _wait_for_kv(self, what: str, key: str, index: int, wait_s: float, **options: Any) -> int:
+        """One Consul blocking KV query; the index it answered with."""
+        new_index, _ = consul_call(what, self.consul.kv.get, key, index=index or None, wait=f"{max(1, int(wait_s))}s", **options)
         return int(new_index)
 
     def watched_instances(self, role: str) -> dict[str, str] | None:
