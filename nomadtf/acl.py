@@ -119,25 +119,44 @@ def consul_hcl(rules: dict[str, Any]) -> str:
 
 def consul_submitter_rules(namespace: str) -> dict[str, Any]:
     """`run`, `status`, `scale` and `stop --purge`: the state of every run in the namespace;
-    `run`'s place in the admission queue, and whether an admission service leads (`run
-    --detach`, `admission status`)."""
+    whether an admission controller leads and the board it publishes (a queued run's place).
+    Nothing of the admission controller's is writable: no lead, no board, no sessions (the
+    queue itself is the namespace's suspended jobs in Nomad)."""
     prefix = wire.kv_job_prefix(namespace, "").rstrip("/") + "/"
     return {
         "key": {
             wire.KV_CLUSTER_PROFILE: {"policy": "read"},
-            wire.KV_ADMISSION_LOCK: {"policy": "write"},
             wire.KV_ADMISSION_LEADER: {"policy": "read"},
+            wire.KV_ADMISSION_BOARD: {"policy": "read"},
         },
-        "key_prefix": {
-            prefix: {"policy": "write"},
-            wire.KV_QUEUE_PREFIX: {"policy": "read"},
-            wire.kv_queue_prefix(namespace): {"policy": "write"},
-            wire.kv_queued_runs_prefix(namespace): {"policy": "write"},
-        },
+        "key_prefix": {prefix: {"policy": "write"}},
         "service_prefix": {"": {"policy": "read"}},
         "node_prefix": {"": {"policy": "read"}},
-        # Sessions hold a queued run's entry and the lock (they go when the submitter does).
+    }
+
+
+# The admission controller's Nomad capabilities in every namespace: read the jobs, their
+# allocations and scaling events, and resume (scale) suspended runs. No submit-job: it can
+# neither register nor edit a job body, nor stop one.
+NOMAD_CONTROLLER_CAPABILITIES = ("list-jobs", "read-job", "scale-job", "read-job-scaling")
+
+
+def nomad_controller_policy() -> str:
+    """The controller's token: every namespace's jobs to read and scale, node read (the
+    capacity it admits against). Nothing else."""
+    caps = ", ".join(_q(c) for c in NOMAD_CONTROLLER_CAPABILITIES)
+    return f"namespace \"*\" {{\n  capabilities = [{caps}]\n}}\nnode {{\n  policy = \"read\"\n}}\n"
+
+
+def consul_controller_rules() -> dict[str, Any]:
+    """The controller's Consul token: its lead and its board (nobody else writes them), the
+    runs' state under `nomadtf/` (a run given back after its gang timeout starts afresh:
+    its keys are cleared), its own session."""
+    return {
+        "key": {wire.KV_ADMISSION_LEADER: {"policy": "write"}, wire.KV_ADMISSION_BOARD: {"policy": "write"}},
+        "key_prefix": {"nomadtf/": {"policy": "write"}},
         "session_prefix": {"": {"policy": "write"}},
+        "node_prefix": {"": {"policy": "read"}},
     }
 
 

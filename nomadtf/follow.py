@@ -23,6 +23,7 @@ from typing import Any
 
 from nomadtf import outcome as outcomes
 from nomadtf import report, roles
+from nomadtf.admission import suspension
 from nomadtf.errors import (
     FollowTimeout,
     JobFailed,
@@ -38,6 +39,12 @@ from nomadtf.plan import explain_placement_failure, group_counts, requested_devi
 from nomadtf.wire import META_RUN, META_VERSION
 
 # The error `nomadtf run` raises for each outcome but success (its exit code: outcome.py).
+class Requeued(Exception):
+    """The admission controller gave the run's placed part back (not placed whole within
+    its gang timeout): it waits in the queue again. Not a failure: `Run.follow` waits for
+    its admission and follows it again."""
+
+
 OUTCOME_ERRORS: dict[str, type[JobFailed]] = {
     outcomes.FAILED: JobFailed, outcomes.STOPPED: JobStopped, outcomes.TIMED_OUT: JobTimedOut, outcomes.LOST: JobLost,
 }
@@ -91,7 +98,7 @@ def restarts_of(alloc: dict[str, Any]) -> int:
 def summarize(job: dict[str, Any], allocs: list[dict[str, Any]]) -> JobView:
     """Pure: job + allocations -> one line per role."""
     view = JobView(job_id=job["ID"], status=job.get("Status", "pending"))
-    for group in job.get("TaskGroups") or []:
+    for group in suspension.without_placeholder(job.get("TaskGroups") or []):
         view.roles[group["Name"]] = RoleView(wanted=group.get("Count", 0))
     for (role, _index), alloc in latest_allocs(allocs).items():
         rv = view.roles.setdefault(role, RoleView())
@@ -207,18 +214,26 @@ class Follower:
         with the failing task's events and stderr, JobStopped, JobTimedOut, JobLost) or
         FollowTimeout.
 
+        `eval_id` "" for a run the admission controller admitted: its placement (all or
+        nothing, within the gang timeout) is the controller's to judge, and a run it gives
+        back raises Requeued.
+
         GET /v1/evaluation/:eval_id (blocking) until placed, then in turn
         GET /v1/job/:job_id/allocations (blocking), GET /v1/job/:job_id,
         GET /v1/client/fs/logs/:alloc_id (the chief's last line; stderr of failed tasks)
         """
-        self._wait_for_placement(eval_id)
+        if eval_id:
+            self._wait_for_placement(eval_id)
         index = 0
         while True:
             self._check_deadline()
             every, index = self.api.watch_allocations(self.job_id, index)
             job = self.api.job(self.job_id)
-            if job is not None and self.versions is not None and run_of(job) == self.run_id:
-                self.versions.add(job.get("Version", 0))
+            if job is not None and self.versions is not None and run_of(job) == self.run_id and job.get("Version", 0) not in self.versions:
+                # An admission scales group by group: every version of this run is ours.
+                self.versions |= versions_of_run(self.api.versions(self.job_id), self.run_id) | {job.get("Version", 0)}
+            if job is not None and run_of(job) == self.run_id and not job.get("Stop") and suspension.is_waiting(job):
+                raise Requeued(f"{self.job_id} run {self.run_id} was given back to the queue by the admission controller")
             allocs = of_run(every, self.versions)
             self._report_events(allocs)
             self._report_environments()

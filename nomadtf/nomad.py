@@ -343,6 +343,10 @@ class NomadAPI:
                 return None
             raise
 
+    def watch_job(self, job_id: str, index: int, wait_s: float = 10.0) -> tuple[dict[str, Any] | None, int]:
+        """GET /v1/job/:job_id?index=&wait= (blocking: answers when this job changes) ; (None when no such job, index)"""
+        return self._blocking(f"job {job_id}", self.client.job, job_id, index=index, wait_s=wait_s)
+
     def jobs(self) -> list[dict[str, Any]]:
         """GET /v1/jobs?meta=true (namespace "*": every namespace the token may list)"""
         return self._json("the job list", "list-jobs", self.client.jobs, params={"meta": "true"})
@@ -356,10 +360,41 @@ class NomadAPI:
         """GET /v1/job/:job_id/summary"""
         return self._json(f"summary of {job_id}", "read-job", self.client.job, job_id, "summary")
 
-    def scale(self, job_id: str, group: str, count: int, message: str) -> dict[str, Any]:
-        """POST /v1/job/:job_id/scale"""
-        body = {"Count": count, "Target": {"Group": group}, "Message": message}
-        return self._json(f"scaling {job_id}", "scale-job", self.client.job, job_id, "scale", method="post", json=body)
+    def watch_jobs(self, index: int = 0, wait_s: float = 5.0) -> tuple[list[dict[str, Any]], int]:
+        """(every job the token may list, with Meta and summaries; X-Nomad-Index); with
+        `index` a blocking query that answers on the next change of any job or summary.
+
+        GET /v1/jobs?meta=true[&index=&wait=]"""
+        if index:
+            stubs, new_index = self._blocking("the job list", self.client.jobs, index=index, wait_s=wait_s, params={"meta": "true"})
+            return stubs or [], new_index
+        with translated(self.settings, "the job list", "list-jobs"):
+            resp = self._send(self.client.jobs, params={"meta": "true"})
+        return resp.json(), int(resp.headers.get("X-Nomad-Index", 0))
+
+    def scale(
+        self, job_id: str, group: str, count: int, message: str, modify_index: int = 0, meta: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
+        """POST /v1/job/:job_id/scale ; with `modify_index` Nomad scales only while the job's
+        JobModifyIndex is still that (NomadError with status 409 otherwise)."""
+        body: dict[str, Any] = {"Count": count, "Target": {"Group": group}, "Message": message}
+        if modify_index:
+            body["JobModifyIndex"] = modify_index
+        if meta:
+            body["Meta"] = dict(meta)
+        try:
+            return self._json(f"scaling {job_id}", "scale-job", self.client.job, job_id, "scale", method="post", json=body)
+        except NomadError as exc:
+            if modify_index and "conflicting job modify index" in str(exc).lower():
+                raise NomadError(str(exc), status=409) from exc
+            raise
+
+    def scaling_events(self, job_id: str) -> dict[str, list[dict[str, Any]]]:
+        """Each group's scaling events, newest first (what the admission controller said).
+
+        GET /v1/job/:job_id/scale"""
+        data = self._json(f"scaling status of {job_id}", "read-job-scaling", self.client.job, job_id, "scale")
+        return {group: list(status.get("Events") or []) for group, status in (data.get("TaskGroups") or {}).items()}
 
     def stop(self, job_id: str, purge: bool = False) -> dict[str, Any]:
         """DELETE /v1/job/:job_id?purge="""

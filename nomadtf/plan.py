@@ -118,12 +118,13 @@ class Placement:
         return text + (f"\n  it can never fit: {self.why_never}" if self.why_never else "")
 
 
-def _never_by_feasibility(metric: dict[str, Any]) -> str:
-    """Why no node passes the group's feasibility checks ("" when some node does): no
-    node evaluated at all, or every node filtered (constraints, devices it does not have,
-    drivers, distinct_hosts); none was merely out of room."""
+def _never_by_feasibility(metric: dict[str, Any], nodes: list[NodeCapacity] | None) -> str:
+    """Why no node passes the group's feasibility checks ("" when some node does): every
+    node filtered (constraints, devices it does not have, drivers, distinct_hosts); none
+    was merely out of room. No node evaluated at all is "never" only when the token could
+    read the nodes and none may take the job (a drained or rebooting node comes back)."""
     if not metric.get("NodesEvaluated"):
-        return "no client node is ready in the job's datacenters"
+        return "no client node is ready in the job's datacenters" if nodes is not None and not nodes else ""
     if not metric.get("NodesExhausted") and metric.get("NodesFiltered"):
         return "no node meets its constraints (constraints, devices, drivers or distinct hosts)"
     return ""
@@ -154,9 +155,10 @@ def _never_by_size(job: dict[str, Any], nodes: list[NodeCapacity]) -> str:
     return f"its {len(asks)} allocations do not pack onto the {len(nodes)} node(s) it may use even when they are empty"
 
 
-def classify(result: dict[str, Any], job: dict[str, Any], nodes: list[NodeCapacity]) -> Placement:
+def classify(result: dict[str, Any], job: dict[str, Any], nodes: list[NodeCapacity] | None) -> Placement:
     """FITS, NOT_NOW or NEVER for a plan `result` (POST /v1/job/:id/plan) of `job` (the
-    body of POST /v1/jobs), given the `nodes` that could take it (capacity.node_capacities).
+    body of POST /v1/jobs), given the `nodes` that could take it (capacity.node_capacities;
+    None when the token may not read nodes: then only feasibility can say NEVER).
 
     NEVER when some group has no feasible node at all, or when the whole job could not be
     packed onto those nodes were they empty; otherwise a failed placement is NOT_NOW:
@@ -168,9 +170,11 @@ def classify(result: dict[str, Any], job: dict[str, Any], nodes: list[NodeCapaci
     devices, counts = requested_devices(inner), group_counts(inner)
     reasons = [explain_placement_failure(g, m, devices.get(g), counts.get(g)) for g, m in sorted(failed.items())]
     for group, metric in sorted(failed.items()):
-        why = _never_by_feasibility(metric)
+        why = _never_by_feasibility(metric, nodes)
         if why:
             return Placement(NEVER, reasons, f"{group}: {why}")
+    if nodes is None or not nodes:
+        return Placement(NOT_NOW, reasons)  # nothing to measure against: wait (a node may come back)
     why = _never_by_size(job, nodes)
     return Placement(NEVER, reasons, why) if why else Placement(NOT_NOW, reasons)
 

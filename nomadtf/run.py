@@ -26,17 +26,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nomadtf import cluster_facts, render, wire
-from nomadtf.admission import Admission, withdraw
+from nomadtf import cluster_facts, plan, render, wire
+from nomadtf.admission import suspension
+from nomadtf.client import placement, queued
 from nomadtf.discovery import ConsulDiscovery
 from nomadtf.errors import FollowTimeout, JobFailed, JobStopped, NomadError, NomadtfError, ServerError
-from nomadtf.follow import Follower, JobView, final_lines, require_nomadtf_job, run_of, versions_of_run
+from nomadtf.follow import Follower, JobView, Requeued, final_lines, require_nomadtf_job, run_of, versions_of_run
 from nomadtf.nomad import NomadAPI
 from nomadtf.profile import offline_check_fill
 from nomadtf.spec import JobSpec, RunInfo, expand_task_vars, load_options, parse_spec
 from nomadtf.target import Target
 
 REPLACE_WAIT_S = 60.0  # how long --replace waits for the running run's allocations to stop
+NO_CONTROLLER = (
+    "no admission controller leads on this cluster: the run goes to Nomad as it is, without queueing or an "
+    "all-or-nothing start (an operator deploys one with: nomadtf admission deploy)"
+)
 
 
 @dataclass(frozen=True)
@@ -48,9 +53,10 @@ class Submitted:
     run_id: str = ""
     first_version: int = 0
     notes: list[str] = field(default_factory=list)
-    # (place, length) of a run left queued for the admission service (--detach); nothing
-    # is registered yet, so there is no evaluation to follow.
-    queued_at: tuple[int, int] | None = None
+    # Registered suspended: the admission controller starts it (Run.wait_for_admission);
+    # its placement is the controller's to judge, so there is no evaluation to follow.
+    suspended: bool = False
+    registered_index: int = 0  # the registration's JobModifyIndex
 
 
 @dataclass(frozen=True)
@@ -127,12 +133,12 @@ class Run:
         made.unreachable = facts.unreachable
         return made
 
-    def submit(self, replace: bool = False, resume: bool = False, admission: Admission | None = None) -> Submitted:
+    def submit(self, replace: bool = False, resume: bool = False) -> Submitted:
         """Validate with Nomad, handle a run of the same job that is still going (refused
-        unless `replace`), work out what `resume` continues, clear the job's old Consul
-        state, and register the new run through `admission` (admission.py: fail fast when
-        it can never fit, wait in the queue while it does not fit now, all or nothing).
-        Nothing is sent unless every check passed.
+        unless `replace`), work out what `resume` continues, ask Nomad's plan whether the
+        whole run can ever fit (never: fail at once, nothing sent), and register the run:
+        suspended, for the admission controller to start in its turn (docs/guide/queueing.md),
+        or as it is where no controller leads. Nothing is sent unless every check passed.
 
         Registration is a check-and-set on the job's JobModifyIndex as read here (0: no job
         yet): of two `nomadtf run` of one name at the same moment exactly one registers, the
@@ -140,11 +146,10 @@ class Run:
         keys deleted, never this run's.
 
         POST /v1/validate/job ; GET /v1/job/:job_id ; [DELETE /v1/job/:job_id and blocking
-        GET /v1/job/:job_id/allocations, and the job's queued runs out of the queue
-        (GET and DELETE /v1/kv/nomadtf/_admission/...), with --replace] ; GET .../progress of the previous run ;
-        admission's calls (POST /v1/job/:job_id/plan, the queue in Consul) ;
-        POST /v1/jobs (EnforceIndex) ; GET /v1/job/:job_id/versions ;
-        DELETE /v1/kv/nomadtf/<ns>/<job>/<other run>/?recurse
+        GET /v1/job/:job_id/allocations with --replace] ; GET .../progress of the previous run ;
+        POST /v1/job/:job_id/plan ; GET /v1/nodes?resources=true ;
+        GET /v1/kv/nomadtf/_admission/leader ; POST /v1/jobs (EnforceIndex) ;
+        GET /v1/job/:job_id/versions ; DELETE /v1/kv/nomadtf/<ns>/<job>/<other run>/?recurse
         """
         notes: list[str] = []
         run_id = new_run_id()
@@ -170,39 +175,39 @@ class Run:
                     f"add --replace to stop it and start a new run, or stop it first (nomadtf stop {self.job_id})"
                 )
             modify_index = self._stop_running(existing, notes)
-        admission = admission or Admission(self.api)
-        if replace:  # a run of this job still waiting in the queue is replaced too (its follower hears so)
-            for queued in withdraw(admission.queue, self.api.namespace, self.job_id):
-                notes.append(f"took the queued run {queued} of {self.job_id} out of the queue (--replace)")
-        admitted = admission.admit(
-            job,
-            lambda index: self._register(run_id, model_run, index),
-            modify_index,
-            gang_timeout_s=self.spec.admission.gang_timeout_s,
-        )
-        notes += admitted.notes
-        if admitted.queued:
-            return Submitted(self.job_id, self.api.namespace, "", self.api.ui_url(self.job_id), run_id, 0, notes,
-                             (admitted.place, admitted.length))  # fmt: skip
+        verdict = placement.check(self.api, job)
+        if verdict.verdict == plan.NEVER:
+            raise JobFailed(verdict.failure_text())
+        suspended = bool(queued.controller_leader())
+        if not suspended:
+            notes.append(NO_CONTROLLER)
+        registration = self._register(run_id, model_run, modify_index, suspended)
         self.discovery = discovery
         try:
             discovery.delete_job_keys(keep_run=run_id)  # earlier runs' state goes, never ours
         except ServerError as exc:
             notes.append(f"could not delete earlier runs' Consul keys (harmless: every run has its own): {exc}")
-        # The newest: a registration that admission sent back (placed in part) left an older one.
         first = max(versions_of_run(self.api.versions(self.job_id), run_id), default=0)
         return Submitted(
-            self.job_id, self.api.namespace, admitted.registration["EvalID"], self.api.ui_url(self.job_id), run_id, first, notes
-        )
+            self.job_id, self.api.namespace, "" if suspended else registration["EvalID"], self.api.ui_url(self.job_id), run_id,
+            first, notes, suspended, int(registration.get("JobModifyIndex") or 0),
+        )  # fmt: skip
 
-    def _register(self, run_id: str, model_run: str, modify_index: int) -> dict[str, Any]:
-        """Render the run as of now (recovery.deadline counts from its admission, not from
-        its time in the queue) and register it, a check-and-set on `modify_index`.
+    def wait_for_admission(self, submitted: Submitted, wait: queued.AdmissionWait, detach: bool = False) -> queued.Waiting | None:
+        """Until the controller admitted the suspended run (None), or, with `detach`, at
+        once while it waits (its place). The errors of AdmissionWait.wait."""
+        result = wait.wait(detach=detach)
+        return result if isinstance(result, queued.Waiting) else None
+
+    def _register(self, run_id: str, model_run: str, modify_index: int, suspended: bool) -> dict[str, Any]:
+        """Render the run as of now and register it (suspended: suspension.suspend), a
+        check-and-set on `modify_index`.
 
         POST /v1/jobs (EnforceIndex) ; GET /v1/job/:job_id after a refusal"""
         job = render.render_job(self.spec, self.templates, RunInfo(run_id, time.time(), model_run), self.target)
+        body = suspension.suspend(job, self.spec.admission.gang_timeout_s) if suspended else job
         try:
-            registered = self.api.register(job, modify_index=modify_index)
+            registered = self.api.register(body, modify_index=modify_index)
         except NomadError as exc:
             if exc.status != 409:
                 raise
@@ -258,12 +263,25 @@ class Run:
         timeout_s: float | None,
         on_view: Callable[[JobView], None],
         on_event: Callable[[str], None],
+        requeued: Callable[[], None] = lambda: None,
     ) -> Outcome:
         """Follow the run to its outcome (see follow.Follower); a run that failed is stopped,
         one that timed out keeps running on purpose. `timeout_s` None: the job's deadline.
+        A run the admission controller gives back to the queue is waited for (`requeued`
+        returns once it is admitted again) and followed again.
 
         DELETE /v1/job/:job_id after a failure ; GET /v1/client/fs/logs/:alloc_id at the end
         """
+        while True:
+            try:
+                return self._follow_once(submitted, timeout_s, on_view, on_event)
+            except Requeued as exc:
+                on_event(f"{exc}: it waits for its turn again")
+                requeued()
+
+    def _follow_once(
+        self, submitted: Submitted, timeout_s: float | None, on_view: Callable[[JobView], None], on_event: Callable[[str], None]
+    ) -> Outcome:
         discovery = self.discovery or ConsulDiscovery(self.job_id, self.api.namespace, run_id=submitted.run_id)
         follower = Follower(
             self.api,
@@ -333,7 +351,9 @@ def scale_job(api: NomadAPI, job_id: str, counts: dict[str, int]) -> dict[str, i
     job = require_nomadtf_job(api, job_id)
     if job.get("Status") == "dead":
         raise JobFailed(f"job {job_id} is not running; nothing to scale")
-    groups = {g["Name"]: g.get("Count", 0) for g in job.get("TaskGroups") or []}
+    if suspension.is_waiting(job):
+        raise JobFailed(f"job {job_id} waits in the admission queue; scale it once it runs (or run it again with --var)")
+    groups = {g["Name"]: g.get("Count", 0) for g in suspension.without_placeholder(job.get("TaskGroups") or [])}
     for role, count in counts.items():
         if role not in groups:
             raise JobFailed(f"job {job_id} has no {role} group to scale")
@@ -345,12 +365,15 @@ def scale_job(api: NomadAPI, job_id: str, counts: dict[str, int]) -> dict[str, i
     return {role: groups[role] for role in counts}
 
 
-def stop_job(api: NomadAPI, job_id: str, purge: bool = False) -> None:
-    """Stop a job nomadtf started (JobFailed for any other); purge also drops its Consul keys.
+def stop_job(api: NomadAPI, job_id: str, purge: bool = False) -> dict[str, Any]:
+    """Stop a job nomadtf started (JobFailed for any other); purge also drops its Consul
+    keys. The job as it was before the stop (a queued run leaves the queue so: the
+    controller never scales a stopped job into running).
 
     GET /v1/job/:job_id ; DELETE /v1/job/:job_id?purge= ; DELETE /v1/kv/nomadtf/<ns>/<job>/?recurse
     """
-    require_nomadtf_job(api, job_id)
+    job = require_nomadtf_job(api, job_id)
     api.stop(job_id, purge=purge)
     if purge:
         ConsulDiscovery(job_id, api.namespace).delete_job_keys()
+    return job

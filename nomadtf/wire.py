@@ -19,17 +19,12 @@ without a run, e.g. by `nomadtf render`):
                                                                "waiting"|"building"|"ready"|"failed", ...};
                                                                then (any job) {"state": "started", "runs":
                                                                "<its child's Python and TensorFlow>"}
-The admission queue, one for the cluster (`_` is never in a Nomad namespace's name, so no
-job's prefix can reach it):
-    nomadtf/_admission/queue/<namespace>/<ticket>      a queued run: {"priority", "enqueued_at", "needs", ...};
-                                                        held by its submitter's session while one follows it;
-                                                        the ticket is a digest of namespace/job/run: every
-                                                        submitter reads the queue, none learns another's names
-    nomadtf/_admission/runs/<namespace>/<ticket>       the run behind a ticket: job, run id, and for a run
-                                                        left unattended (`--detach`) its rendered job; only
-                                                        the namespace's submitters and the service read it
-    nomadtf/_admission/lock                            held (session) while one run is planned, registered, placed
-    nomadtf/_admission/leader                          held (session) by the admission service's leader
+The admission controller's keys (`_` is never in a Nomad namespace's name, so no job's
+prefix can reach them); only the controller's token writes them, submitters read them:
+    nomadtf/_admission/leader     held (session, lock-delay) by the controller's leader; its name
+    nomadtf/_admission/board      the queue as the leader publishes it: every waiting run by ticket
+                                  (a digest of namespace/job/run), its place, needs and shortfall
+The queue itself is in Nomad: runs registered suspended (nomadtf/admission/suspension.py).
 Tasks watch only .../cluster/ (what decides); progress and environment live beside it, so
 their writes wake nobody. A task of an older run that is still stopping can never touch the
 current run's keys.
@@ -40,7 +35,8 @@ ACL objects of one job (`nomadtf acl apply`): Consul policy, Vault policy, Consu
     description / first line "nomadtf <namespace>/<job> tasks": whose the object is
 
 Nomad job Meta: nomadtf.version, nomadtf.spec_sha256, nomadtf.strategy, nomadtf.run,
-nomadtf.model_run (only on a run started with --resume);
+nomadtf.model_run (only on a run started with --resume); on a run registered suspended,
+nomadtf.admission ("suspended"), nomadtf.counts, nomadtf.gang_timeout (suspension.py);
 task Meta: nomadtf.role.
 Environment of the training process: the ENV_* names below, plus the secrets' own names.
 """
@@ -206,42 +202,16 @@ def kv_environment(namespace: str, job_id: str, role: str, index: int, run_id: s
 
 
 KV_ADMISSION = "nomadtf/_admission/"
-KV_QUEUE_PREFIX = KV_ADMISSION + "queue/"
-KV_RUNS_PREFIX = KV_ADMISSION + "runs/"
-KV_ADMISSION_LOCK = KV_ADMISSION + "lock"
 KV_ADMISSION_LEADER = KV_ADMISSION + "leader"
+KV_ADMISSION_BOARD = KV_ADMISSION + "board"
 
 
 def queue_ticket(namespace: str, job_id: str, run_id: str) -> str:
-    """A queued run's name in the shared queue: nobody who does not know the job learns it."""
+    """A queued run's name on the board: nobody who does not know the job learns it."""
     return hashlib.sha256(f"{namespace}/{job_id}/{run_id}".encode()).hexdigest()[:20]
 
 
-def kv_queue_prefix(namespace: str) -> str:
-    """One namespace's queued runs (its submitters write here, and read the whole queue)."""
-    return f"{KV_QUEUE_PREFIX}{namespace}/"
-
-
-def kv_queue_entry(namespace: str, ticket: str) -> str:
-    """One queued run (cluster-wide: the queue orders every namespace's runs together)."""
-    return kv_queue_prefix(namespace) + ticket
-
-
-def kv_queued_runs_prefix(namespace: str) -> str:
-    """The records of one namespace's queued runs (what `status` and `stop` read)."""
-    return f"{KV_RUNS_PREFIX}{namespace}/"
-
-
-def kv_queued_run(namespace: str, ticket: str) -> str:
-    return kv_queued_runs_prefix(namespace) + ticket
-
-
-def admission_session_name(namespace: str, job_id: str, run_id: str) -> str:
-    """The session a submitter holds its queue entry (and, in its turn, the lock) with."""
-    return f"nomadtf-admission {namespace}/{job_id} {run_id}"
-
-
-ADMISSION_SERVICE_JOB = "nomadtf-admission"  # the Nomad service job `nomadtf admission deploy` registers
+ADMISSION_SERVICE_JOB = "nomadtf-admission"  # the controller's Nomad service job (`nomadtf admission deploy`)
 
 
 ACL_NAME_MAX = 128  # Consul's limit on a policy name

@@ -97,6 +97,10 @@ def acl_policies(
             ),
             ("Nomad agents' vault block, once per cluster (servers and clients)", acl.nomad_vault_agent_config(vault_address, jwt_mount)),
         ]
+    sections += [
+        ("Nomad policy for the admission controller, once per cluster (nomadtf admission deploy --tokens)", acl.nomad_controller_policy()),
+        ("Consul policy for the admission controller, once per cluster", acl.consul_hcl(acl.consul_controller_rules())),
+    ]
     for title, text in sections:
         typer.echo(f"# --- {title}")
         typer.echo(text)

@@ -1,4 +1,4 @@
-"""`nomadtf admission`: the admission service that admits queued runs nobody follows
+"""`nomadtf admission`: the admission controller, the one authority that starts queued runs
 (docs/guide/queueing.md)."""
 
 from __future__ import annotations
@@ -12,14 +12,17 @@ import typer
 
 from nomadtf.cli.common import Namespace, stamp
 
-admission_app = typer.Typer(no_args_is_help=True, help="The admission service: admits queued runs that nobody follows.")
+admission_app = typer.Typer(no_args_is_help=True, help="The admission controller: starts the runs queued in Nomad, in their turn.")
 
 
 @admission_app.command()
 def serve() -> None:
-    """Run one replica of the admission service here (what `deploy` runs in the cluster).
+    """Run one replica of the admission controller here (what `deploy` runs in the cluster).
     One replica leads and admits; the others stand by. SIGTERM or Ctrl-C ends it."""
-    from nomadtf.admission_service import AdmissionService
+    import socket
+
+    from nomadtf.admission.controller import Controller
+    from nomadtf.discovery import consul_client
     from nomadtf.nomad import NomadAPI
 
     def interrupt(*_: object) -> None:
@@ -27,10 +30,12 @@ def serve() -> None:
 
     signal.signal(signal.SIGTERM, interrupt)
     try:
-        AdmissionService(NomadAPI.from_env(), on_event=stamp).serve(threading.Event())
+        alloc = f" alloc {os.environ['NOMAD_ALLOC_ID'][:8]}" if os.environ.get("NOMAD_ALLOC_ID") else ""
+        name = f"{socket.gethostname()} pid {os.getpid()}{alloc}"
+        Controller(NomadAPI.from_env(namespace="*"), consul_client(), name, on_event=stamp).serve(threading.Event())
     except KeyboardInterrupt:
         pass
-    stamp("admission service replica stopped")
+    stamp("admission controller replica stopped")
 
 
 @admission_app.command()
@@ -40,47 +45,41 @@ def deploy(
     tokens: Annotated[bool, typer.Option("--tokens", help="ACL cluster: hand this shell's NOMAD_TOKEN and CONSUL_HTTP_TOKEN to the replicas through a Nomad variable (give it tokens made for the service)")] = False,
     namespace: Namespace = None,
 ) -> None:
-    """Run the admission service in the cluster as a Nomad service job (nomadtf-admission);
+    """Run the admission controller in the cluster as a Nomad service job (nomadtf-admission);
     it reaches Nomad and Consul at the addresses this shell uses. Replicas go to different
     clients when there are enough."""
-    from nomadtf import wire
-    from nomadtf.admission import readable_nodes
-    from nomadtf.admission_service import SERVICE_TOKENS_VAR, service_env, service_job
-    from nomadtf.errors import SpecError
+    from nomadtf.admission.deploy import deploy as deploy_controller
     from nomadtf.nomad import NomadAPI
 
-    api = NomadAPI.from_env(namespace=namespace)
-    # Not countable with this token (0): the replicas are spread, not bound apart.
-    clients = len(readable_nodes(api, {"Datacenters": ["*"]})[0])
-    if tokens:
-        missing = [name for name in ("NOMAD_TOKEN", "CONSUL_HTTP_TOKEN") if not os.environ.get(name)]
-        if missing:
-            raise SpecError(f"--tokens: {' and '.join(missing)} not set in this shell")
-        api.put_variable(SERVICE_TOKENS_VAR, {"nomad_token": os.environ["NOMAD_TOKEN"], "consul_token": os.environ["CONSUL_HTTP_TOKEN"]})
-        stamp(f"wrote the replicas' tokens to the Nomad variable {SERVICE_TOKENS_VAR} in namespace {api.namespace}")
-    job = service_job(count, python, service_env(os.environ), namespace=api.namespace, clients=clients, tokens=tokens)
-    registered = api.register(job)
-    stamp(f"deployed {wire.ADMISSION_SERVICE_JOB} ({count} replicas) in namespace {api.namespace} (evaluation {registered['EvalID'][:8]})")
+    deploy_controller(NomadAPI.from_env(namespace=namespace), count, python, tokens, os.environ, on_event=stamp)
 
 
 @admission_app.command()
 def status() -> None:
     """Who leads, and the runs that wait, in order, by namespace and priority (no job
     names: `nomadtf status` shows your namespace's queued runs by name; namespaces your
-    token may not use are not named either)."""
-    from nomadtf.admission import queue_overview
-    from nomadtf.discovery import AdmissionQueue
+    token may not use are not named either); runs the controller could not read, and its
+    last admissions and refusals."""
+    from nomadtf.client.queued import controller_leader, read_board
     from nomadtf.errors import ServerError
     from nomadtf.nomad import NomadAPI
 
-    kv = AdmissionQueue()
-    _, leader = kv.leader()
-    _, entries = kv.entries()
+    leader = controller_leader()
+    board = read_board()
     try:
         readable = set(NomadAPI.from_env().namespaces())
     except ServerError:
         readable = set()  # Nomad unreadable: name no namespace rather than every one
-    typer.echo(f"leader: {leader or 'none (no admission service runs: nomadtf admission deploy)'}")
-    typer.echo(f"queued runs: {len(entries)} ({sum(not e.attended for e in entries)} unattended)")
-    for line in queue_overview(entries, readable):
-        typer.echo(line)
+    typer.echo(f"leader: {leader or 'none (no admission controller runs: nomadtf admission deploy)'}")
+    typer.echo(f"queued runs: {board.length}")
+    for line in board.lines:
+        where = f"namespace {line.namespace}" if line.namespace in readable else "another namespace"
+        typer.echo(f"  {line.place}. {where}, priority {line.priority}, {line.note}")
+    for skipped in board.skipped:
+        if skipped.namespace in readable:
+            typer.echo(f"  skipped {skipped.namespace}/{skipped.job_id}: {skipped.why}")
+        else:
+            typer.echo("  skipped a run in another namespace")
+    for event in board.recent[-5:]:  # only what names a namespace this token may use
+        if any(f" {ns}/" in event for ns in readable):
+            typer.echo(f"  recent: {event}")

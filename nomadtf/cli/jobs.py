@@ -33,9 +33,9 @@ def task(role: Annotated[str, typer.Option("--role", help="chief, worker, ps, ev
 def run(
     job_file: JobFile,
     var: Vars = None,
-    detach: Annotated[bool, typer.Option("--detach", help="Return once Nomad accepted the job, or once a run that must wait is queued for the admission service")] = False,
+    detach: Annotated[bool, typer.Option("--detach", help="Return once Nomad accepted the job (or, with an admission controller, once it is queued)")] = False,
     timeout: Annotated[Optional[str], typer.Option("--timeout", help="Give up after this long (e.g. 30m), exit 3: a run still queued is removed, a running one goes on")] = None,
-    on_interrupt: Annotated[str, typer.Option("--on-interrupt", help="What Ctrl-C does to a run waiting in the queue: remove it, or leave it queued for the admission service")] = "remove",
+    on_interrupt: Annotated[str, typer.Option("--on-interrupt", help="What Ctrl-C does to a run waiting in the queue: remove it, or leave it queued for the admission controller")] = "remove",
     templates: TemplatesDir = None,
     replace: Annotated[bool, typer.Option("--replace", help="Stop a run of this job that is still going, then start this one")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the latest checkpoint of the job's previous run")] = False,
@@ -49,7 +49,7 @@ def run(
     removed, a running one goes on), 4 stopped from outside, 5 past recovery.deadline,
     6 lost, 130 interrupted (a running run goes on; a queued one as --on-interrupt says).
     """
-    from nomadtf.admission import LEAVE, REMOVE, Admission
+    from nomadtf.client.queued import LEAVE, REMOVE, AdmissionWait
     from nomadtf.run import Run
 
     if on_interrupt not in (REMOVE, LEAVE):
@@ -61,29 +61,41 @@ def run(
         raise job_run.unreachable  # one clear line, not a note about the version first
     for note in job_run.notes:  # before anything is sent, also for a run that will wait in the queue
         stamp(note)
-    admission = Admission(
-        job_run.api, on_status=lambda s: stamp(f"queued: {s.describe()}"), on_event=stamp, timeout_s=timeout_s,
-        on_interrupt=on_interrupt, detach=detach,
-    )  # fmt: skip
-    submitted = job_run.submit(replace=replace, resume=resume, admission=admission)
+    submitted = job_run.submit(replace=replace, resume=resume)
+    job_id = submitted.job_id
     where = "" if submitted.namespace == "default" else f" --namespace {submitted.namespace}"
     for note in submitted.notes:
         stamp(note)
-    if submitted.queued_at is not None:
-        place, length = submitted.queued_at
-        stamp(f"queued {submitted.job_id} run {submitted.run_id} at place {place} of {length}; the admission service submits it in its turn")
-        typer.echo(f"see it with: nomadtf status {submitted.job_id}{where}  |  remove it with: nomadtf stop {submitted.job_id}{where}")
-        return
+
+    def admission_wait() -> AdmissionWait:
+        left = None if timeout_s is None else max(1.0, timeout_s - (time.monotonic() - started))
+        return AdmissionWait(
+            job_run.api, job_id, submitted.run_id, on_status=lambda s: stamp(f"queued: {s.describe()}"), on_event=stamp,
+            timeout_s=left, on_interrupt=on_interrupt, registered_index=submitted.registered_index,
+        )  # fmt: skip
+
+    if submitted.suspended:
+        stamp(f"queued {job_id} run {submitted.run_id} for the admission controller; Nomad UI: {submitted.ui_url}")
+        waiting = job_run.wait_for_admission(submitted, admission_wait(), detach=detach)
+        if waiting is not None:
+            place = f" at place {waiting.place} of {waiting.length}" if waiting.place else ""
+            stamp(f"queued {job_id} run {submitted.run_id}{place}; the admission controller starts it in its turn")
+            typer.echo(f"see it with: nomadtf status {job_id}{where}  |  remove it with: nomadtf stop {job_id}{where}")
+            return
+        stamp(f"admitted {job_id} run {submitted.run_id}")
+    else:
+        stamp(f"submitted {job_id} run {submitted.run_id} (evaluation {submitted.eval_id[:8]}); Nomad UI: {submitted.ui_url}")
     if timeout_s is not None:  # one --timeout for the wait in the queue and the run together
         timeout_s = max(1.0, timeout_s - (time.monotonic() - started))
-    stamp(f"submitted {submitted.job_id} run {submitted.run_id} (evaluation {submitted.eval_id[:8]}); Nomad UI: {submitted.ui_url}")
-    job_id = submitted.job_id
     if detach:
         typer.echo(f"follow it with: nomadtf status {job_id}{where}  |  nomadtf logs {job_id}{where} --role chief --follow")
         return
     display = Display()
     try:
-        outcome = job_run.follow(submitted, timeout_s, on_view=display.view, on_event=display.event)
+        outcome = job_run.follow(
+            submitted, timeout_s, on_view=display.view, on_event=display.event,
+            requeued=lambda: job_run.wait_for_admission(submitted, admission_wait()),
+        )  # fmt: skip
     except KeyboardInterrupt:
         display.close()
         err(f"stopped following; {job_id} keeps running (nomadtf status {job_id}{where}, nomadtf stop {job_id}{where})")
@@ -114,46 +126,46 @@ def status(
     region: Region = None,
 ) -> None:
     """The jobs nomadtf started (matched by their Meta), or one of them in detail."""
-    from nomadtf.admission import free_now, queued_runs
-    from nomadtf.discovery import AdmissionQueue, ConsulDiscovery
-    from nomadtf.errors import JobFailed, ServerError
+    from nomadtf.admission import suspension
+    from nomadtf.client.queued import QueueStatus, read_board, refusal
+    from nomadtf.discovery import ConsulDiscovery
     from nomadtf.follow import alloc_slot, describe_runs, job_report, nomadtf_jobs, restarts_of
     from nomadtf.nomad import NomadAPI
+    from nomadtf.wire import queue_ticket
 
     api = NomadAPI.from_env(namespace=namespace, region=region)
-    try:
-        queued = queued_runs(AdmissionQueue(), api.namespace, job_id)
-    except ServerError:
-        queued = []  # the queue lives in Consul; what Nomad knows is still worth showing
-    if queued:  # what they wait for: their needs against what is free now
-        try:
-            free = free_now(api)
-        except ServerError:
-            free = None
-        queued = [line.with_free(free) for line in queued]
+    board = None
+
+    def queue_line(job: dict) -> str:
+        """What a waiting run's board line says (read once per command)."""
+        nonlocal board
+        board = board or read_board()
+        ns, run_id = job.get("Namespace", "default"), (job.get("Meta") or {}).get("nomadtf.run", "")
+        line = board.line_of(queue_ticket(ns, job["ID"], run_id))
+        return "queued: " + QueueStatus(f"{ns}/{job['ID']}", run_id, line, board.length, board.leader if board.age_s() < 600 else "").describe()
+
     if job_id is None:
         states = nomadtf_jobs(api)
-        for line in queued:
-            name = line.record.job_id if line.record.namespace == "default" else f"{line.record.job_id}@{line.record.namespace}"
-            typer.echo(f"{name:<24} {line.describe()}")
-        if not states and not queued:
+        if not states:
             typer.echo("no nomadtf jobs")
             return
         for state in states:
             job, view = state.job, state.view
+            name = job["ID"] if job.get("Namespace", "default") == "default" else f"{job['ID']}@{job['Namespace']}"
+            if suspension.is_waiting(job):
+                typer.echo(f"{name:<24} {queue_line(job)}")
+                continue
             age = time.time() - job["SubmitTime"] / 1e9
             roles = ", ".join(f"{r} {v.running}/{v.wanted}" + (f" ({v.restarts} restarts)" if v.restarts else "") for r, v in view.roles.items())
-            name = job["ID"] if job.get("Namespace", "default") == "default" else f"{job['ID']}@{job['Namespace']}"
             typer.echo(f"{name:<24} {job['Status']:<8} {age / 60:6.1f}m  {roles}")
         return
-    for line in queued:
-        typer.echo(f"{job_id}: {line.describe()}")
-    try:
-        report = job_report(api, job_id, lambda run_id: ConsulDiscovery(job_id, api.namespace, run_id=run_id))
-    except JobFailed:
-        if queued:
-            return  # only queued: nothing in Nomad yet
-        raise
+    report = job_report(api, job_id, lambda run_id: ConsulDiscovery(job_id, api.namespace, run_id=run_id))
+    if suspension.is_waiting(report.state.job):
+        typer.echo(f"{job_id}: run {report.state.run_id} {queue_line(report.state.job)}")
+        return
+    if suspension.state(report.state.job) == suspension.REFUSED:
+        typer.echo(f"{job_id}: dead  run {report.state.run_id or '-'}  not admitted: {refusal(api, job_id)}")
+        return
     state, job = report.state, report.state.job
     meta = job.get("Meta") or {}
     typer.echo(
@@ -228,27 +240,15 @@ def stop(
     namespace: Namespace = None,
     region: Region = None,
 ) -> None:
-    """Stop a nomadtf job, and take its runs out of the admission queue; nothing else is touched."""
-    from nomadtf.admission import withdraw
-    from nomadtf.discovery import AdmissionQueue
-    from nomadtf.errors import JobFailed, ServerError
+    """Stop a nomadtf job (a queued run leaves the queue); nothing else is touched."""
+    from nomadtf.admission import suspension
     from nomadtf.nomad import NomadAPI
     from nomadtf.run import stop_job
 
     api = NomadAPI.from_env(namespace=namespace, region=region)
-    try:
-        removed = withdraw(AdmissionQueue(), api.namespace, job_id)
-    except ServerError as exc:
-        removed = []
-        err(f"could not look at the admission queue: {exc}")
-    for run_id in removed:
-        typer.echo(f"removed {job_id} run {run_id} from the queue")
-    try:
-        stop_job(api, job_id, purge=purge)
-    except JobFailed:
-        if removed and api.job(job_id) is None:
-            return  # it was only queued
-        raise
+    job = stop_job(api, job_id, purge=purge)
+    if suspension.is_waiting(job):
+        typer.echo(f"removed {job_id} run {(job.get('Meta') or {}).get('nomadtf.run', '?')} from the queue")
     typer.echo(f"stopped {job_id}" + (" and purged it" if purge else ""))
 
 
@@ -309,11 +309,11 @@ def validate(job_file: JobFile, var: Vars = None, templates: TemplatesDir = None
 def _placement_line(job_run) -> str:
     """Whether the job fits now, later (it would queue) or never, from Nomad's plan."""
     from nomadtf import plan as plan_mod
-    from nomadtf.admission import Admission
+    from nomadtf.client import placement as placements
     from nomadtf.errors import ServerError
 
     try:
-        placement = Admission(job_run.api).check(job_run.job)
+        placement = placements.check(job_run.api, job_run.job)
     except ServerError as exc:
         return f"placement not checked: {exc}"
     if placement.verdict == plan_mod.FITS:
@@ -326,7 +326,7 @@ def _placement_line(job_run) -> str:
 def plan(job_file: JobFile, var: Vars = None, templates: TemplatesDir = None) -> None:
     """Nomad's plan for the job. Exit 0: no change; 1: changes or placement problems; 255: error."""
     from nomadtf import plan as plan_mod
-    from nomadtf.admission import Admission
+    from nomadtf.client import placement as placements
     from nomadtf.run import Run
 
     try:
@@ -336,7 +336,7 @@ def plan(job_file: JobFile, var: Vars = None, templates: TemplatesDir = None) ->
         for note in job_run.notes:
             err(note)
         result = job_run.api.plan(job_run.job)
-        placement = Admission(job_run.api).classify(result, job_run.job)
+        placement = placements.classify(job_run.api, result, job_run.job)
     except NomadtfError as exc:
         err(str(exc) if not state["debug"] else repr(exc))
         raise typer.Exit(255) from exc

@@ -1,0 +1,12 @@
+"""The admission controller: the one authority that starts queued runs on a cluster where
+it runs (docs/guide/queueing.md, docs/design/admission.md).
+
+A run is registered by its submitter, with the submitter's own token, *suspended*
+(`suspension.py`); the controller (`controller.py`, leader-elected through `lease.py`)
+orders the suspended runs (`order.py`), checks that the whole run fits (`fit.py`) and
+admits it by scaling that exact job version's groups to their wanted counts. It never
+registers or edits a job body. What a waiting run is told comes from the board the leader
+publishes (`board.py`). `deploy.py` is the controller's own Nomad service job.
+
+Nothing is imported here: the pure modules load without any client library.
+"""

@@ -1,0 +1,128 @@
+"""The queue as the controller's leader publishes it, for submitters to read. Pure.
+
+One Consul key (wire.KV_ADMISSION_BOARD) that only the controller may write and every
+submitter may read: who leads, and every waiting run in admission order with its place,
+what it needs and what of that the cluster lacks now. A run is named by its ticket (a
+digest of namespace/job/run, wire.queue_ticket): its own submitter finds it, nobody else
+learns another team's job names. Runs the controller could not read are listed under
+`skipped` with the reason (their submitter can fix them; nobody else is held up).
+
+Parsing never raises: what cannot be read is left out, so no value written by anyone can
+crash a reader.
+
+Usage:
+    text = Board(leader, time.time(), lines, skipped).value()
+    board = Board.parse(raw)               # raw: the key's bytes, or None
+    board.line_of(ticket)                  # BoardLine or None
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from nomadtf.capacity import Resources
+
+MAX_LINES = 2000  # keeps the value well under Consul's 512 KiB; `length` still counts every run
+
+
+def _resources(data: Any) -> Resources:
+    if not isinstance(data, dict):
+        return Resources()
+    devices = data.get("devices") if isinstance(data.get("devices"), dict) else {}
+    return Resources(int(data.get("cpu") or 0), int(data.get("memory") or 0), {str(k): int(v) for k, v in devices.items()})
+
+
+def resources_dict(resources: Resources) -> dict[str, Any]:
+    return {"cpu": resources.cpu, "memory": resources.memory, "devices": dict(resources.devices)}
+
+
+@dataclass(frozen=True)
+class BoardLine:
+    ticket: str
+    namespace: str
+    priority: int
+    place: int
+    since: float
+    needs: Resources
+    short: Resources | None = None  # what the cluster lacks now (None: it fits, being admitted)
+    note: str = ""  # "admitting", "waits for the runs ahead", "does not fit now", ...
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["needs"] = resources_dict(self.needs)
+        data["short"] = None if self.short is None else resources_dict(self.short)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BoardLine:
+        short = data.get("short")
+        return cls(
+            str(data["ticket"]), str(data["namespace"]), int(data["priority"]), int(data["place"]), float(data.get("since") or 0),
+            _resources(data.get("needs")), None if short is None else _resources(short), str(data.get("note") or "")[:300],
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Skipped:
+    namespace: str
+    job_id: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Board:
+    leader: str = ""
+    at: float = 0.0
+    lines: tuple[BoardLine, ...] = ()
+    skipped: tuple[Skipped, ...] = ()
+    length: int = 0
+    free: Resources | None = None  # the usable nodes' free capacity when published
+    recent: tuple[str, ...] = field(default_factory=tuple)  # the last admissions and refusals, one line each
+
+    def value(self) -> str:
+        return json.dumps(
+            {
+                "leader": self.leader, "at": self.at, "length": self.length or len(self.lines),
+                "lines": [line.as_dict() for line in self.lines[:MAX_LINES]],
+                "skipped": [asdict(s) for s in self.skipped[:100]],
+                "free": None if self.free is None else resources_dict(self.free),
+                "recent": list(self.recent[-20:]),
+            },
+            sort_keys=True,
+        )  # fmt: skip
+
+    @classmethod
+    def parse(cls, raw: bytes | str | None) -> Board:
+        try:
+            data = json.loads(raw or "{}")
+        except ValueError:
+            return cls()
+        if not isinstance(data, dict):
+            return cls()
+        lines, skipped = [], []
+        for item in data.get("lines") or []:
+            try:
+                lines.append(BoardLine.from_dict(item))
+            except (KeyError, TypeError, ValueError, AttributeError):
+                continue
+        for item in data.get("skipped") or []:
+            try:
+                skipped.append(Skipped(str(item["namespace"]), str(item["job_id"]), str(item["why"])[:300]))
+            except (KeyError, TypeError):
+                continue
+        try:
+            at, length = float(data.get("at") or 0), int(data.get("length") or len(lines))
+        except (TypeError, ValueError):
+            at, length = 0.0, len(lines)
+        free = _resources(data["free"]) if isinstance(data.get("free"), dict) else None
+        recent = tuple(str(r)[:300] for r in data.get("recent") or [] if isinstance(r, str))
+        return cls(str(data.get("leader") or "")[:200], at, tuple(lines), tuple(skipped), length, free, recent)
+
+    def line_of(self, ticket: str) -> BoardLine | None:
+        return next((line for line in self.lines if line.ticket == ticket), None)
+
+    def age_s(self) -> float:
+        return time.time() - self.at if self.at else float("inf")
