@@ -222,7 +222,7 @@ class Controller:
             ticket = wire.queue_ticket(run.namespace, run.job_id, run.run_id)
             needs = run.ask.needs
             # A run a predecessor half admitted already holds its scaled groups: only the rest must fit.
-            if not blocked and fit.place(_missing(run.ask, allocs, run.key), rooms):
+            if not blocked and fit.place(_missing(run.ask, allocs, run.key, run.arrival), rooms):
                 try:
                     self._admit(run)
                 except NomadError as exc:  # stopped, purged or re-registered meanwhile: next step reads it again
@@ -279,7 +279,7 @@ class Controller:
             if job is None or (job.get("Meta") or {}).get(wire.META_RUN) != flight.run.run_id:
                 self.in_flight.pop(key, None)
                 continue
-            placed = _placed(allocs, key, flight.run.counts)
+            placed = _placed(allocs, key, flight.run.counts, flight.run.arrival)
             if placed:
                 self.in_flight.pop(key, None)
             elif time.monotonic() > flight.deadline:
@@ -309,7 +309,7 @@ class Controller:
         """Take from `rooms` what admitted runs still wait for Nomad to place."""
         for key, flight in self.in_flight.items():
             assert flight.run.ask is not None
-            missing = _missing(flight.run.ask, allocs, key)
+            missing = _missing(flight.run.ask, allocs, key, flight.run.arrival)
             if missing.slots:
                 fit.place(missing, rooms)
 
@@ -329,18 +329,21 @@ class Controller:
         self.requests += 1
 
 
-def _holding_by_group(allocs: list[dict[str, Any]], key: tuple[str, str]) -> dict[str, int]:
+def _holding_by_group(allocs: list[dict[str, Any]], key: tuple[str, str], since_index: int) -> dict[str, int]:
+    """The allocations of this run of the job (created after its registration at
+    `since_index`: an earlier run of the same name is not this one) that Nomad placed."""
     out: dict[str, int] = {}
     for alloc in allocs:
         if (alloc.get("Namespace", "default"), alloc.get("JobID")) == key and alloc.get("DesiredStatus", "run") == "run" \
+                and int(alloc.get("CreateIndex") or 0) > since_index \
                 and alloc.get("ClientStatus") in ("pending", "running", "complete"):
             out[alloc.get("TaskGroup", "")] = out.get(alloc.get("TaskGroup", ""), 0) + 1
     return out
 
 
-def _missing(ask: fit.RunAsk, allocs: list[dict[str, Any]], key: tuple[str, str]) -> fit.RunAsk:
-    """`ask` less the allocations of the job that already hold their place."""
-    have = _holding_by_group(allocs, key)
+def _missing(ask: fit.RunAsk, allocs: list[dict[str, Any]], key: tuple[str, str], since_index: int) -> fit.RunAsk:
+    """`ask` less the allocations of this run that already hold their place."""
+    have = _holding_by_group(allocs, key, since_index)
     counted: dict[str, int] = {}
     missing = []
     for slot in ask.slots:
@@ -350,8 +353,8 @@ def _missing(ask: fit.RunAsk, allocs: list[dict[str, Any]], key: tuple[str, str]
     return replace(ask, slots=tuple(missing))
 
 
-def _placed(allocs: list[dict[str, Any]], key: tuple[str, str], counts: dict[str, int]) -> bool:
-    have = _holding_by_group(allocs, key)
+def _placed(allocs: list[dict[str, Any]], key: tuple[str, str], counts: dict[str, int], since_index: int) -> bool:
+    have = _holding_by_group(allocs, key, since_index)
     return all(have.get(group, 0) >= count for group, count in counts.items())
 
 

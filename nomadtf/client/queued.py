@@ -193,6 +193,8 @@ class AdmissionWait:
         return max(1.0, min(JOB_WAIT_S, self.started + self.timeout_s - time.monotonic()))
 
     def _say(self, status: QueueStatus) -> None:
+        if status.leader and status.line is None and time.monotonic() - self.started < 2.0:
+            return  # the controller has not looked yet: most runs are admitted before it would
         text = status.describe()
         if text != self._said:
             self._said = text

@@ -52,6 +52,7 @@ from nomadtf.devstack import (
     binaries,
     bootstrap,
     consul_engine,
+    controller,
     gpu_plugin,
     layout,
     netns,
@@ -244,6 +245,7 @@ class ClusterStack:
                     f"the several-client stack runs {running.describe(with_security=True)}, not "
                     f"{wanted.describe(with_security=True)}; `nomadtf dev down --cluster`, then `{wanted.up_command()}`"
                 )
+            controller.ensure_controller(self, progress, secure=secure)
             return False
         if self.record.exists():
             progress("a previous several-client stack is partly there; removing it first")
@@ -268,6 +270,7 @@ class ClusterStack:
             self._start_clients(bins["consul"], bins["nomad"], range(1, clients + 1), timeout)
             addresses = ", ".join(netns.client_ip(i) for i in range(1, clients + 1))
             progress(f"{clients} nomad clients ready ({addresses}) in {time.monotonic() - started:.1f}s")
+            controller.ensure_controller(self, progress, secure=secure)
         except BaseException:
             self.down(lambda _msg: None)
             raise

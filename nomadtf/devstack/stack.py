@@ -32,7 +32,7 @@ from pathlib import Path
 
 import psutil
 
-from nomadtf.devstack import agents, binaries, bootstrap, gpu_plugin, probes, processes, teardown, wiring
+from nomadtf.devstack import agents, binaries, controller, bootstrap, gpu_plugin, probes, processes, teardown, wiring
 from nomadtf.devstack.docker import Daemon
 from nomadtf.devstack.probes import wait_for
 from nomadtf.devstack.protocol import Progress, StackApi, Status, StatusRow
@@ -217,6 +217,7 @@ class DevStack:
                 raise DevStackError("the running local stack has no Docker daemon; `nomadtf dev down`, then `nomadtf dev up --docker`")
             self.gpus, self.mig = running
             self.docker = self.recorded_docker()
+            controller.ensure_controller(self, progress)
             return False
         if self.components():
             progress("a previous stack is partly running; stopping it first")
@@ -255,6 +256,7 @@ class DevStack:
             gpus_line += f"; {self.mig} MIG slices ({gpu_plugin.mig_model()})" if self.mig else ""
             gpus_line += "; drivers raw_exec and docker" if self.docker else ""
             progress(f"nomad ready at {NOMAD_ADDR} (UI at {NOMAD_ADDR}/ui/){gpus_line}")
+            controller.ensure_controller(self, progress)
         except BaseException:
             self.down(lambda _msg: None)
             raise
