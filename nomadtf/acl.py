@@ -1,6 +1,7 @@
 """The least-privilege ACL policies a nomadtf job needs, as text. Pure.
 
-Four policies, one job (`nomadtf acl policies JOB`):
+Four policies, one job (`nomadtf acl policies JOB`), and the admission controller's two,
+once per cluster (`nomad_controller_policy`, `consul_controller_rules`):
 
 - **Nomad, the submitter** (one namespace): submit, read, scale and stop the job, read
   its allocations and logs, restart an allocation; read the agent (its version is what the
@@ -8,9 +9,8 @@ Four policies, one job (`nomadtf acl policies JOB`):
   names and resources, never another namespace's jobs). Nothing in other namespaces.
 - **Consul, the submitter**: the job's runs' state under `nomadtf/<ns>/` (what `run`,
   `status`, `scale` and `stop --purge` read and write), service reads, the cluster
-  profile (profile.py), and the admission queue: read all of it (entries name no job),
-  write the namespace's own entries, the records behind them (job names: the namespace's
-  alone) and the admission lock, sessions to hold them.
+  profile (profile.py), and read on the admission controller's lead and board. Nothing
+  shared is writable: the queue is the namespace's suspended jobs in Nomad.
 - **Consul, the job's tasks**: the job's own KV prefix, read on its own services, sessions
   (slot locks) and node reads for health queries. No service registration (Nomad registers
   the services), no other job's keys.

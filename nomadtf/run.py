@@ -169,6 +169,11 @@ class Run:
             raise ServerError(f"Consul is needed for the job's state: {exc}") from exc
         modify_index = existing.get("JobModifyIndex", 0) if existing is not None else 0
         if existing is not None and existing.get("Status") != "dead":
+            if not replace and suspension.is_waiting(existing) and not existing.get("Stop"):
+                raise JobFailed(
+                    f"job {self.job_id} already has a run waiting in the admission queue in namespace {self.api.namespace} "
+                    f"(run {run_of(existing) or '?'}); add --replace to take its place, or remove it first (nomadtf stop {self.job_id})"
+                )
             if not replace:
                 raise JobFailed(
                     f"job {self.job_id} is already running in namespace {self.api.namespace} (run {run_of(existing) or '?'}); "
@@ -254,7 +259,10 @@ class Run:
             allocs, index = self.api.watch_allocations(self.job_id, index, wait_s=min(5.0, deadline - time.monotonic()))
             if all(a.get("ClientStatus") not in ("pending", "running") for a in allocs):
                 break
-        notes.append(f"stopped the running run {run_of(existing) or '?'} of {self.job_id} (--replace)")
+        if suspension.is_waiting(existing):
+            notes.append(f"took the queued run {run_of(existing) or '?'} of {self.job_id} out of the queue (--replace)")
+        else:
+            notes.append(f"stopped the running run {run_of(existing) or '?'} of {self.job_id} (--replace)")
         return int(stopped.get("JobModifyIndex") or (self.api.job(self.job_id) or {}).get("JobModifyIndex", 0))
 
     def follow(

@@ -102,7 +102,7 @@ RUN_BY: dict[str, str] = {
     # Two teams' runs of one job.json at once: both succeed, one after the other.
     r"nomadtf run job.json --var namespace=team-[ab]":
         "tests/stack/test_queueing.py::test_two_teams_at_once_both_succeed_one_after_the_other_and_the_second_says_why_it_waited",
-    r"nomadtf admission deploy": "tests/stack/test_queueing.py::test_admission_deploy_runs_the_service_in_the_cluster",
+    r"nomadtf admission deploy": "tests/stack/test_queueing.py::test_a_run_not_placed_whole_is_given_back_and_requeued_then_succeeds_without_its_submitter",
     # Inside a Vagrant VM. No VM can run here (no hypervisor): the test validates the
     # Vagrantfile, and its neighbours the configs the VMs are provisioned with.
     r"/opt/nomadtf/venv/bin/nomadtf run examples/digits/job.json( --var \S+)+":

@@ -45,6 +45,7 @@ from nomadtf.nomad import NomadAPI
 STEP_WAIT_S = 5.0  # the leader looks at least this often (a gang deadline, a node's return)
 MIN_STEP_S = 0.1  # a burst of changes makes one step, not one per change
 NEVER_RECHECK_S = 60.0  # how often a waiting run is judged "never" again
+REPUBLISH_S = 60.0  # an unchanged board is written again this often: its age says the leader lives
 
 
 class LostLead(Exception):
@@ -70,8 +71,19 @@ class _Seen:
 
 
 class Controller:
-    def __init__(self, api: NomadAPI, client: consul.Consul, name: str, *, on_event: Callable[[str], None] = lambda line: None):
+    def __init__(
+        self,
+        api: NomadAPI,
+        client: consul.Consul,
+        name: str,
+        *,
+        on_event: Callable[[str], None] = lambda line: None,
+        after_fit: Callable[[QueuedRun], None] = lambda run: None,
+    ):
         self.api = api  # namespace "*": reads every namespace it may
+        # Called between the fit and the first admitting call (tests take capacity there,
+        # as a job nomadtf did not start may).
+        self.after_fit = after_fit
         self.consul = client
         self.name = name
         self.on_event = on_event
@@ -82,6 +94,7 @@ class Controller:
         self.in_flight: dict[tuple[str, str], InFlight] = {}
         self.recent: list[str] = []
         self._published = ""
+        self._published_at = 0.0
         self.requests = 0  # Nomad and Consul requests made while leading (the bench reads it)
 
     # ---- standing by and leading ------------------------------------------------------------
@@ -224,6 +237,7 @@ class Controller:
             # A run a predecessor half admitted already holds its scaled groups: only the rest must fit.
             if not blocked and fit.place(_missing(run.ask, allocs, run.key, run.arrival), rooms):
                 try:
+                    self.after_fit(run)
                     self._admit(run)
                 except NomadError as exc:  # stopped, purged or re-registered meanwhile: next step reads it again
                     self.on_event(f"could not admit {run.namespace}/{run.job_id} run {run.run_id}: {exc}")
@@ -284,17 +298,19 @@ class Controller:
                 self.in_flight.pop(key, None)
             elif time.monotonic() > flight.deadline:
                 self.in_flight.pop(key, None)
-                self._give_back(flight.run, job)
+                self._give_back(flight.run, job, _holding_by_group(allocs, key, flight.run.arrival))
 
-    def _give_back(self, run: QueuedRun, job: dict[str, Any]) -> None:
-        """Placeholder up first (the job stays pending), then every group to 0; the run's
-        Consul keys go (its next admission starts afresh); it keeps its place in line."""
+    def _give_back(self, run: QueuedRun, job: dict[str, Any], placed: dict[str, int]) -> None:
+        """Placeholder up first (the job stays pending), then every group to 0, the unplaced
+        ones first (a placed group stopped first would free room for a blocked one, which
+        Nomad would then place only for us to stop it); the run's Consul keys go (its next
+        admission starts afresh); it keeps its place in line."""
         from nomadtf.discovery import ConsulDiscovery
 
         try:
             index = self._scale(run, suspension.PLACEHOLDER_GROUP, 1, int(job.get("JobModifyIndex") or 0),
                                 f"nomadtf admission: run {run.run_id} not placed whole within its gang timeout; queued again", "requeued")  # fmt: skip
-            for group in sorted(run.counts):
+            for group in sorted(run.counts, key=lambda g: (placed.get(g, 0) >= run.counts[g], g)):
                 index = self._scale(run, group, 0, index, f"nomadtf admission: gave back the placed part of run {run.run_id}", "requeued")
         except NomadError as exc:
             self.on_event(f"could not give back {run.namespace}/{run.job_id}: {exc}")
@@ -320,11 +336,12 @@ class Controller:
         self.recent = (self.recent + [f"{time.strftime('%H:%M:%S')} {line}"])[-20:]
 
     def _publish(self, lines: list[boards.BoardLine], skipped: list[boards.Skipped], free: capacity.Resources) -> None:
-        """PUT /v1/kv/nomadtf/_admission/board when what it says changed."""
+        """PUT /v1/kv/nomadtf/_admission/board when what it says changed, or REPUBLISH_S
+        after the last write (a waiter takes a board older than ten minutes for a dead leader)."""
         board = boards.Board(self.name, 0.0, tuple(lines), tuple(skipped), len(lines), free, tuple(self.recent))
-        if board.value() == self._published:
+        if board.value() == self._published and time.monotonic() - self._published_at < REPUBLISH_S:
             return
-        self._published = board.value()
+        self._published, self._published_at = board.value(), time.monotonic()
         self.lease.publish(wire.KV_ADMISSION_BOARD, replace(board, at=time.time()).value())
         self.requests += 1
 

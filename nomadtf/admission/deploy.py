@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from nomadtf.nomad import NomadAPI
 
 SERVICE_TOKENS_VAR = f"nomad/jobs/{wire.ADMISSION_SERVICE_JOB}"  # its tasks may read it (workload identity)
+# Where `deploy --tokens` finds the controller's own tokens (item of the variable -> variable name).
+CONTROLLER_TOKEN_ENV = {"nomad_token": "NOMADTF_CONTROLLER_NOMAD_TOKEN", "consul_token": "NOMADTF_CONTROLLER_CONSUL_TOKEN"}
 
 
 def service_job(
@@ -107,8 +109,10 @@ def deploy(
     environ: Mapping[str, str] | None = None,
     on_event: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
-    """Register the controller's service job in `api`'s namespace; with `tokens`, first
-    write the environment's NOMAD_TOKEN and CONSUL_HTTP_TOKEN to SERVICE_TOKENS_VAR.
+    """Register the controller's service job in `api`'s namespace (with `api`'s token: an
+    operator's); with `tokens`, first write the controller's own tokens to SERVICE_TOKENS_VAR:
+    CONTROLLER_TOKEN_ENV from `environ` (made from the controller's policies), never the
+    operator's.
 
     GET /v1/nodes (how many clients, for where the replicas go) ; PUT /v1/var/... ; POST /v1/jobs"""
     from nomadtf.client.placement import readable_nodes
@@ -118,10 +122,13 @@ def deploy(
     # Not countable with this token (0): the replicas are spread, not bound apart.
     clients = len(readable_nodes(api, {"Datacenters": ["*"]})[0])
     if tokens:
-        missing = [name for name in ("NOMAD_TOKEN", "CONSUL_HTTP_TOKEN") if not environ.get(name)]
+        missing = [name for name in CONTROLLER_TOKEN_ENV.values() if not environ.get(name)]
         if missing:
-            raise SpecError(f"--tokens: {' and '.join(missing)} not set in this shell")
-        api.put_variable(SERVICE_TOKENS_VAR, {"nomad_token": environ["NOMAD_TOKEN"], "consul_token": environ["CONSUL_HTTP_TOKEN"]})
+            raise SpecError(
+                f"--tokens: {' and '.join(missing)} not set: make a Nomad and a Consul token from the admission controller's "
+                "policies (nomadtf acl policies JOB prints them) and export them under these names"
+            )
+        api.put_variable(SERVICE_TOKENS_VAR, {key: environ[name] for key, name in CONTROLLER_TOKEN_ENV.items()})
         on_event(f"wrote the replicas' tokens to the Nomad variable {SERVICE_TOKENS_VAR} in namespace {api.namespace}")
     job = service_job(count, python, service_env(environ), namespace=api.namespace, clients=clients, tokens=tokens)
     registered = api.register(job)

@@ -117,8 +117,9 @@ def _usable(stub: Mapping[str, Any]) -> bool:
 
 
 def may_return(stub: Mapping[str, Any], now: float) -> bool:
-    """Usable, or away for less than DOWN_GRACE_S (drained, ineligible, down, rebooting)."""
-    if _usable(stub):
+    """Usable; drained or ineligible (an operator's step, undone as easily); or down or
+    disconnected for less than DOWN_GRACE_S (a reboot, a client restart)."""
+    if stub.get("Status") == "ready":
         return True
     changed = float(stub.get("StatusUpdatedAt") or 0)
     return not changed or now - changed < DOWN_GRACE_S

@@ -42,12 +42,13 @@ def serve() -> None:
 def deploy(
     count: Annotated[int, typer.Option("--count", min=1, help="Replicas (one leads, the others stand by)")] = 2,
     python: Annotated[Optional[str], typer.Option("--python", help="Interpreter on the clients with nomadtf installed; default: this one, with this checkout's code")] = None,
-    tokens: Annotated[bool, typer.Option("--tokens", help="ACL cluster: hand this shell's NOMAD_TOKEN and CONSUL_HTTP_TOKEN to the replicas through a Nomad variable (give it tokens made for the service)")] = False,
+    tokens: Annotated[bool, typer.Option("--tokens", help="ACL cluster: hand the replicas NOMADTF_CONTROLLER_NOMAD_TOKEN and NOMADTF_CONTROLLER_CONSUL_TOKEN (made from the controller's policies in `nomadtf acl policies`) through a Nomad variable")] = False,
     namespace: Namespace = None,
 ) -> None:
     """Run the admission controller in the cluster as a Nomad service job (nomadtf-admission);
     it reaches Nomad and Consul at the addresses this shell uses. Replicas go to different
-    clients when there are enough."""
+    clients when there are enough. This shell's NOMAD_TOKEN registers the job (an operator's);
+    with --tokens the replicas get the controller's own tokens, never the operator's."""
     from nomadtf.admission.deploy import deploy as deploy_controller
     from nomadtf.nomad import NomadAPI
 

@@ -1,2 +1,8 @@
-"""What a user's command does against a cluster (the admission wait today; run, follow and
-the status read-back move here next). Nothing here prints."""
+"""What a user's command does against a cluster. Nothing here prints.
+
+- `placement`: never, not now, or fits, from Nomad's plan (run, plan, validate);
+- `queued`: a submitter's side of admission: whether a controller leads, waiting for a
+  suspended run to be admitted, what a queued run says.
+
+run, follow and the status read-back move here next (docs/design/layout.md).
+"""

@@ -16,6 +16,7 @@ which one a command means, so the CLI never asks.
       security      the secure stack's certificates and tokens
       tls           the private CA and the certificates it signs
       teardown      stopping in order, unmounting, removing the state
+    controller    the admission controller every `dev up` deploys (its own namespace and tokens on the secure stack)
     wiring        every agent configuration (shared with vagrant/)
     docker        a stack's own Docker daemon (`dev up --docker`; one per client on the cluster)
     images        `dev image build`: the Dockerfile on a debootstrap base, copied between daemons

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nomadtf import acl, wire
-from nomadtf.admission.deploy import deploy
+from nomadtf.admission.deploy import CONTROLLER_TOKEN_ENV, deploy
 from nomadtf.admission.lease import leader_of
 from nomadtf.errors import DevStackError
 from nomadtf.nomad import NomadAPI, NomadSettings
@@ -48,7 +48,7 @@ def _controller_tokens(stack: Any) -> dict[str, str]:
         session.put(f"{urls['consul']}/v1/acl/policy", json={"Name": POLICY_NAME, "Rules": rules}, timeout=10).raise_for_status()
     consul_token = session.put(f"{urls['consul']}/v1/acl/token", json={"Description": POLICY_NAME, "Policies": [{"Name": POLICY_NAME}]}, timeout=10)
     consul_token.raise_for_status()
-    return {"NOMAD_TOKEN": nomad_token.json()["SecretID"], "CONSUL_HTTP_TOKEN": consul_token.json()["SecretID"]}
+    return {CONTROLLER_TOKEN_ENV["nomad_token"]: nomad_token.json()["SecretID"], CONTROLLER_TOKEN_ENV["consul_token"]: consul_token.json()["SecretID"]}
 
 
 def ensure_controller(stack: Any, progress: Callable[[str], None], *, secure: bool = False) -> str:

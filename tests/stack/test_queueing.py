@@ -1,6 +1,7 @@
-"""A shared cluster on the real single-node stack: runs that do not fit now wait their turn
-(and say for what), runs that can never fit fail at once, a job starts all at once or not at
-all, and the queue keeps its order (docs/queueing.md).
+"""A shared cluster on the real single-node stack, with the admission controller `nomadtf dev
+up` deploys: runs that do not fit now wait their turn suspended in Nomad (and say for
+what), runs that can never fit fail at once, a run starts all at once or not at all, and
+the queue keeps its order (docs/guide/queueing.md).
 
 Every job here asks a share of the node's CPU (read from Nomad, not assumed): two jobs of
 65 % can never run side by side, either fits alone.
@@ -8,14 +9,14 @@ Every job here asks a share of the node's CPU (read from Nomad, not assumed): tw
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from datetime import datetime
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,22 +24,12 @@ import pytest
 import requests
 
 from nomadtf import capacity, wire
-from nomadtf.admission import Admission, withdraw
-from nomadtf.discovery import AdmissionQueue, ConsulDiscovery
-from nomadtf.errors import JobStopped
-from nomadtf.queue import Entry, QueuedRun
-from nomadtf.run import Run
-from tests.helpers import (
-    allocations,
-    nomad,
-    nomadtf,
-    probe_job,
-    purge,
-    submit_raw,
-    unique,
-    wait_until,
-    write_job,
-)
+from nomadtf.admission import suspension
+from nomadtf.admission.controller import Controller
+from nomadtf.client.queued import read_board
+from nomadtf.discovery import consul_client
+from nomadtf.nomad import NomadAPI
+from tests.helpers import allocations, nomad, nomadtf, probe_job, purge, submit_raw, unique, wait_until, write_job
 
 pytestmark = pytest.mark.stack
 
@@ -65,30 +56,34 @@ def share_job(name: str, share: float, namespace: str = "default", **context) ->
     return spec
 
 
-def queue_entries(namespace: str | None = None) -> list[dict]:
-    """The admission queue's keys as Consul holds them (GET /v1/kv/...?recurse)."""
-    prefix = wire.kv_queue_prefix(namespace) if namespace else wire.KV_QUEUE_PREFIX
-    resp = requests.get(f"http://{os.environ['CONSUL_HTTP_ADDR']}/v1/kv/{prefix}", params={"recurse": "true"}, timeout=10)
-    if resp.status_code == 404:
-        return []
-    resp.raise_for_status()
-    return [{**item, "Value": json.loads(base64.b64decode(item["Value"] or b"e30="))} for item in resp.json()]
+def job_of(name: str, namespace: str = "default") -> dict | None:
+    resp = requests.get(f"{os.environ['NOMAD_ADDR']}/v1/job/{name}", params={"namespace": namespace}, timeout=10)
+    return resp.json() if resp.status_code == 200 else None
 
 
-def run_id_in(text: str) -> str:
-    match = re.search(r"run ([0-9a-f]{8})", text)
-    assert match, text
-    return match[1]
+def state_of(name: str, namespace: str = "default") -> str:
+    """suspension.state of the job, "" when there is none, "stopped" when it was stopped."""
+    job = job_of(name, namespace)
+    if job is None:
+        return ""
+    return "stopped" if job.get("Stop") else suspension.state(job)
 
 
-def queued_of(job_id: str, namespace: str = "default") -> list[QueuedRun]:
-    """The job's runs in the admission queue (their records; GET /v1/kv/.../runs/<ns>/?recurse).
-    Other tests on a shared stack may queue runs of their own: only this job's count."""
-    return [r for r in AdmissionQueue().records(namespace) if r.job_id == job_id]
+def wait_queued(name: str, namespace: str = "default") -> dict:
+    """Until the run waits suspended in Nomad and the controller's board places it."""
+    def queued():
+        job = job_of(name, namespace)
+        if job is None or suspension.state(job) != suspension.QUEUED:
+            return None
+        ticket = wire.queue_ticket(namespace, name, job["Meta"][wire.META_RUN])
+        return job if read_board().line_of(ticket) else None
+
+    return wait_until(queued, 60, f"{namespace}/{name} queued on the board")
 
 
-def job_exists(job_id: str, namespace: str = "default") -> bool:
-    return requests.get(f"{os.environ['NOMAD_ADDR']}/v1/job/{job_id}", params={"namespace": namespace}, timeout=10).status_code == 200
+def scale_events(name: str, namespace: str = "default") -> dict[str, list[dict]]:
+    data = requests.get(f"{os.environ['NOMAD_ADDR']}/v1/job/{name}/scale", params={"namespace": namespace}, timeout=10).json()
+    return {group: status.get("Events") or [] for group, status in (data.get("TaskGroups") or {}).items()}
 
 
 def start_blocker(tmp_path: Path, share: float = 0.65) -> tuple[str, Path]:
@@ -103,6 +98,16 @@ def start_blocker(tmp_path: Path, share: float = 0.65) -> tuple[str, Path]:
 def popen_run(path: Path, *args: str) -> subprocess.Popen:
     exe = Path(sys.executable).parent / "nomadtf"
     return subprocess.Popen([str(exe), "run", str(path), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _plain_job(job_id: str, cpu: int, seconds: int, count: int = 1, port: int = 0, job_type: str = "batch") -> dict:
+    """A job nomadtf did not start: raw_exec sleep, as another team's `nomad job run` would."""
+    task = {"Name": "sleep", "Driver": "raw_exec", "Config": {"command": "/bin/sleep", "args": [str(seconds)]},
+            "Resources": {"CPU": cpu, "MemoryMB": 64}}  # fmt: skip
+    group = {"Name": "sleep", "Count": count, "Tasks": [task], "RestartPolicy": {"Attempts": 0, "Mode": "fail"}}
+    if port:
+        group["Networks"] = [{"ReservedPorts": [{"Label": "fixed", "Value": port}]}]
+    return {"Job": {"ID": job_id, "Type": job_type, "Datacenters": ["*"], "TaskGroups": [group]}}
 
 
 def test_two_teams_at_once_both_succeed_one_after_the_other_and_the_second_says_why_it_waited(stack, tmp_path):
@@ -121,22 +126,24 @@ def test_two_teams_at_once_both_succeed_one_after_the_other_and_the_second_says_
             results = {ns: future.result() for ns, future in futures.items()}
         for namespace, out in results.items():
             assert out.returncode == 0, (namespace, out.stderr)
-        # The first admitted may have waited too (on a shared stack other jobs may hold CPU);
-        # the second waited for the first, and said so.
-        first, second = sorted(results, key=lambda ns: nomad(f"job/{name}", namespace=ns)["SubmitTime"])
+        firsts, seconds = sorted(
+            (nomad(f"job/{name}/allocations", namespace=ns) for ns in (TEAM_A, TEAM_B)), key=lambda allocs: min(a["CreateTime"] for a in allocs)
+        )
+        second = seconds[0]["Namespace"]
         said = results[second].stderr
-        assert "does not fit now: needs cpu" in said and f"{first}/{name} (cpu" in said, said
+        assert "does not fit now: needs cpu" in said and "the cluster lacks cpu" in said, said
         assert re.search(r"place 1 of \d in the queue since \d\d:\d\d:\d\d", said), said
         assert re.search(r"admitted after \d+s in the queue", said), said
-        firsts, seconds = (
-            [a for a in nomad(f"job/{name}/allocations", namespace=ns)] for ns in (first, second)
-        )
         # One after the other: the second's allocations were created once the first's had ended.
         assert min(a["CreateTime"] for a in seconds) >= max(a["ModifyTime"] for a in firsts) - 1e9
         for allocs in (firsts, seconds):
-            # All or nothing: one registration each, its three allocations placed together.
-            assert len(allocs) == 3 and len({a["JobVersion"] for a in allocs}) == 1
+            # All or nothing: its three allocations placed together, none placed twice.
+            assert len(allocs) == 3
             assert (max(a["CreateTime"] for a in allocs) - min(a["CreateTime"] for a in allocs)) / 1e9 < 2
+        # While it waited it was a suspended job in its own namespace, shown pending in the UI.
+        job = nomad(f"job/{name}", namespace=second)
+        assert job["Meta"][suspension.META_ADMISSION] == suspension.SUSPENDED
+        assert suspension.state(job) == suspension.ADMITTED
     finally:
         for namespace in (TEAM_A, TEAM_B):
             requests.delete(f"{os.environ['NOMAD_ADDR']}/v1/job/{name}", params={"purge": "true", "namespace": namespace}, timeout=10)
@@ -156,11 +163,43 @@ def test_a_job_that_can_never_fit_fails_within_seconds_and_nothing_is_submitted(
         assert "cannot be placed" in out.stderr and "it can never fit" in out.stderr and why in out.stderr, out.stderr
         assert "queued" not in out.stderr
         assert time.monotonic() - started < 15
-        assert not job_exists(name)
+        assert job_of(name) is None
         plan = nomadtf("plan", str(write_job(tmp_path, spec)))
         assert plan.returncode == 1 and "it can never fit" in plan.stdout, plan.stdout
     finally:
         purge(name)
+
+
+def test_what_long_running_jobs_hold_and_static_ports_make_never_and_the_controller_says_so_at_once(stack, tmp_path):
+    """The submitter's plan sees capacity in use; the controller knows what no batch run's end
+    gives back (service jobs: its own replicas) and that two allocations wanting one static
+    port need two nodes: it refuses both at once with the reason, and the run's follower and
+    `status` say it."""
+    name, ported = unique("held-for-good"), unique("ported")
+    spec = probe_job(name)
+    spec["roles"]["chief"]["cpu"] = cluster_cpu() - 2 * 200 - 50  # the controller's replicas hold 2 x 100 MHz
+    try:
+        started = time.monotonic()
+        out = nomadtf("run", str(write_job(tmp_path, spec)), "--timeout", "2m", timeout=150)
+        assert out.returncode == 1, out.stderr
+        assert "was not admitted: nomadtf admission refused run" in out.stderr and "it can never fit" in out.stderr, out.stderr
+        assert "long-running" in out.stderr, out.stderr
+        assert time.monotonic() - started < 30
+        assert state_of(name) == suspension.REFUSED and not allocations(name)
+        shown = nomadtf("status", name)
+        assert "not admitted: nomadtf admission refused run" in shown.stdout, shown.stdout
+
+        # A suspended run as any client could register it: two sleeps that both want port 23456.
+        body = suspension.suspend(_plain_job(ported, 50, 5, count=2, port=23456), gang_timeout_s=5)
+        body["Job"]["Meta"].update({wire.META_VERSION: "test", wire.META_RUN: "r1"})
+        submit_raw(body)
+        wait_until(lambda: state_of(ported) == suspension.REFUSED, 30, "the controller to refuse the static-port run")
+        (event, *_) = scale_events(ported)[suspension.PLACEHOLDER_GROUP]
+        assert "must each have a node of their own" in event["Message"], event
+        assert not allocations(ported)
+    finally:
+        purge(name)
+        purge(ported)
 
 
 def test_a_queued_run_is_bounded_by_timeout_and_ctrl_c_removes_or_leaves_it(stack, tmp_path):
@@ -171,147 +210,178 @@ def test_a_queued_run_is_bounded_by_timeout_and_ctrl_c_removes_or_leaves_it(stac
         started = time.monotonic()
         timed_out = nomadtf("run", str(path), "--timeout", "4s", timeout=60)
         assert timed_out.returncode == 3, timed_out.stderr
-        assert "in the queue (--timeout)" in timed_out.stderr and "removed it from the queue, nothing was submitted" in timed_out.stderr
-        assert time.monotonic() - started < 20 and not job_exists(waiting)
-        ticket = wire.queue_ticket("default", waiting, run_id_in(timed_out.stderr))
-        assert not [e for e in queue_entries("default") if e["Key"].endswith(ticket)]
+        assert "in the queue (--timeout)" in timed_out.stderr and "removed it from the queue, nothing of it ran" in timed_out.stderr
+        assert time.monotonic() - started < 20 and state_of(waiting) == "stopped" and not allocations(waiting)
 
         for choice in ("remove", "leave"):
-            before = {e["Key"] for e in queue_entries("default")}
-            proc = popen_run(path, "--on-interrupt", choice)
-            wait_until(lambda before=before: {e["Key"] for e in queue_entries("default")} - before, 30, "the run to be queued")
-            (key,) = {e["Key"] for e in queue_entries("default")} - before
+            proc = popen_run(path, "--on-interrupt", choice, "--replace")
+            job = wait_queued(waiting)
             proc.send_signal(signal.SIGINT)
             _, err = proc.communicate(timeout=30)
             assert proc.returncode == 130, err
-            left = [e for e in queue_entries("default") if e["Key"] == key]
             if choice == "remove":
-                assert "from the queue; nothing was submitted" in err and not left, err
+                assert "from the queue; nothing of it ran" in err, err
+                assert state_of(waiting) == "stopped"
             else:
-                assert "in the queue, unattended" in err, err
-                assert len(left) == 1 and not left[0].get("Session") and left[0]["Value"]["attended"] is False
+                assert "in the queue: the admission controller starts it in its turn" in err, err
+                assert state_of(waiting) == suspension.QUEUED and job_of(waiting)["Meta"][wire.META_RUN] == job["Meta"][wire.META_RUN]
                 shown = nomadtf("status", waiting)
-                assert shown.returncode == 0 and "queued: run" in shown.stdout and "for the admission service" in shown.stdout, shown
+                assert shown.returncode == 0 and "queued: default/" in shown.stdout, shown
                 # What it waits for: its needs, and what of them the blocker leaves it short of.
                 needs = sum(r["cpu"] for r in share_job(waiting, 0.65)["roles"].values())
                 assert f"needs cpu {needs} MHz, memory 1800 MB" in shown.stdout, shown.stdout
-                assert re.search(r"; short of cpu \d+ MHz now \(for the admission service\)", shown.stdout), shown.stdout
+                assert re.search(r"the cluster lacks cpu \d+ MHz now; place \d+ of \d+", shown.stdout), shown.stdout
+                listed = nomadtf("status")
+                assert re.search(rf"^{waiting}\s+queued: ", listed.stdout, re.M), listed.stdout
                 stopped = nomadtf("stop", waiting)
-                assert stopped.returncode == 0 and "from the queue" in stopped.stdout, stopped.stdout + stopped.stderr
-                assert not [e for e in queue_entries("default") if e["Key"] == key]
-            assert not job_exists(waiting)
+                assert stopped.returncode == 0 and f"removed {waiting} run" in stopped.stdout, stopped.stdout + stopped.stderr
+                assert state_of(waiting) == "stopped"
+            assert not allocations(waiting)
     finally:
         release.touch()
         purge(blocker)
         purge(waiting)
 
 
-class _WithdrawnBeforeTheLock(AdmissionQueue):
-    """The real queue in Consul, with `nomadtf stop` taking the job's runs out of it just
-    before an admitter takes the lock: the window between its look at the queue and the
-    lock, which must not crash it."""
-
-    def __init__(self, job_id: str):
-        super().__init__()
-        self.job_id = job_id
-
-    def acquire_lock(self, session: str, holder: str) -> bool:
-        withdraw(self, "default", self.job_id)
-        return super().acquire_lock(session, holder)
-
-
-def test_a_run_withdrawn_just_before_the_lock_is_stopped_never_registered_and_the_service_skips_it(stack, tmp_path):
-    name = unique("withdrawn")
-    run = Run.from_job_file(write_job(tmp_path, probe_job(name)), [])
-    kv = _WithdrawnBeforeTheLock(name)
+def test_a_run_stopped_while_the_controller_admits_it_never_starts(stack, tmp_path):
+    """The race of `nomadtf stop` with an admission: a queued run is stopped, then its groups
+    are scaled up as a controller that read it a moment before would; Nomad keeps a stopped
+    job stopped, so nothing of it ever starts; its follower was told it was removed."""
+    blocker, release = start_blocker(tmp_path)
+    name = unique("raced")
+    follower = popen_run(write_job(tmp_path, share_job(name, 0.65, sleep=1)), "--timeout", "2m")
     try:
-        # A submitter: told it was removed (exit 4, JobStopped), nothing registered.
-        with pytest.raises(JobStopped, match=r"was removed from the queue \(nomadtf stop"):
-            run.submit(admission=Admission(run.api, kv, timeout_s=60))
-        assert not job_exists(name) and not queued_of(name)
-        # The admission service's step for an unattended run: skipped, no exception, nothing registered.
-        ticket = wire.queue_ticket("default", name, "r1")
-        kv.enqueue(Entry("default", ticket, 50, time.time(), attended=False), None)
-        kv.put_record(QueuedRun("default", name, "r1", ticket, time.time(), attended=False, job=run.job))
-        (entry,) = [e for e in kv.entries()[1] if e.ticket == ticket]
-        holder = ConsulDiscovery(wire.ADMISSION_SERVICE_JOB, "default", client=kv.consul)
-        try:
-            session = holder.open_session("nomadtf-admission test")
-            assert Admission(run.api, kv).admit_unattended(kv.record("default", ticket), entry, session, holder) is False
-        finally:
-            holder.close()
-        assert not job_exists(name) and not queued_of(name)
-        assert not [e for e in queue_entries("default") if e["Key"].endswith(ticket)]
+        job = wait_queued(name)
+        stopped = nomadtf("stop", name)
+        assert stopped.returncode == 0 and f"removed {name} run" in stopped.stdout, stopped.stdout
+        api = NomadAPI.from_env()
+        wanted = suspension.Suspension.of(job)
+        for group, count in sorted(wanted.counts.items()):  # the late admitting calls
+            api.scale(name, group, count, "a controller's late admission")
+        api.scale(name, suspension.PLACEHOLDER_GROUP, 0, "a controller's late admission")
+        release.touch()
+        _, err = follower.communicate(timeout=60)
+        assert follower.returncode == 4, err
+        assert "was removed from the queue" in err or "stopped from outside (nomadtf stop" in err, err
+        time.sleep(3)  # the blocker's capacity is free: a run Nomad would place is placed by now
+        assert job_of(name)["Stop"] and not allocations(name)
     finally:
+        release.touch()
+        if follower.poll() is None:
+            follower.kill()
+        purge(blocker)
         purge(name)
 
 
-def test_a_followed_queued_run_removed_by_stop_or_replace_exits_stopped(stack, tmp_path):
+def test_a_followed_queued_run_removed_by_replace_exits_stopped_and_one_run_per_job_waits(stack, tmp_path):
     blocker, release = start_blocker(tmp_path)
     name = unique("dropped")
     path = write_job(tmp_path, share_job(name, 0.65, sleep=1))
+    replacing = None
     try:
-        for how in ("stop", "replace"):
-            before = {e["Key"] for e in queue_entries("default")}
-            follower = popen_run(path, "--timeout", "2m")
-            wait_until(lambda before=before: {e["Key"] for e in queue_entries("default")} - before, 30, "the run to be queued")
-            if how == "stop":
-                stopped = nomadtf("stop", name)
-                assert stopped.returncode == 0 and f"removed {name} run" in stopped.stdout, stopped.stdout + stopped.stderr
-            else:  # a new run with --replace takes the queued one's place (and waits itself)
-                replacing = popen_run(path, "--replace", "--timeout", "2m")
-            # The head waits on Nomad's allocations, not the queue: it hears at its next look
-            # (admission.CAPACITY_WAIT_S, 30 s at most).
-            _, err = follower.communicate(timeout=30 + 20)
-            assert follower.returncode == 4, err
-            assert "was removed from the queue (nomadtf stop, or a run with --replace); nothing was submitted" in err, err
-            assert not job_exists(name)
-        assert len(queued_of(name)) == 1  # only the replacing run's
+        follower = popen_run(path, "--timeout", "2m")
+        wait_queued(name)
+        twice = nomadtf("run", str(path), "--timeout", "1m")
+        assert twice.returncode == 1 and "already has a run waiting in the admission queue" in twice.stderr, twice.stderr
+        replacing = popen_run(path, "--replace", "--timeout", "2m")
+        _, err = follower.communicate(timeout=60)
+        assert follower.returncode == 4 and "was removed from the queue" in err, err
         release.touch()
         _, err = replacing.communicate(timeout=120)
         assert replacing.returncode == 0, err
         assert "out of the queue (--replace)" in err, err
-        assert len(nomad(f"job/{name}/versions")["Versions"]) == 1 and not queued_of(name)
+        assert len(allocations(name)) == 3  # only the replacing run ever ran
     finally:
         release.touch()
+        if replacing is not None and replacing.poll() is None:
+            replacing.kill()
         purge(blocker)
         purge(name)
 
 
-def test_two_runs_of_one_job_queued_together_one_runs_the_other_is_refused(stack, tmp_path):
+def test_runs_queued_behind_a_running_job_start_in_priority_order(stack, tmp_path):
     blocker, release = start_blocker(tmp_path)
-    name = unique("twice")
-    path = write_job(tmp_path, share_job(name, 0.65, sleep=1))
-    procs = []
+    names = {priority: unique(f"prio{priority}") for priority in (30, 90, 60)}
     try:
-        for count in (1, 2):
-            procs.append(popen_run(path, "--timeout", "2m"))
-            wait_until(lambda count=count: len(queued_of(name)) == count, 30, "the run to be queued")
+        for priority, name in names.items():  # arrival order: 30, 90, 60; nobody follows them
+            spec = share_job(name, 0.65, sleep=1)
+            spec["priority"] = priority
+            out = nomadtf("run", str(write_job(tmp_path, spec)), "--detach", timeout=60)
+            assert out.returncode == 0 and "the admission controller starts it in its turn" in out.stderr, out.stderr
+            wait_queued(name)
+        places = {p: read_board().line_of(wire.queue_ticket("default", n, job_of(n)["Meta"][wire.META_RUN])).place for p, n in names.items()}
+        assert sorted(places, key=places.get) == [90, 60, 30], places
         release.touch()
-        results = [proc.communicate(timeout=120) + (proc.returncode,) for proc in procs]
-        assert sorted(code for _, _, code in results) == [0, 1], results
-        (refused,) = [err for _, err, code in results if code == 1]
-        assert f"another submission of {name} in namespace default registered first" in refused, refused
-        assert "this run was not submitted" in refused
-        assert len(nomad(f"job/{name}/versions")["Versions"]) == 1 and not queued_of(name)
+        for name in names.values():
+            wait_until(lambda name=name: "outcome: succeeded" in nomadtf("status", name).stdout, 180, f"{name} to succeed", interval=1.0)
+        started = {priority: min(a["CreateTime"] for a in allocations(name)) for priority, name in names.items()}
+        assert sorted(started, key=started.get) == [90, 60, 30], started
     finally:
         release.touch()
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
         purge(blocker)
+        for name in names.values():
+            purge(name)
+
+
+def test_a_node_made_ineligible_while_a_run_waits_holds_it_and_it_runs_when_the_node_returns(stack, tmp_path):
+    """The only node taken out of scheduling (as a drain or a reboot does) is no "never":
+    the run waits and starts once the node is eligible again."""
+    (node,) = nomad("nodes")
+    name = unique("node-away")
+    path = write_job(tmp_path, share_job(name, 0.3, sleep=1))  # sized while the node counts
+    url = f"{os.environ['NOMAD_ADDR']}/v1/node/{node['ID']}/eligibility"
+    requests.post(url, json={"Eligibility": "ineligible"}, timeout=10).raise_for_status()
+    try:
+        follower = popen_run(path, "--timeout", "3m")
+        wait_queued(name)
+        time.sleep(2)
+        assert follower.poll() is None and state_of(name) == suspension.QUEUED
+        requests.post(url, json={"Eligibility": "eligible"}, timeout=10).raise_for_status()
+        _, err = follower.communicate(timeout=120)
+        assert follower.returncode == 0, err
+        assert "does not fit now" in err and re.search(r"admitted after \d+s in the queue", err), err
+    finally:
+        requests.post(url, json={"Eligibility": "eligible"}, timeout=10)
         purge(name)
 
 
-def _plain_job(job_id: str, cpu: int, seconds: int) -> dict:
-    """A job nomadtf did not start: raw_exec sleep, as another team's `nomad job run` would."""
-    task = {"Name": "sleep", "Driver": "raw_exec", "Config": {"command": "/bin/sleep", "args": [str(seconds)]},
-            "Resources": {"CPU": cpu, "MemoryMB": 64}}  # fmt: skip
-    group = {"Name": "sleep", "Count": 1, "Tasks": [task], "RestartPolicy": {"Attempts": 0, "Mode": "fail"}}
-    return {"Job": {"ID": job_id, "Type": "batch", "Datacenters": ["*"], "TaskGroups": [group]}}
+def test_a_half_admitted_run_is_finished_once_by_the_controller(stack, tmp_path):
+    """What a leader that died between two admitting calls leaves: one group scaled up, the
+    placeholder still up. The leading controller finishes the admission: every group once."""
+    name = unique("half")
+    out = nomadtf("run", str(write_job(tmp_path, share_job(name, 0.65, sleep=1))), "--detach", timeout=60)
+    assert out.returncode == 0, out.stderr
+    try:
+        # Wait for the controller to have run it to an end, then register the next run
+        # suspended ourselves and scale one group as a dying leader would have.
+        wait_until(lambda: "outcome: succeeded" in nomadtf("status", name).stdout, 120, f"{name} to succeed", interval=1.0)
+        blocker, release = start_blocker(tmp_path)
+        try:
+            queued = nomadtf("run", str(write_job(tmp_path, share_job(name, 0.65, sleep=1))), "--detach", timeout=60)
+            assert queued.returncode == 0, queued.stderr
+            job = wait_queued(name)
+            NomadAPI.from_env().scale(name, "ps", 1, "a leader's first admitting call, then it died")
+            release.touch()
+            wait_until(lambda: "outcome: succeeded" in nomadtf("status", name).stdout and job_of(name)["Meta"][wire.META_RUN] == job["Meta"][wire.META_RUN],
+                       120, f"{name}'s second run to succeed", interval=1.0)  # fmt: skip
+        finally:
+            release.touch()
+            purge(blocker)
+        events = scale_events(name)
+        run_id = job["Meta"][wire.META_RUN]
+        for group in ("chief", "worker", "ps"):
+            ups = [e for e in events[group] if (e.get("Count") or 0) > 0 and e.get("Time", 0) / 1e9 >= job["SubmitTime"] / 1e9 - 1]
+            assert len(ups) == 1, (group, ups)  # scaled up once: by the dead leader (ps) or the controller
+        assert any((e.get("Meta") or {}).get(wire.META_RUN) == run_id for e in events[suspension.PLACEHOLDER_GROUP])
+    finally:
+        purge(name)
 
 
-def test_capacity_taken_between_plan_and_placement_is_given_back_and_the_run_requeues_then_succeeds(stack, tmp_path):
+def test_a_run_not_placed_whole_is_given_back_and_requeued_then_succeeds_without_its_submitter(stack, tmp_path):
+    """Capacity taken between the controller's fit and Nomad's placement (a job nomadtf did
+    not start): the placed part is given back after the gang timeout and the run waits
+    again at its place; its submitter had gone (`--detach`); it succeeds once the thief
+    ended. The stack's deployed controller is stopped for the test and this one leads."""
     cpu = cluster_cpu()
     name, thief = unique("gang"), unique("thief")
     spec = probe_job(name, context={"sleep": 1}, admission={"gang_timeout": "3s"})
@@ -319,141 +389,81 @@ def test_capacity_taken_between_plan_and_placement_is_given_back_and_the_run_req
     spec["roles"]["ps"]["cpu"] = 100
     stolen: list[float] = []
 
-    def steal() -> None:
-        """Between the plan that fits and the registration: a plain job takes all but 45 %
-        of the CPU (and is placed before ours), as a job nomadtf did not start may. What is
-        left holds the chief and the ps, not the worker too."""
-        if stolen:
+    def steal(run) -> None:
+        """A plain job takes all but 45 % of the CPU and is placed before ours: what is left
+        holds the chief and the ps, not the worker too."""
+        if stolen or run.job_id != name:
             return
         held = capacity.usage(nomad("allocations", namespace="*", resources="true", task_states="false"))
-        free = cpu - capacity.total(held.values()).cpu
-        submit_raw(_plain_job(thief, free - int(cpu * 0.45), 12))
+        submit_raw(_plain_job(thief, cpu - capacity.total(held.values()).cpu - int(cpu * 0.45), 12))
         wait_until(lambda: [a for a in allocations(thief) if a["ClientStatus"] in ("pending", "running")], 30, "the thief to be placed")
         stolen.append(time.time())
 
     events: list[str] = []
-    run = Run.from_job_file(write_job(tmp_path, spec), [])
-    admission = Admission(run.api, on_event=events.append, on_status=lambda status: events.append(status.describe()), after_plan=steal, timeout_s=120)
+    stop = threading.Event()
+    requests.delete(f"{os.environ['NOMAD_ADDR']}/v1/job/{wire.ADMISSION_SERVICE_JOB}", params={"purge": "true"}, timeout=10).raise_for_status()
+    wait_until(lambda: not read_leader(), 60, "the deployed controller to hand the lead on")
+    controller = Controller(NomadAPI.from_env(namespace="*"), consul_client(), "test controller", on_event=events.append, after_fit=steal)
+    serving = threading.Thread(target=controller.serve, args=(stop,), daemon=True)
+    serving.start()
     try:
-        submitted = run.submit(admission=admission)
-        outcome = run.follow(submitted, 120, on_view=lambda view: None, on_event=events.append)
-        assert outcome.view.roles["chief"].complete == 1
-        assert stolen and any("stayed placed in part for 3s (admission.gang_timeout)" in e for e in events), events
-        allocs = allocations(name)
-        first = min(a["JobVersion"] for a in allocs)
-        partial = [a for a in allocs if a["JobVersion"] == first]
-        assert partial and len(partial) < 3  # placed in part ...
-        for alloc in partial:  # ... and given back within the gang timeout (plus the stop itself)
-            assert alloc["DesiredStatus"] == "stop"
-            assert (alloc["ModifyTime"] - alloc["CreateTime"]) / 1e9 < 3 + 8, alloc
-        final = [a for a in allocs if a["JobVersion"] != first]
-        assert len(final) == 3 and all(a["ClientStatus"] == "complete" for a in final)
-        # The second attempt started once the thief had let go, not beside it.
-        thief_end = max(a["ModifyTime"] for a in allocations(thief))
-        assert min(a["CreateTime"] for a in final) >= thief_end - 1e9
+        out = nomadtf("run", str(write_job(tmp_path, spec)), "--detach", timeout=60)
+        assert out.returncode == 0, out.stderr
+        wait_until(lambda: "outcome: succeeded" in nomadtf("status", name).stdout, 120, f"{name} to succeed", interval=1.0)
+        assert stolen and any("was not placed whole within 3s: gave back its placed part; queued again" in e for e in events), events
+        allocs = sorted(allocations(name), key=lambda a: a["CreateIndex"])
+        final = list({a["TaskGroup"]: a for a in allocs}.values())  # each group's newest: the admission that ran
+        first = [a for a in allocs if a not in final]
+        assert sorted(a["TaskGroup"] for a in final) == ["chief", "ps", "worker"] and all(a["ClientStatus"] == "complete" for a in final)
+        assert first and len(first) < 3, first  # placed in part ...
+        for alloc in first:  # ... and given back within the gang timeout (plus the stop itself)
+            assert alloc["DesiredStatus"] == "stop" and (alloc["ModifyTime"] - alloc["CreateTime"]) / 1e9 < 3 + 8, alloc
+        # The second admission came once the thief had let go, not beside it.
+        (thief_alloc,) = allocations(thief)
+        finished = thief_alloc["TaskStates"]["sleep"]["FinishedAt"]
+        thief_end = datetime.fromisoformat(finished[:26].rstrip("Z") + "+00:00").timestamp()
+        assert min(a["CreateTime"] for a in final) / 1e9 >= thief_end - 1, (finished, final)
     finally:
+        stop.set()
+        serving.join(timeout=40)
         purge(name)
         purge(thief)
+        # The stack's controller again, deployed as an operator does (docs/guide/queueing.md).
+        deployed = nomadtf("admission", "deploy", "--count", "2")
+        assert deployed.returncode == 0 and f"deployed {wire.ADMISSION_SERVICE_JOB} (2 replicas)" in deployed.stderr, deployed.stderr
+        wait_until(read_leader, 60, "the redeployed controller to lead")
 
 
-def test_runs_queued_behind_a_running_job_start_in_priority_order(stack, tmp_path):
-    blocker, release = start_blocker(tmp_path)
-    names = {priority: unique(f"prio{priority}") for priority in (30, 90, 60)}
-    procs = {}
-    try:
-        for priority, name in names.items():  # arrival order: 30, 90, 60
-            before = len(queue_entries())
-            spec = share_job(name, 0.65, sleep=1)
-            spec["priority"] = priority
-            procs[priority] = popen_run(write_job(tmp_path, spec), "--timeout", "3m")
-            wait_until(lambda before=before: len(queue_entries()) > before, 30, f"run of priority {priority} to be queued")
-        release.touch()
-        for priority, proc in procs.items():
-            _, err = proc.communicate(timeout=180)
-            assert proc.returncode == 0, (priority, err)
-        started = {priority: min(a["CreateTime"] for a in allocations(name)) for priority, name in names.items()}
-        assert sorted(started, key=started.get) == [90, 60, 30], started
-    finally:
-        release.touch()
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-        purge(blocker)
-        for name in names.values():
-            purge(name)
-
-
-# ---- nobody has to watch: the admission service ------------------------------------------
-
-
-def _leader() -> str:
+def read_leader() -> str:
     out = nomadtf("admission", "status")
     assert out.returncode == 0, out.stderr
     match = re.search(r"^leader: (.*)$", out.stdout, re.M)
     return "" if match[1].startswith("none") else match[1]
 
 
-def _serve() -> subprocess.Popen:
-    exe = Path(sys.executable).parent / "nomadtf"
-    return subprocess.Popen([str(exe), "admission", "serve"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def test_a_detached_run_is_admitted_when_the_leading_replica_is_killed(stack, tmp_path):
+    """The deployed controller's leader is SIGKILLed while a detached run waits: its session
+    lapses, the lock-delay passes, a replica takes the lead and admits the run, each group
+    once; `admission status` and `nomadtf status` show the controller is no run."""
+    import psutil
 
-
-def _wait_succeeded(name: str, timeout: float) -> str:
-    def done() -> str:
-        out = nomadtf("status", name)
-        return out.stdout if "outcome: succeeded" in out.stdout else ""
-
-    return wait_until(done, timeout, f"{name} to succeed", interval=1.0)
-
-
-def test_a_detached_queued_run_is_admitted_by_the_service_also_when_its_leader_dies(stack, tmp_path):
-    replicas = [_serve(), _serve()]
     blocker, release = start_blocker(tmp_path)
     name = unique("unattended")
     try:
-        leader = wait_until(_leader, 30, "a replica to lead")
-        started = time.monotonic()
+        leader = wait_until(read_leader, 30, "a replica to lead")
         out = nomadtf("run", str(write_job(tmp_path, share_job(name, 0.65, sleep=1))), "--detach", timeout=60)
-        assert out.returncode == 0, out.stderr
-        assert time.monotonic() - started < 15 and "the admission service submits it in its turn" in out.stderr, out.stderr
-        assert "queued: run" in nomadtf("status", name).stdout and not job_exists(name)
-        # The leader's host dies (SIGKILL: no goodbye, its session lapses), nobody follows
-        # the run, then the capacity comes back: the standby takes the lead and admits it.
-        (dying,) = [p for p in replicas if f"pid {p.pid}" in leader]
-        dying.kill()
+        assert out.returncode == 0 and "the admission controller starts it in its turn" in out.stderr, out.stderr
+        wait_queued(name)
+        pid = int(re.search(r"pid (\d+)", leader)[1])
+        psutil.Process(pid).kill()
         release.touch()
-        status = _wait_succeeded(name, 120)
-        assert re.search(r"run [0-9a-f]{8}", status)
-        versions = nomad(f"job/{name}/versions")["Versions"]
-        assert len(versions) == 1, versions  # registered once
-        assert wait_until(_leader, 10, "a leader") != leader
-        ticket = wire.queue_ticket("default", name, run_id_in(out.stderr))
-        assert not [e for e in queue_entries("default") if e["Key"].endswith(ticket)]
+        wait_until(lambda: "outcome: succeeded" in nomadtf("status", name).stdout, 150, f"{name} to succeed", interval=1.0)
+        events = scale_events(name)
+        for group in ("chief", "worker", "ps"):
+            assert [e["Count"] for e in events[group] if (e.get("Count") or 0) > 0] == [1], events[group]
+        assert wait_until(read_leader, 30, "a leader") != leader
+        assert wire.ADMISSION_SERVICE_JOB not in nomadtf("status").stdout  # the controller is no run
     finally:
         release.touch()
-        for proc in replicas:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(timeout=20)
-        purge(blocker)
-        purge(name)
-
-
-def test_admission_deploy_runs_the_service_in_the_cluster(stack, tmp_path):
-    blocker, release = start_blocker(tmp_path)
-    name = unique("deployed")
-    try:
-        out = nomadtf("admission", "deploy", "--count", "2")
-        assert out.returncode == 0 and f"deployed {wire.ADMISSION_SERVICE_JOB} (2 replicas)" in out.stderr, out.stderr
-        wait_until(lambda: sum(a["ClientStatus"] == "running" for a in allocations(wire.ADMISSION_SERVICE_JOB)) == 2, 60, "2 replicas")
-        wait_until(_leader, 30, "a replica to lead")
-        queued = nomadtf("run", str(write_job(tmp_path, share_job(name, 0.65, sleep=1))), "--detach", timeout=60)
-        assert queued.returncode == 0 and "queued" in queued.stderr, queued.stderr
-        release.touch()
-        _wait_succeeded(name, 90)
-        assert wire.ADMISSION_SERVICE_JOB not in nomadtf("status").stdout  # the service is no run
-    finally:
-        release.touch()
-        requests.delete(f"{os.environ['NOMAD_ADDR']}/v1/job/{wire.ADMISSION_SERVICE_JOB}", params={"purge": "true"}, timeout=10)
         purge(blocker)
         purge(name)

@@ -78,3 +78,53 @@ def test_acl_policies_for_2_0_5_prints_the_role_the_auth_method_and_the_agents_v
     assert '"bound_issuer"' not in plain.stdout
     old = nomadtf("acl", "policies", str(EXAMPLES / "secrets" / "job.json"), "--nomad-version", "1.6.1", env=env, timeout=60)
     assert old.returncode == 0 and "JWT auth role" not in old.stdout and "list it in vault.policies" in old.stdout
+
+
+# ---- admission: the submitter reads, only the controller writes -------------------------------
+
+
+def _grants_write_under(rules: dict, path: str) -> list[str]:
+    """The rules that let their holder write `path` (an exact key, or a prefix covering it)."""
+    exact = [name for name, rule in rules.get("key", {}).items() if name == path and rule["policy"] == "write"]
+    prefixes = [f"key_prefix {name!r}" for name, rule in rules.get("key_prefix", {}).items() if path.startswith(name) and rule["policy"] == "write"]
+    return exact + prefixes
+
+
+def test_the_submitter_reads_the_admission_lead_and_board():
+    rules = acl.consul_submitter_rules("team-a")
+    assert rules["key"][wire.KV_ADMISSION_LEADER] == {"policy": "read"}
+    assert rules["key"][wire.KV_ADMISSION_BOARD] == {"policy": "read"}
+    assert wire.KV_ADMISSION_LEADER == "nomadtf/_admission/leader" and wire.KV_ADMISSION_BOARD == "nomadtf/_admission/board"
+
+
+def test_the_submitter_may_write_nothing_under_the_admission_prefix_and_holds_no_sessions():
+    for namespace in ("team-a", "default"):
+        rules = acl.consul_submitter_rules(namespace)
+        for path in (wire.KV_ADMISSION, wire.KV_ADMISSION_LEADER, wire.KV_ADMISSION_BOARD, wire.KV_ADMISSION + "queue/x", wire.KV_ADMISSION + "lock"):
+            assert not _grants_write_under(rules, path), (namespace, path)
+        assert not [name for name in rules.get("key", {}) if name.startswith(wire.KV_ADMISSION) and rules["key"][name]["policy"] != "read"]
+        assert "session_prefix" not in rules and "session" not in rules
+        assert rules["key_prefix"] == {f"nomadtf/{namespace}/": {"policy": "write"}}  # the namespace's own runs
+
+
+def test_the_submitter_s_hcl_names_the_admission_keys_read_only():
+    hcl = acl.consul_hcl(acl.consul_submitter_rules("team-a"))
+    assert 'key "nomadtf/_admission/leader" { policy = "read" }' in hcl
+    assert 'key "nomadtf/_admission/board" { policy = "read" }' in hcl
+    assert "session" not in hcl and "_admission/queue" not in hcl
+
+
+def test_the_controller_s_nomad_policy_reads_and_scales_jobs_everywhere_and_submits_nothing():
+    policy = acl.nomad_controller_policy()
+    namespaces = re.findall(r'namespace "([^"]*)" \{\n  capabilities = \[([^\]]*)\]\n\}', policy)
+    assert len(namespaces) == 1 and namespaces[0][0] == "*"
+    assert set(json.loads(f"[{namespaces[0][1]}]")) == {"list-jobs", "read-job", "scale-job", "read-job-scaling"}
+    assert 'node {\n  policy = "read"\n}' in policy
+    assert "submit-job" not in policy and "agent" not in policy and "write" not in policy
+    assert policy.count("{") == 2  # the namespace and the node block, nothing else
+
+
+def test_the_controller_alone_writes_the_admission_lead_and_board():
+    rules = acl.consul_controller_rules()
+    assert rules["key"][wire.KV_ADMISSION_LEADER] == {"policy": "write"} and rules["key"][wire.KV_ADMISSION_BOARD] == {"policy": "write"}
+    assert rules["session_prefix"] == {"": {"policy": "write"}}  # the lead is a session's lock

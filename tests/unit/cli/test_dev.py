@@ -9,10 +9,12 @@ import subprocess
 import sys
 
 import pytest
+from typer.testing import CliRunner
 
-from nomadtf import devstack
+from nomadtf import cli, devstack
 from nomadtf.cli.dev import status_lines
 from nomadtf.devstack import processes
+from nomadtf.devstack import stack as stack_mod
 from nomadtf.devstack.cluster import ClusterStack
 from nomadtf.devstack.protocol import Status, StatusRow
 from nomadtf.devstack.record import MARKER
@@ -27,6 +29,23 @@ def dirs(tmp_path, monkeypatch):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     return env
+
+
+def _invoke(args: list[str]) -> tuple[int, str, str]:
+    """`nomadtf ARGS` in this process (so a test may stand in for a part of it): exit code, stdout, stderr."""
+    runner = CliRunner()
+    saved_argv = sys.argv
+    with runner.isolation() as (out, err, _):
+        sys.argv = ["nomadtf", *args]
+        try:
+            cli.main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code
+        finally:
+            sys.argv = saved_argv
+            cli.state["debug"] = False
+        return code, out.getvalue().decode(errors="replace"), err.getvalue().decode(errors="replace")
 
 
 def _record(state_dir, components: list[dict], **extra) -> None:
@@ -102,7 +121,7 @@ def test_status_shows_a_recorded_stack_and_fails_when_part_of_it_stopped(dirs, t
         sleeper.wait()
 
 
-def test_a_running_stack_of_another_gpu_shape_is_refused_and_the_same_one_left_alone(dirs, tmp_path):
+def test_a_running_stack_of_another_gpu_shape_is_refused_and_the_same_one_left_alone(dirs, tmp_path, monkeypatch):
     """The shape `dev up` compares includes the MIG slices: a count given and different is
     an error naming the commands; one left out means as the stack runs."""
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -110,9 +129,14 @@ def test_a_running_stack_of_another_gpu_shape_is_refused_and_the_same_one_left_a
         proc = {"pid": sleeper.pid, "binary": sys.executable, "create_time": processes.started_at(sleeper.pid)}
         _record(tmp_path / "dev", [{**proc, "name": name, "log": f"/l/{name}.log"} for name in ("consul", "openbao", "nomad")],
                 gpus=6, mig=2)  # fmt: skip
+        # The same shape is left alone: `up` only makes sure its admission controller leads (a
+        # stand-in here: the recorded "servers" are sleepers), in this process, where it can be.
+        ensured = []
+        monkeypatch.setattr(stack_mod.controller, "ensure_controller", lambda stack, progress, secure=False: ensured.append(stack.state_dir))
         for same in (["--gpus", "6", "--mig", "2"], ["--gpus", "6"], ["--mig", "2"], []):
-            up = nomadtf("dev", "up", *same, env=dirs, timeout=60)
-            assert up.returncode == 0 and "is already up" in up.stderr, (same, up.stderr)
+            code, _, stderr = _invoke(["dev", "up", *same])
+            assert code == 0 and "is already up" in stderr, (same, stderr)
+        assert ensured == [tmp_path / "dev"] * 4
         up = nomadtf("dev", "up", "--gpus", "6", "--mig", "0", env=dirs, timeout=60)
         assert up.returncode == 1
         assert up.stderr == (
@@ -121,6 +145,7 @@ def test_a_running_stack_of_another_gpu_shape_is_refused_and_the_same_one_left_a
         )
         up = nomadtf("dev", "up", "--mig", "1", env=dirs, timeout=60)
         assert up.returncode == 1 and "not 6 fake NVIDIA GPUs and 1 MIG slices" in up.stderr and "--gpus 6 --mig 1`" in up.stderr
+        assert len(ensured) == 4  # a refused shape deploys nothing
         shown = nomadtf("dev", "status", env=dirs, timeout=60)
         assert shown.stdout.splitlines()[-1] == "nomad client: 6 fake NVIDIA GPUs and 2 MIG slices (device plugin nomadtf-fake-gpu)"
     finally:

@@ -36,18 +36,23 @@ def test_a_gpu_client_carries_meta_nomadtf_gpu_true_and_the_others_false(tmp_pat
 
 
 def test_another_shape_is_refused_with_the_command_that_builds_the_wanted_one(tmp_path, monkeypatch):
-    """A developer's cluster without GPUs, asked for the GPU shape: a clear error naming the fix."""
+    """A developer's cluster without GPUs, asked for the GPU shape: a clear error naming the fix.
+    The same shape is left as it runs; `up` only makes sure its admission controller leads."""
     stack = ClusterStack(tmp_path)
     stack.record.save(clients=3, gpus=0, gpu_clients=[])
     monkeypatch.setattr(cluster_mod.os, "geteuid", lambda: 0)
     monkeypatch.setattr(ClusterStack, "is_up", lambda self: True)
+    ensured = []
+    monkeypatch.setattr(cluster_mod.controller, "ensure_controller", lambda stack, progress, secure=False: ensured.append((stack, secure)))
     with pytest.raises(DevStackError) as err:
         stack.up(lambda _m: None, clients=3, gpus=2, gpu_clients=(3,))
     assert str(err.value) == (
         "the several-client stack runs 3 clients without fake GPUs, not 3 clients with 2 fake GPUs on client 3; "
         "`nomadtf dev down --cluster`, then `nomadtf dev up --clients 3 --gpus 2 --gpu-clients 3`"
     )
+    assert ensured == []  # refused: nothing was deployed
     assert stack.up(lambda _m: None, clients=3, gpus=None) is False  # `dev up --clients 3`: as it runs
+    assert ensured == [(stack, False)]
 
 
 def test_a_shape_gives_each_client_its_gpus_and_says_itself():
