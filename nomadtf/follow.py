@@ -38,6 +38,7 @@ from nomadtf.outcome import RunOutcome, alloc_slot, latest_allocs
 from nomadtf.plan import explain_placement_failure, group_counts, requested_devices
 from nomadtf.wire import META_RUN, META_VERSION
 
+
 # The error `nomadtf run` raises for each outcome but success (its exit code: outcome.py).
 class Requeued(Exception):
     """The admission controller gave the run's placed part back (not placed whole within

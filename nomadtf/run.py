@@ -31,7 +31,15 @@ from nomadtf.admission import suspension
 from nomadtf.client import placement, queued
 from nomadtf.discovery import ConsulDiscovery
 from nomadtf.errors import FollowTimeout, JobFailed, JobStopped, NomadError, NomadtfError, ServerError
-from nomadtf.follow import Follower, JobView, Requeued, final_lines, require_nomadtf_job, run_of, versions_of_run
+from nomadtf.follow import (
+    Follower,
+    JobView,
+    Requeued,
+    final_lines,
+    require_nomadtf_job,
+    run_of,
+    versions_of_run,
+)
 from nomadtf.nomad import NomadAPI
 from nomadtf.profile import offline_check_fill
 from nomadtf.spec import JobSpec, RunInfo, expand_task_vars, load_options, parse_spec

@@ -19,6 +19,7 @@ Usage:
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -37,6 +38,34 @@ def _resources(data: Any) -> Resources:
 
 def resources_dict(resources: Resources) -> dict[str, Any]:
     return {"cpu": resources.cpu, "memory": resources.memory, "devices": dict(resources.devices)}
+
+
+def _each(items: Any, read: Any) -> list[Any]:
+    """`read` of every item of a list, leaving out what cannot be read (anything else: [])."""
+    if not isinstance(items, list):
+        return []
+    out = []
+    for item in items:
+        value = _quietly(lambda item=item: read(item))
+        if value is not None:
+            out.append(value)
+    return out
+
+
+def _quietly(read: Any) -> Any:
+    try:
+        return read()
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
+        return None
+
+
+def _number(value: Any, default: float) -> float:
+    """A finite number, or `default`."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return default
+    return number if math.isfinite(number) and abs(number) < 1e15 else default
 
 
 @dataclass(frozen=True)
@@ -60,7 +89,7 @@ class BoardLine:
     def from_dict(cls, data: dict[str, Any]) -> BoardLine:
         short = data.get("short")
         return cls(
-            str(data["ticket"]), str(data["namespace"]), int(data["priority"]), int(data["place"]), float(data.get("since") or 0),
+            str(data["ticket"]), str(data["namespace"]), int(data["priority"]), int(data["place"]), _number(data.get("since"), 0.0),
             _resources(data.get("needs")), None if short is None else _resources(short), str(data.get("note") or "")[:300],
         )  # fmt: skip
 
@@ -102,23 +131,11 @@ class Board:
             return cls()
         if not isinstance(data, dict):
             return cls()
-        lines, skipped = [], []
-        for item in data.get("lines") or []:
-            try:
-                lines.append(BoardLine.from_dict(item))
-            except (KeyError, TypeError, ValueError, AttributeError):
-                continue
-        for item in data.get("skipped") or []:
-            try:
-                skipped.append(Skipped(str(item["namespace"]), str(item["job_id"]), str(item["why"])[:300]))
-            except (KeyError, TypeError):
-                continue
-        try:
-            at, length = float(data.get("at") or 0), int(data.get("length") or len(lines))
-        except (TypeError, ValueError):
-            at, length = 0.0, len(lines)
-        free = _resources(data["free"]) if isinstance(data.get("free"), dict) else None
-        recent = tuple(str(r)[:300] for r in data.get("recent") or [] if isinstance(r, str))
+        lines = _each(data.get("lines"), BoardLine.from_dict)
+        skipped = _each(data.get("skipped"), lambda item: Skipped(str(item["namespace"]), str(item["job_id"]), str(item["why"])[:300]))
+        recent = tuple(str(r)[:300] for r in _each(data.get("recent"), lambda r: r if isinstance(r, str) else None) if r)
+        at, length = _number(data.get("at"), 0.0), int(_number(data.get("length"), float(len(lines))))
+        free = _quietly(lambda: _resources(data["free"])) if isinstance(data.get("free"), dict) else None
         return cls(str(data.get("leader") or "")[:200], at, tuple(lines), tuple(skipped), length, free, recent)
 
     def line_of(self, ticket: str) -> BoardLine | None:

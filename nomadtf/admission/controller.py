@@ -92,6 +92,7 @@ class Controller:
         self.arrival: dict[tuple[str, str, str], int] = {}  # (ns, job, run) -> the index it queued at
         self.never_checked: dict[tuple[str, str, str], float] = {}
         self.in_flight: dict[tuple[str, str], InFlight] = {}
+        self.down_since: dict[str, float] = {}  # node id -> when this replica first saw it away
         self.recent: list[str] = []
         self._published = ""
         self._published_at = 0.0
@@ -144,6 +145,8 @@ class Controller:
         nodes = self.api.nodes()
         allocs, _ = self.api.cluster_allocations()
         self.requests += 2
+        now = time.time()
+        self.down_since = {n["ID"]: self.down_since.get(n["ID"], now) for n in nodes if n.get("Status") != "ready"}
         self._check_in_flight(jobs, allocs)
         rooms = fit.node_rooms(nodes, allocs)
         self._reserve_in_flight(rooms, allocs)
@@ -227,7 +230,7 @@ class Controller:
             run_key = (run.namespace, run.job_id, run.run_id)
             if now - self.never_checked.get(run_key, 0.0) >= NEVER_RECHECK_S:
                 self.never_checked[run_key] = now
-                why = fit.never(run.ask, nodes, allocs, now)
+                why = fit.never(run.ask, nodes, allocs, now, self.down_since)
                 if why:
                     self._refuse(run, f"it can never fit: {why}")
                     continue

@@ -116,13 +116,15 @@ def _usable(stub: Mapping[str, Any]) -> bool:
     return stub.get("Status") == "ready" and stub.get("SchedulingEligibility", "eligible") == "eligible" and not stub.get("Drain")
 
 
-def may_return(stub: Mapping[str, Any], now: float) -> bool:
+def may_return(stub: Mapping[str, Any], now: float, down_since: Mapping[str, float] | None = None) -> bool:
     """Usable; drained or ineligible (an operator's step, undone as easily); or down or
-    disconnected for less than DOWN_GRACE_S (a reboot, a client restart)."""
+    disconnected for less than DOWN_GRACE_S (a reboot, a client restart). Nomad's node list
+    says no time of the last status change: `down_since` (node id -> when its watcher first
+    saw it away) does; without it a node away counts as coming back (errs towards waiting)."""
     if stub.get("Status") == "ready":
         return True
-    changed = float(stub.get("StatusUpdatedAt") or 0)
-    return not changed or now - changed < DOWN_GRACE_S
+    since = (down_since or {}).get(stub.get("ID", ""))
+    return since is None or now - since < DOWN_GRACE_S
 
 
 def node_rooms(stubs: Iterable[Mapping[str, Any]], allocs: Iterable[Mapping[str, Any]], *, keep: Any = None) -> list[Room]:
@@ -188,10 +190,13 @@ def place(ask: RunAsk, rooms: list[Room], *, usable_only: bool = True) -> bool:
     return True
 
 
-def never(ask: RunAsk, stubs: Iterable[Mapping[str, Any]], allocs: Iterable[Mapping[str, Any]], now: float) -> str:
+def never(
+    ask: RunAsk, stubs: Iterable[Mapping[str, Any]], allocs: Iterable[Mapping[str, Any]], now: float,
+    down_since: Mapping[str, float] | None = None,
+) -> str:
     """Why `ask` could not fit even once every batch run ended ("" when it could): only
     long-lived allocations stay, on the nodes that are usable or may come back."""
-    stubs = [s for s in stubs if may_return(s, now)]
+    stubs = [s for s in stubs if may_return(s, now, down_since)]
     rooms = node_rooms(stubs, allocs, keep=lambda a: capacity.holds_resources(a) and a.get("JobType") in LONG_LIVED_TYPES)
     mine = [r for r in rooms if _takes(r, ask)]
     if not mine:

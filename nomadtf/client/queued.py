@@ -91,7 +91,10 @@ class QueueStatus:
         line = self.line
         if line is None:
             return f"{self.label} run {self.run_id} is queued; the admission controller has not published its place yet"
-        since = time.strftime("%H:%M:%S", time.localtime(line.since)) if line.since else "?"
+        try:
+            since = time.strftime("%H:%M:%S", time.localtime(line.since)) if line.since else "?"
+        except (OverflowError, ValueError, OSError):
+            since = "?"
         parts = [f"{self.label} run {self.run_id} {line.note or 'waits'}: needs {line.needs.describe()}"]
         if line.short is not None and line.short != Resources():
             parts.append(f"the cluster lacks {describe_short(line.short)} now")

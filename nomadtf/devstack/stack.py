@@ -32,7 +32,17 @@ from pathlib import Path
 
 import psutil
 
-from nomadtf.devstack import agents, binaries, controller, bootstrap, gpu_plugin, probes, processes, teardown, wiring
+from nomadtf.devstack import (
+    agents,
+    binaries,
+    bootstrap,
+    controller,
+    gpu_plugin,
+    probes,
+    processes,
+    teardown,
+    wiring,
+)
 from nomadtf.devstack.docker import Daemon
 from nomadtf.devstack.probes import wait_for
 from nomadtf.devstack.protocol import Progress, StackApi, Status, StatusRow

@@ -16,8 +16,8 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -29,7 +29,17 @@ from nomadtf.admission.controller import Controller
 from nomadtf.client.queued import read_board
 from nomadtf.discovery import consul_client
 from nomadtf.nomad import NomadAPI
-from tests.helpers import allocations, nomad, nomadtf, probe_job, purge, submit_raw, unique, wait_until, write_job
+from tests.helpers import (
+    allocations,
+    nomad,
+    nomadtf,
+    probe_job,
+    purge,
+    submit_raw,
+    unique,
+    wait_until,
+    write_job,
+)
 
 pytestmark = pytest.mark.stack
 

@@ -492,7 +492,7 @@ def test_acl_apply_for_two_jobs_whose_names_joined_alike_keeps_each_to_its_own(s
         nomadtf("acl", "revoke", str(tmp_path / "0" / "team-x.json"), env=env, timeout=60)
 
 
-# ---- a shared cluster: queueing under ACLs (issue #22) --------------------------------
+# ---- a shared cluster: the admission controller under ACLs (issues #22, #31) ----------------
 
 
 def _spread_job(name: str, namespace: str, node_cpu: int, cluster, tmp_path: Path, **context) -> dict:
@@ -504,42 +504,66 @@ def _spread_job(name: str, namespace: str, node_cpu: int, cluster, tmp_path: Pat
     return secured(spec, cluster, tmp_path)
 
 
+def _node_cpu(api: requests.Session, nomad_url: str) -> tuple[int, int]:
+    """(the smallest client's CPU, how many clients)."""
+    from nomadtf import capacity
+
+    nodes = capacity.node_capacities(api.get(f"{nomad_url}/v1/nodes", params={"resources": "true"}, timeout=10).json(), {"Datacenters": ["*"]})
+    return min(n.resources.cpu for n in nodes), len(nodes)
+
+
+def _job(api: requests.Session, nomad_url: str, name: str, namespace: str) -> dict | None:
+    resp = api.get(f"{nomad_url}/v1/job/{name}", params={"namespace": namespace}, timeout=10)
+    return resp.json() if resp.status_code == 200 else None
+
+
+def _queued(api: requests.Session, nomad_url: str, name: str, namespace: str) -> bool:
+    from nomadtf.admission import suspension
+
+    job = _job(api, nomad_url, name, namespace)
+    return job is not None and suspension.state(job) == suspension.QUEUED
+
+
+def _leader(env: dict) -> str:
+    out = nomadtf("admission", "status", env=env, timeout=30)
+    assert out.returncode == 0, out.stderr
+    match = re.search(r"^leader: (.*) alloc ([0-9a-f]{8})$", out.stdout, re.M)
+    return match[2] if match else ""
+
+
+def _running(api: requests.Session, nomad_url: str, job: str, namespace: str) -> int:
+    allocs = api.get(f"{nomad_url}/v1/job/{job}/allocations", params={"namespace": namespace}, timeout=10).json()
+    return sum(a["ClientStatus"] == "running" for a in allocs)
+
+
 def test_a_team_waiting_behind_another_learns_the_shortfall_but_not_the_other_team_s_names(secure_cluster, tmp_path):
     """Two teams on the secure several-client stack, each with only its submitter token: team-b's
-    run waits while team-a's job holds the clients, says what it needs and that the rest is
-    held by jobs its token cannot read, and never names team-a or its job; it is admitted and
-    succeeds once team-a's job ends."""
-    from nomadtf import capacity, wire
-
+    run waits suspended in its own namespace while team-a's job holds the clients, says what
+    it needs and what the cluster lacks, and never names team-a or its job; the controller
+    admits it once team-a's job ends."""
     api, found = secure_cluster.api().session(), secure_cluster.api().urls
     for name in (NAMESPACE_A, NAMESPACE_B):
         ensure_namespace(api, found["nomad"], name)
-    nodes = capacity.node_capacities(api.get(f"{found['nomad']}/v1/nodes", params={"resources": "true"}, timeout=10).json(), {"Datacenters": ["*"]})
-    node_cpu = min(n.resources.cpu for n in nodes)
+    node_cpu, _ = _node_cpu(api, found["nomad"])
     job_a, job_b, release = unique("held-by-a"), unique("waits-b"), tmp_path / "release-a"
     spec_a = _spread_job(job_a, NAMESPACE_A, node_cpu, secure_cluster, tmp_path, until_file=str(release))
     spec_b = _spread_job(job_b, NAMESPACE_B, node_cpu, secure_cluster, tmp_path)
     team_a, team_b = submitter_env(secure_cluster, NAMESPACE_A), submitter_env(secure_cluster, NAMESPACE_B)
     detached = nomadtf("run", str(write_job(tmp_path, spec_a)), "--detach", env=team_a, timeout=120)
     assert detached.returncode == 0, detached.stdout + detached.stderr
-
-    def running(job: str, namespace: str) -> int:
-        allocs = api.get(f"{found['nomad']}/v1/job/{job}/allocations", params={"namespace": namespace}, timeout=10).json()
-        return sum(a["ClientStatus"] == "running" for a in allocs)
-
-    consul = secure_cluster.api().consul()
     waiting = None
     try:
-        wait_until(lambda: running(job_a, NAMESPACE_A) == 3, 120, "team-a's job on the clients")
+        wait_until(lambda: _running(api, found["nomad"], job_a, NAMESPACE_A) == 3, 120, "team-a's job on the clients")
         waiting = subprocess.Popen([str(Path(sys.executable).parent / "nomadtf"), "run", str(write_job(tmp_path, spec_b)), "--timeout", "4m"],
                                    env=team_b, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-        wait_until(lambda: consul.kv.get(wire.kv_queue_prefix(NAMESPACE_B), recurse=True)[1], 90, "team-b's run in the queue")
-        assert running(job_b, NAMESPACE_B) == 0  # all or nothing: nothing of it placed while it waits
+        wait_until(lambda: _queued(api, found["nomad"], job_b, NAMESPACE_B), 90, "team-b's run suspended in its namespace")
+        time.sleep(2)
+        assert _running(api, found["nomad"], job_b, NAMESPACE_B) == 0  # all or nothing: nothing of it placed while it waits
         release.touch()
         out, err = waiting.communicate(timeout=300)
         said = out + err
         assert waiting.returncode == 0, said
-        assert "does not fit now: needs cpu" in said and "held by jobs your token cannot read" in said, said
+        assert "does not fit now: needs cpu" in said and "the cluster lacks cpu" in said, said
         assert job_a not in said and NAMESPACE_A not in said, said
         assert re.search(r"admitted after \d+s in the queue", said), said
     finally:
@@ -559,13 +583,14 @@ def _plain_hog(job_id: str, cpu: int, count: int) -> dict:
     return {"Job": {"ID": job_id, "Type": "service", "Datacenters": ["*"], "TaskGroups": [group]}}
 
 
-def test_the_admission_service_keeps_admitting_when_its_leader_s_client_dies(secure_cluster, tmp_path):
-    """`nomadtf admission deploy --tokens` on the secure stack: two replicas on different
-    clients, reading their tokens from the job's Nomad variable. The leader's client dies
-    (every process in it SIGKILLed); team-b's detached run waits behind a plain job that
+def test_the_controller_keeps_admitting_when_its_leader_s_client_dies(secure_cluster, tmp_path):
+    """The controller `dev up --secure` deployed (namespace ops, its own least-privilege tokens
+    through the job's Nomad variable): two replicas on different clients. The leader's client
+    dies (every process in it SIGKILLed); team-b's detached run waits behind a plain job that
     holds every client; once that ends, the standby has taken the lead and admits the run,
-    exactly once."""
-    from nomadtf import capacity, wire
+    each group exactly once."""
+    from nomadtf import wire
+    from nomadtf.devstack.controller import OPS_NAMESPACE
     from tests import faults
     from tests.node_loss import client_of
 
@@ -573,41 +598,31 @@ def test_the_admission_service_keeps_admitting_when_its_leader_s_client_dies(sec
     api, found = secure_cluster.api().session(), secure_cluster.api().urls
     nomad_url = found["nomad"]
     ensure_namespace(api, nomad_url, NAMESPACE_B)
-    nodes = capacity.node_capacities(api.get(f"{nomad_url}/v1/nodes", params={"resources": "true"}, timeout=10).json(), {"Datacenters": ["*"]})
-    node_cpu = min(n.resources.cpu for n in nodes)
+    node_cpu, clients = _node_cpu(api, nomad_url)
     hog, name = unique("hog"), unique("unattended-b")
     spec = probe_job(name, namespace=NAMESPACE_B, context={"sleep": 1})
     spec["roles"]["chief"]["cpu"] = int(node_cpu * 0.6)  # fits on any one client the hog left
     spec = secured(spec, secure_cluster, tmp_path)
     victim = None
 
-    def service_allocs() -> list[dict]:
-        allocs = api.get(f"{nomad_url}/v1/job/{wire.ADMISSION_SERVICE_JOB}/allocations", timeout=10).json()
+    def replicas() -> list[dict]:
+        allocs = api.get(f"{nomad_url}/v1/job/{wire.ADMISSION_SERVICE_JOB}/allocations", params={"namespace": OPS_NAMESPACE}, timeout=10).json()
         return [a for a in allocs if a["ClientStatus"] == "running"]
 
-    def leader() -> str:
-        out = nomadtf("admission", "status", env=operator, timeout=30)
-        assert out.returncode == 0, out.stderr
-        match = re.search(r"^leader: (.*) alloc ([0-9a-f]{8})$", out.stdout, re.M)
-        return match[2] if match else ""
-
     try:
-        deployed = nomadtf("admission", "deploy", "--count", "2", "--tokens", env=operator, timeout=60)
-        assert deployed.returncode == 0 and "(2 replicas)" in deployed.stderr, deployed.stderr
-        replicas = wait_until(lambda: len(a := service_allocs()) == 2 and a, 90, "two replicas running")
-        assert len({a["NodeID"] for a in replicas}) == 2, replicas  # distinct_hosts: never both on one client
-        leading = wait_until(leader, 60, "a replica to lead")
-        (lead_alloc,) = [a for a in replicas if a["ID"].startswith(leading)]
+        running = wait_until(lambda: len(a := replicas()) == 2 and a, 90, "two replicas running")
+        assert len({a["NodeID"] for a in running}) == 2, running  # distinct_hosts: never both on one client
+        leading = wait_until(lambda: _leader(operator), 60, "a replica to lead")
+        (lead_alloc,) = [a for a in running if a["ID"].startswith(leading)]
         victim = client_of(lead_alloc)
 
-        api.post(f"{nomad_url}/v1/jobs", json=_plain_hog(hog, int(node_cpu * 0.6), len(nodes)), timeout=10).raise_for_status()
-        wait_until(lambda: sum(a["ClientStatus"] == "running" for a in api.get(f"{nomad_url}/v1/job/{hog}/allocations", timeout=10).json())
-                   == len(nodes), 60, "the hog on every client")  # fmt: skip
+        api.post(f"{nomad_url}/v1/jobs", json=_plain_hog(hog, int(node_cpu * 0.6), clients), timeout=10).raise_for_status()
+        wait_until(lambda: _running(api, nomad_url, hog, "default") == clients, 60, "the hog on every client")
         detached = nomadtf("run", str(write_job(tmp_path, spec)), "--detach", env=submitter_env(secure_cluster, NAMESPACE_B), timeout=120)
-        assert detached.returncode == 0 and "the admission service submits it in its turn" in detached.stderr, detached.stderr
+        assert detached.returncode == 0 and "the admission controller starts it in its turn" in detached.stderr, detached.stderr
 
         faults.kill_client(secure_cluster, victim)  # the leader's machine dies, its replica with it
-        new_leader = wait_until(lambda: (lead := leader()) and lead != leading and lead, 90, "the standby to lead")
+        new_leader = wait_until(lambda: (lead := _leader(operator)) and lead != leading and lead, 120, "the standby to lead")
         assert new_leader != leading
         api.delete(f"{nomad_url}/v1/job/{hog}", params={"purge": "true"}, timeout=10).raise_for_status()
 
@@ -616,15 +631,130 @@ def test_the_admission_service_keeps_admitting_when_its_leader_s_client_dies(sec
             return "outcome: succeeded" in out.stdout
 
         wait_until(succeeded, 180, f"{name} admitted by the standby and succeeded", interval=2.0)
-        versions = api.get(f"{nomad_url}/v1/job/{name}/versions", params={"namespace": NAMESPACE_B}, timeout=10).json()["Versions"]
-        assert len(versions) == 1, versions  # admitted exactly once
-        consul = secure_cluster.api().consul()
-        assert not consul.kv.get(wire.kv_queue_prefix(NAMESPACE_B), recurse=True)[1]
+        events = api.get(f"{nomad_url}/v1/job/{name}/scale", params={"namespace": NAMESPACE_B}, timeout=10).json()["TaskGroups"]
+        for group in ("chief", "worker", "ps"):
+            ups = [e for e in events[group]["Events"] or [] if (e.get("Count") or 0) > 0]
+            assert len(ups) == 1, (group, ups)  # admitted exactly once
     finally:
         api.delete(f"{nomad_url}/v1/job/{hog}", params={"purge": "true"}, timeout=10)
-        api.delete(f"{nomad_url}/v1/job/{wire.ADMISSION_SERVICE_JOB}", params={"purge": "true"}, timeout=10)
-        api.delete(f"{nomad_url}/v1/var/nomad/jobs/{wire.ADMISSION_SERVICE_JOB}", timeout=10)
         nomadtf("stop", name, "--namespace", NAMESPACE_B, "--purge", env=operator, timeout=60)
         if victim is not None:
             faults.restart_client(secure_cluster, victim)
-    assert [r.node for r in secure_cluster.status().rows if r.node] == ["ready"] * len(nodes)
+    _, clients_now = _node_cpu(api, nomad_url)
+    assert [r.node for r in secure_cluster.status().rows if r.node] == ["ready"] * clients_now
+
+
+def test_a_hostile_neighbour_with_its_printed_rights_stops_no_other_team(secure_cluster, tmp_path):
+    """team-a holds exactly the submitter policies `nomadtf acl policies` prints and uses every
+    right they give against the queue: junk and rewritten copies in every Consul key its token
+    reaches, the controller's keys and sessions it tries to take or destroy, suspended runs of
+    its own with forged Meta (wanted counts naming team-b's groups, huge counts, not JSON), a
+    priority of 10^9, a run of its own resumed out of turn. team-b's run still succeeds in
+    bounded time, nothing appears in team-b's namespace that team-b did not send, the
+    controller still leads, and `admission status` lists team-a's unreadable run."""
+    from nomadtf import wire
+    from nomadtf.admission import suspension
+
+    api, found = secure_cluster.api().session(), secure_cluster.api().urls
+    nomad_url, consul_url = found["nomad"], found["consul"]
+    ca = str(secure_cluster.secure_state.ca_file)
+    for namespace in (NAMESPACE_A, NAMESPACE_B):
+        ensure_namespace(api, nomad_url, namespace)
+    operator = secure_cluster.env()
+    leader_before = wait_until(lambda: _leader(operator), 60, "the controller to lead")
+    team_a = submitter_env(secure_cluster, NAMESPACE_A)
+    as_a_consul = _as("X-Consul-Token", team_a["CONSUL_HTTP_TOKEN"], ca)
+    as_a_nomad = _as("X-Nomad-Token", team_a["NOMAD_TOKEN"], ca)
+    node_cpu, _ = _node_cpu(api, nomad_url)
+    evil, forged, name_b = unique("evil"), unique("forged"), unique("victim-b")
+    try:
+        # 1. Consul: every key its token may write gets junk; the controller's keys and sessions are refused.
+        junk = {"Entry": "not json", "priority": 10**9, "namespace": NAMESPACE_B}
+        for key in (wire.KV_ADMISSION_BOARD, wire.KV_ADMISSION_LEADER, "nomadtf/_admission/queue/team-b/x", f"nomadtf/{NAMESPACE_B}/x"):
+            assert as_a_consul.put(f"{consul_url}/v1/kv/{key}", data=json.dumps(junk), timeout=10).status_code == 403, key
+        assert as_a_consul.delete(f"{consul_url}/v1/kv/{wire.KV_ADMISSION_LEADER}", timeout=10).status_code == 403
+        sessions = api.get(f"{consul_url}/v1/session/list", timeout=10).json()
+        for session in sessions:
+            assert as_a_consul.put(f"{consul_url}/v1/session/destroy/{session['ID']}", timeout=10).status_code == 403
+        assert as_a_consul.put(f"{consul_url}/v1/session/create", json={"Name": "evil"}, timeout=10).status_code == 403
+        own = f"nomadtf/{NAMESPACE_A}/{evil}/r/cluster/state"
+        assert as_a_consul.put(f"{consul_url}/v1/kv/{own}", data=b"\xff\x00 not json", timeout=10).status_code == 200  # its own: allowed
+        # Nomad: another team's namespace and the controller's variable are refused.
+        probe = {"Job": {"ID": "evil", "Namespace": NAMESPACE_B, "Type": "batch", "Datacenters": ["*"], "TaskGroups": []}}
+        assert as_a_nomad.post(f"{nomad_url}/v1/jobs", params={"namespace": NAMESPACE_B}, json=probe, timeout=10).status_code == 403
+        assert as_a_nomad.get(f"{nomad_url}/v1/var/nomad/jobs/{wire.ADMISSION_SERVICE_JOB}", params={"namespace": "ops"}, timeout=10).status_code == 403
+
+        # 2. Suspended runs of its own with forged Meta, registered with its own token.
+        def suspended(job_id: str, counts: str, priority: int = 50) -> dict:
+            task = {"Name": "t", "Driver": "raw_exec", "Config": {"command": "/bin/sleep", "args": ["300"]}, "Resources": {"CPU": 50, "MemoryMB": 32}}
+            body = suspension.suspend({"Job": {"ID": job_id, "Namespace": NAMESPACE_A, "Type": "batch", "Datacenters": ["*"], "Priority": priority,
+                                               "TaskGroups": [{"Name": "g", "Count": 1, "Tasks": [task]}]}}, 30)  # fmt: skip
+            body["Job"]["Meta"].update({wire.META_VERSION: "evil", wire.META_RUN: "r1", suspension.META_COUNTS: counts})
+            return body
+
+        too_high = as_a_nomad.post(f"{nomad_url}/v1/jobs", params={"namespace": NAMESPACE_A}, json=suspended(evil, '{"g": 1}', 10**9), timeout=10)
+        assert too_high.status_code >= 400  # Nomad itself refuses a priority outside 1-100
+        for job_id, counts in ((forged, '{"chief": 1}'), (f"{forged}-x", "not json"), (f"{forged}-y", '{"g": 100000}')):
+            resp = as_a_nomad.post(f"{nomad_url}/v1/jobs", params={"namespace": NAMESPACE_A}, json=suspended(job_id, counts), timeout=10)
+            assert resp.status_code == 200, resp.text
+        # One of its own resumed out of turn with its own scale-job right: it runs in its own namespace only.
+        resp = as_a_nomad.post(f"{nomad_url}/v1/jobs", params={"namespace": NAMESPACE_A}, json=suspended(evil, '{"g": 1}', 100), timeout=10)
+        assert resp.status_code == 200, resp.text
+
+        # 3. team-b's run, followed by team-b with its own token: succeeds in bounded time.
+        spec_b = probe_job(name_b, namespace=NAMESPACE_B, context={"sleep": 1})
+        spec_b = secured(spec_b, secure_cluster, tmp_path)
+        started = time.monotonic()
+        out = nomadtf("run", str(write_job(tmp_path, spec_b)), "--timeout", "4m", env=submitter_env(secure_cluster, NAMESPACE_B), timeout=300)
+        assert out.returncode == 0, out.stderr
+        assert time.monotonic() - started < 240
+        in_b = {j["ID"] for j in api.get(f"{nomad_url}/v1/jobs", params={"namespace": NAMESPACE_B}, timeout=10).json()}
+        assert in_b <= {name_b} | {j for j in in_b if not j.startswith(("evil", "forged"))}, in_b
+        assert not {j for j in in_b if j.startswith(("evil", "forged"))}, in_b
+        assert _leader(operator) == leader_before  # the controller still leads, untouched
+        shown = nomadtf("admission", "status", env=team_a, timeout=30)
+        assert shown.returncode == 0, shown.stderr
+        assert f"skipped {NAMESPACE_A}/{forged}-x: Meta {suspension.META_COUNTS} is not JSON" in shown.stdout, shown.stdout
+        assert f"skipped {NAMESPACE_A}/{forged}: Meta {suspension.META_COUNTS} names a group the job does not have" in shown.stdout, shown.stdout
+        shown_b = nomadtf("admission", "status", env=submitter_env(secure_cluster, NAMESPACE_B), timeout=30)
+        assert forged not in shown_b.stdout and NAMESPACE_A not in shown_b.stdout, shown_b.stdout  # no other team's names
+    finally:
+        for job_id in (evil, forged, f"{forged}-x", f"{forged}-y"):
+            api.delete(f"{nomad_url}/v1/job/{job_id}", params={"purge": "true", "namespace": NAMESPACE_A}, timeout=10)
+        api.delete(f"{consul_url}/v1/kv/nomadtf/{NAMESPACE_A}/{evil}", params={"recurse": "true"}, timeout=10)
+        nomadtf("stop", name_b, "--namespace", NAMESPACE_B, "--purge", env=operator, timeout=60)
+
+
+def test_a_submitter_that_may_not_read_nodes_queues_rather_than_failing(secure_cluster, tmp_path):
+    """A token without node:read cannot measure the cluster: its run that does not fit now is
+    queued (never a wrong "never") and admitted once the capacity is back."""
+    api, found = secure_cluster.api().session(), secure_cluster.api().urls
+    nomad_url = found["nomad"]
+    ensure_namespace(api, nomad_url, NAMESPACE_B)
+    node_cpu, clients = _node_cpu(api, nomad_url)
+    env = submitter_env(secure_cluster, NAMESPACE_B)
+    name = f"nomadtf-submit-{NAMESPACE_B}-no-nodes"
+    rules = acl.nomad_submitter_policy(NAMESPACE_B).replace('node {\n  policy = "read"\n}\n', "")
+    assert "node" not in rules.split("agent")[1]
+    api.post(f"{nomad_url}/v1/acl/policy/{name}", json={"Name": name, "Rules": rules}, timeout=10).raise_for_status()
+    token = api.post(f"{nomad_url}/v1/acl/token", json={"Type": "client", "Policies": [name]}, timeout=10)
+    token.raise_for_status()
+    env["NOMAD_TOKEN"] = token.json()["SecretID"]
+    hog, job = unique("hog"), unique("no-nodes")
+    spec = probe_job(job, namespace=NAMESPACE_B, context={"sleep": 1})
+    for role in spec["roles"].values():
+        role["cpu"] = int(node_cpu * 0.6)
+    spec = secured(spec, secure_cluster, tmp_path)
+    try:
+        api.post(f"{nomad_url}/v1/jobs", json=_plain_hog(hog, int(node_cpu * 0.6), clients), timeout=10).raise_for_status()
+        wait_until(lambda: _running(api, nomad_url, hog, "default") == clients, 60, "the hog on every client")
+        waiting = subprocess.Popen([str(Path(sys.executable).parent / "nomadtf"), "run", str(write_job(tmp_path, spec)), "--timeout", "4m"],
+                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        wait_until(lambda: _queued(api, nomad_url, job, NAMESPACE_B), 90, "the run suspended in its namespace")
+        api.delete(f"{nomad_url}/v1/job/{hog}", params={"purge": "true"}, timeout=10).raise_for_status()
+        out, err = waiting.communicate(timeout=240)
+        assert waiting.returncode == 0, out + err
+        assert "never" not in err, err
+    finally:
+        api.delete(f"{nomad_url}/v1/job/{hog}", params={"purge": "true"}, timeout=10)
+        nomadtf("stop", job, "--namespace", NAMESPACE_B, "--purge", env=secure_cluster.env(), timeout=60)

@@ -61,7 +61,6 @@ def test_a_value_that_is_not_a_board_reads_as_an_empty_one(raw):
         pytest.param({"ticket": "x"}, id="missing-fields"),
         pytest.param(line_dict(priority="high"), id="priority-not-a-number"),
         pytest.param(line_dict(place=None), id="place-null"),
-        pytest.param(line_dict(since="yesterday"), id="since-not-a-number"),
         pytest.param(line_dict(needs={"cpu": "lots"}), id="needs-garbled"),
         pytest.param(line_dict(needs={"devices": {"nvidia/gpu": None}}), id="device-count-null"),
         pytest.param(line_dict(short={"memory": [1]}), id="short-garbled"),
@@ -98,9 +97,7 @@ def test_a_garbled_at_or_length_reads_as_unknown():
     assert board.age_s() == float("inf")  # never published: no leader is trusted from it
 
 
-# Bugs: Board.parse promises never to raise, yet these values make it raise (reported; the
-# markers go once parse drops them).
-@pytest.mark.xfail(strict=True, raises=(TypeError, ValueError, OverflowError), reason="bug: Board.parse raises on these values")
+# Board.parse promises never to raise: these values once made it raise.
 @pytest.mark.parametrize(
     "raw",
     [
@@ -114,3 +111,8 @@ def test_a_garbled_at_or_length_reads_as_unknown():
 )
 def test_known_values_that_make_parse_raise(raw):
     assert isinstance(Board.parse(raw), Board)
+
+
+def test_a_line_whose_since_cannot_be_read_is_kept_with_no_time():
+    board = Board.parse(json.dumps({"leader": "admission-1", "lines": [line_dict(ticket="t", since="yesterday")]}))
+    assert board.line_of("t") is not None and board.line_of("t").since == 0.0

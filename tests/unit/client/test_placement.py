@@ -4,12 +4,9 @@ all drained is "not now" (they come back). Pure, with a stand-in for the Nomad A
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from nomadtf import plan
-from nomadtf.admission import fit
 from nomadtf.capacity import NodeCapacity, Resources
 from nomadtf.client import placement
 from nomadtf.errors import NomadError
@@ -134,7 +131,15 @@ def test_readable_nodes_counts_drained_nodes_only_as_coming_back():
     assert readable and [n.node_id for n in nodes] == ["a", "b"]
 
 
-def test_a_cluster_whose_only_node_is_long_down_is_never():
-    gone = node_stub("a", Status="down", StatusUpdatedAt=int(time.time() - fit.DOWN_GRACE_S - 60))
+def test_a_cluster_whose_only_node_is_down_waits_for_the_controller_s_judgement():
+    # Nomad's node list says no time since a node went down: the submitter cannot tell a
+    # reboot from a node gone for good, so it queues; the controller, which watches the
+    # node, refuses the run once the node stayed away past its grace period.
+    gone = node_stub("a", Status="down")
     verdict = placement.classify(FakeNomad([gone]), result(chief=NONE_EVALUATED), job())
+    assert verdict.verdict == plan.NOT_NOW
+
+
+def test_a_cluster_with_no_node_at_all_is_never():
+    verdict = placement.classify(FakeNomad([]), result(chief=NONE_EVALUATED), job())
     assert verdict.verdict == plan.NEVER and "no client node is ready" in verdict.why_never
