@@ -30,6 +30,8 @@ from nomadtf.nomad import NomadAPI
 
 REMOVE, LEAVE = "remove", "leave"  # what Ctrl-C does to a queued run
 JOB_WAIT_S = 10.0  # a waiter looks at the board at least this often (its own job wakes it at once)
+FIRST_LOOKS_S = 2.0  # ... and this often in its first FIRST_LOOKS_FOR_S, so its first place shows soon
+FIRST_LOOKS_FOR_S = 10.0
 
 
 def read_board(client: consul.Consul | None = None) -> Board:
@@ -98,6 +100,8 @@ class QueueStatus:
         parts = [f"{self.label} run {self.run_id} {line.note or 'waits'}: needs {line.needs.describe()}"]
         if line.short is not None and line.short != Resources():
             parts.append(f"the cluster lacks {describe_short(line.short)} now")
+        elif line.short is not None and line.note == "does not fit now":
+            parts.append("what is free is spread over nodes none of which can hold one of its allocations")
         parts.append(f"place {line.place} of {self.length} in the queue since {since}")
         return "; ".join(parts)
 
@@ -191,9 +195,10 @@ class AdmissionWait:
         return current
 
     def _wait_s(self) -> float:
+        longest = FIRST_LOOKS_S if time.monotonic() - self.started < FIRST_LOOKS_FOR_S else JOB_WAIT_S
         if self.timeout_s is None:
-            return JOB_WAIT_S
-        return max(1.0, min(JOB_WAIT_S, self.started + self.timeout_s - time.monotonic()))
+            return longest
+        return max(1.0, min(longest, self.started + self.timeout_s - time.monotonic()))
 
     def _say(self, status: QueueStatus) -> None:
         if status.leader and status.line is None and time.monotonic() - self.started < 2.0:

@@ -68,9 +68,14 @@ def test_bench_supervisor_counts_a_small_jobs_consul_requests(stack):
     assert measured(numbers) and len(numbers) >= 5, out
 
 
-@pytest.mark.timeout(300)
-def test_bench_admission_times_a_release_and_counts_a_small_queue(stack):
-    out = bench("bench_admission.py", "--cases", "stopped", "--queued", "2", "--window", "5", timeout=240)
-    assert measured(figures(out, "stopped")) and len(figures(out, "stopped")) == 3, out
-    numbers = figures(out, "2 ")
-    assert measured(numbers) and len(numbers) == 5, out
+@pytest.mark.timeout(420)
+def test_bench_admission_times_admissions_and_releases_and_counts_requests_per_admission(stack):
+    out = bench("bench_admission.py", "--queued", "10", "--rounds", "1", timeout=360)
+    row = figures(out, "10 ")  # burst MHz, admissions/s, first, p50, p99, req/adm x2, KB/adm x2, step ms x2
+    assert measured(row) and len(row) == 11, out
+    assert row[3] <= row[4], out
+    for window in ("10 burst", "10 one"):
+        by_endpoint = figures(out, window)
+        assert measured(by_endpoint) and len(by_endpoint) == 3 * 8, out  # requests (KB, ms) of 8 endpoints
+    timed, missed, out_of_order, beside, board_kb = figures(out, "10 queued:")
+    assert (timed, missed, out_of_order, beside) == (20, 0, 0, 0) and measured([board_kb]), out
