@@ -71,7 +71,7 @@ import requests.adapters
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from nomadtf import wire  # noqa: E402
+from nomadtf import capacity, wire  # noqa: E402
 from nomadtf.admission import fit, suspension  # noqa: E402
 from nomadtf.admission.controller import Controller  # noqa: E402
 from nomadtf.discovery import consul_client  # noqa: E402
@@ -393,14 +393,19 @@ def wait_queued(ctl: InProcess, keys: Iterable[tuple[str, str]]) -> int:
     return wait_until(on_board, 120, "every queued run on the board", interval=0.5)
 
 
-def clean_up(ctl: InProcess, keys: list[tuple[str, str]], free_cpu: int) -> None:
-    """Purge `keys`; wait until the controller forgot them and their room is free again (the
-    node's free CPU back to `free_cpu`, what it was before they were registered)."""
+def clean_up(ctl: InProcess, keys: list[tuple[str, str]]) -> None:
+    """Purge `keys`; wait until the controller forgot them and none of their allocations
+    holds room any more."""
     purge_all(keys)
-    api = NomadAPI.from_env()
+    api, mine = NomadAPI.from_env(), set(keys)
+
+    def freed() -> bool:
+        allocs = api.cluster_allocations()[0]
+        return not any((a.get("Namespace"), a.get("JobID")) in mine and capacity.holds_resources(a) for a in allocs)
+
     try:
         wait_until(lambda: not any(k in ctl.controller.seen for k in keys), 120 + len(keys) / 5, "the controller to forget the purged runs", interval=0.5)
-        wait_until(lambda: free_room(api)[0] >= free_cpu, 120 + len(keys) / 5, f"the node's free CPU to be back at {free_cpu} MHz", interval=0.5)
+        wait_until(freed, 120 + len(keys) / 5, "the purged jobs' allocations to stop", interval=1.0)
     except SystemExit as exc:
         print(f"  ({exc}; going on)", file=sys.stderr)
 
@@ -485,7 +490,7 @@ def one_at_a_time(ctl: InProcess, traffic: Traffic, figures: Figures, releases: 
         figures.extra += admitted - len(seen)
         figures.one.add(admitted, ctl.controller.requests - requests0, traffic0, traffic.snapshot(), ctl.step_ms(start, end))
     finally:
-        clean_up(ctl, [(wire.DEFAULT_NAMESPACE, h.job_id) for h in held] + keys, free_cpu)
+        clean_up(ctl, [(wire.DEFAULT_NAMESPACE, h.job_id) for h in held] + keys)
 
 
 def burst(ctl: InProcess, traffic: Traffic, figures: Figures, how: str, folder: Path) -> None:
@@ -517,7 +522,7 @@ def burst(ctl: InProcess, traffic: Traffic, figures: Figures, how: str, folder: 
         end = time.time()
         figures.burst.add(len(done), ctl.controller.requests - requests0, traffic0, traffic.snapshot(), ctl.step_ms(released, end))
     finally:
-        clean_up(ctl, [(wire.DEFAULT_NAMESPACE, h.job_id) for h in held] + keys, free_cpu)
+        clean_up(ctl, [(wire.DEFAULT_NAMESPACE, h.job_id) for h in held] + keys)
 
 
 # ---- the report -------------------------------------------------------------------------------

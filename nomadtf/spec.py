@@ -689,6 +689,7 @@ class JobSpec:
     namespace: str
     region: str
     datacenters: tuple[str, ...]
+    node_pool: str
     priority: int
     meta: dict[str, str]
     strategy: str
@@ -736,6 +737,7 @@ class JobSpec:
             namespace=document.get("namespace", wire.DEFAULT_NAMESPACE),
             region=document["region"],
             datacenters=tuple(document["datacenters"]),
+            node_pool=document.get("node_pool", "default"),
             priority=document["priority"],
             meta=dict(document["meta"]),
             strategy=document["strategy"],

@@ -24,6 +24,8 @@ prefix can reach them); only the controller's token writes them, submitters read
     nomadtf/_admission/leader     held (session, lock-delay) by the controller's leader; its name
     nomadtf/_admission/board      the queue as the leader publishes it: every waiting run by ticket
                                   (a digest of namespace/job/run), its place, needs and shortfall
+    nomadtf/_admission/admitted/<namespace>/<job>   the run the controller admitted (its intent,
+                                  written before its first admitting call); submitters cannot read it
 The queue itself is in Nomad: runs registered suspended (nomadtf/admission/suspension.py).
 Tasks watch only .../cluster/ (what decides); progress and environment live beside it, so
 their writes wake nobody. A task of an older run that is still stopping can never touch the
@@ -204,6 +206,13 @@ def kv_environment(namespace: str, job_id: str, role: str, index: int, run_id: s
 KV_ADMISSION = "nomadtf/_admission/"
 KV_ADMISSION_LEADER = KV_ADMISSION + "leader"
 KV_ADMISSION_BOARD = KV_ADMISSION + "board"
+KV_ADMISSION_ADMITTED = KV_ADMISSION + "admitted/"
+
+
+def kv_admitted(namespace: str, job_id: str) -> str:
+    """The run of a job the controller admitted (written before its first admitting call):
+    a run resumed by anyone else is suspended again."""
+    return f"{KV_ADMISSION_ADMITTED}{namespace}/{job_id}"
 
 
 def queue_ticket(namespace: str, job_id: str, run_id: str) -> str:

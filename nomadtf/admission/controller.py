@@ -93,6 +93,7 @@ class Controller:
         self.never_checked: dict[tuple[str, str, str], float] = {}
         self.in_flight: dict[tuple[str, str], InFlight] = {}
         self.down_since: dict[str, float] = {}  # node id -> when this replica first saw it away
+        self.admitted: dict[tuple[str, str], str] = {}  # (ns, job) -> the run it admitted (wire.kv_admitted)
         self.recent: list[str] = []
         self._published = ""
         self._published_at = 0.0
@@ -118,7 +119,10 @@ class Controller:
             self.lease.close()
 
     def lead(self, stop: Any) -> None:
-        """Steps until the lead is lost or `stop`."""
+        """Steps until the lead is lost or `stop`.
+
+        GET /v1/kv/nomadtf/_admission/admitted/?recurse once; then each step's calls"""
+        self.admitted = self._read_admitted()
         index = 0
         last = 0.0
         while not stop.is_set():
@@ -151,8 +155,14 @@ class Controller:
         rooms = fit.node_rooms(nodes, allocs)
         self._reserve_in_flight(rooms, allocs)
         queued = []
-        for key, job in jobs.items():
+        self._forget_admitted(jobs)
+        for key, job in list(jobs.items()):
             current = suspension.state(job)
+            run_id = (job.get("Meta") or {}).get(wire.META_RUN, "")
+            # A finished run is never touched: suspending it again would run it again.
+            if current in (suspension.ADMITTING, suspension.ADMITTED) and self.admitted.get(key) != run_id and job.get("Status") != "dead":
+                self._suspend_again(job)  # resumed by someone else (its submitter's scale-job): back in line
+                continue
             if current == suspension.ADMITTING and key not in self.in_flight:
                 queued.append(self._queued_run(job))  # a predecessor's half admission: finish it in its turn
             elif current == suspension.QUEUED:
@@ -266,8 +276,15 @@ class Controller:
         return int(reply.get("JobModifyIndex") or 0)
 
     def _admit(self, run: QueuedRun) -> None:
-        """Scale the groups up, then the placeholder down (the job is never `dead` between)."""
+        """Record the intent, scale the groups up, then the placeholder down (the job is never
+        `dead` between).  PUT /v1/kv/nomadtf/_admission/admitted/<ns>/<job> ; the scale calls"""
         job = self.seen[run.key].job or {}
+        if self.admitted.get(run.key) != run.run_id:
+            if not self.lease.still_leads():
+                raise LostLead(f"{self.name} lost the lead before admitting {run.namespace}/{run.job_id}")
+            self.lease.publish(wire.kv_admitted(*run.key), run.run_id)
+            self.admitted[run.key] = run.run_id
+            self.requests += 2
         current = suspension.group_counts(job)
         waited = max(0.0, time.time() - run.since) if run.since else 0.0
         message = f"nomadtf admission: admitted run {run.run_id} after {waited:.0f}s in the queue"
@@ -287,6 +304,48 @@ class Controller:
             self.on_event(f"could not refuse {run.namespace}/{run.job_id}: {exc}")
             return
         self._note(f"refused {run.namespace}/{run.job_id} run {run.run_id}: {why}")
+
+    # ---- who admitted what ----------------------------------------------------------------------
+
+    def _read_admitted(self) -> dict[tuple[str, str], str]:
+        """GET /v1/kv/nomadtf/_admission/admitted/?recurse"""
+        from nomadtf.discovery import consul_call
+
+        _, items = consul_call("reading the admitted runs", self.consul.kv.get, wire.KV_ADMISSION_ADMITTED, recurse=True)
+        self.requests += 1
+        out = {}
+        for item in items or []:
+            namespace, _, job_id = item["Key"].removeprefix(wire.KV_ADMISSION_ADMITTED).partition("/")
+            out[(namespace, job_id)] = (item.get("Value") or b"").decode(errors="replace")
+        return out
+
+    def _forget_admitted(self, jobs: dict[tuple[str, str], dict[str, Any]]) -> None:
+        """A job gone from Nomad (purged) needs no record.  DELETE .../admitted/<ns>/<job>"""
+        from nomadtf.discovery import consul_call
+
+        for key in [k for k in self.admitted if k not in self.seen]:
+            consul_call("forgetting an admitted run", self.consul.kv.delete, wire.kv_admitted(*key))
+            self.requests += 1
+            del self.admitted[key]
+
+    def _suspend_again(self, job: dict[str, Any]) -> None:
+        """A run someone other than the controller resumed (Nomad CE lets a token with
+        scale-job scale its own jobs): placeholder up, groups to 0; it waits its turn."""
+        run = self._queued_run(job)
+        if run is None:
+            return
+        message = f"nomadtf admission: run {run.run_id} was resumed out of turn; suspended again (only the admission controller resumes a queued run)"
+        try:
+            index = run.job_modify_index
+            if suspension.group_counts(job).get(suspension.PLACEHOLDER_GROUP, 0) < 1:
+                index = self._scale(run, suspension.PLACEHOLDER_GROUP, 1, index, message, "suspended")
+            for group, count in sorted(suspension.group_counts(job).items()):
+                if group != suspension.PLACEHOLDER_GROUP and count > 0:
+                    index = self._scale(run, group, 0, index, message, "suspended")
+        except NomadError as exc:
+            self.on_event(f"could not suspend {run.namespace}/{run.job_id} again: {exc}")
+            return
+        self._note(f"{run.namespace}/{run.job_id} run {run.run_id} was resumed out of turn: suspended it again")
 
     # ---- admitted runs: placed whole, or given back ----------------------------------------------
 

@@ -370,6 +370,8 @@ def test_a_half_admitted_run_is_finished_once_by_the_controller(stack, tmp_path)
             queued = nomadtf("run", str(write_job(tmp_path, share_job(name, 0.65, sleep=1))), "--detach", timeout=60)
             assert queued.returncode == 0, queued.stderr
             job = wait_queued(name)
+            # A leader records its intent, then scales group by group: this one died after its first call.
+            consul_client().kv.put(wire.kv_admitted("default", name), job["Meta"][wire.META_RUN])
             NomadAPI.from_env().scale(name, "ps", 1, "a leader's first admitting call, then it died")
             release.touch()
             wait_until(lambda: "outcome: succeeded" in nomadtf("status", name).stdout and job_of(name)["Meta"][wire.META_RUN] == job["Meta"][wire.META_RUN],
@@ -385,6 +387,33 @@ def test_a_half_admitted_run_is_finished_once_by_the_controller(stack, tmp_path)
         assert any((e.get("Meta") or {}).get(wire.META_RUN) == run_id for e in events[suspension.PLACEHOLDER_GROUP])
     finally:
         purge(name)
+
+
+def test_a_run_its_submitter_resumes_out_of_turn_is_suspended_again_and_waits_its_turn(stack, tmp_path):
+    """Nomad CE lets a token with scale-job scale its own jobs: a queued run scaled up by its
+    submitter (not by the controller) is suspended again and runs only in its turn."""
+    blocker, release = start_blocker(tmp_path)
+    name, head = unique("jumper"), unique("head")
+    try:
+        # In line: a large run at the head (it waits for the blocker), a small one behind it.
+        for job_id, share in ((head, 0.65), (name, 0.3)):
+            out = nomadtf("run", str(write_job(tmp_path, share_job(job_id, share, sleep=1))), "--detach", timeout=60)
+            assert out.returncode == 0, out.stderr
+            job = wait_queued(job_id)
+        api = NomadAPI.from_env()
+        for group, count in sorted(suspension.Suspension.of(job).counts.items()):
+            api.scale(name, group, count, "my own run, now")
+        api.scale(name, suspension.PLACEHOLDER_GROUP, 0, "my own run, now")
+        wait_until(lambda: any("resumed out of turn" in (e.get("Message") or "") for events in scale_events(name).values() for e in events),
+                   30, "the controller to suspend it again")  # fmt: skip
+        release.touch()
+        for job_id in (head, name):
+            wait_until(lambda job_id=job_id: "outcome: succeeded" in nomadtf("status", job_id).stdout, 180, f"{job_id} to succeed", interval=1.0)
+    finally:
+        release.touch()
+        purge(blocker)
+        purge(name)
+        purge(head)
 
 
 def test_a_run_not_placed_whole_is_given_back_and_requeued_then_succeeds_without_its_submitter(stack, tmp_path):

@@ -705,8 +705,8 @@ def test_a_hostile_neighbour_with_its_printed_rights_stops_no_other_team(secure_
         own = f"nomadtf/{NAMESPACE_A}/{evil}/r/cluster/state"
         assert as_a_consul.put(f"{consul_url}/v1/kv/{own}", data=b"\xff\x00 not json", timeout=10).status_code == 200  # its own: allowed
         # 2. Suspended runs with forged Meta, registered with its own token.
-        def suspended(job_id: str, counts: str, priority: int = 50, namespace: str = NAMESPACE_A) -> dict:
-            task = {"Name": "t", "Driver": "raw_exec", "Config": {"command": "/bin/sleep", "args": ["300"]}, "Resources": {"CPU": 50, "MemoryMB": 32}}
+        def suspended(job_id: str, counts: str, priority: int = 50, namespace: str = NAMESPACE_A, cpu: int = 50) -> dict:
+            task = {"Name": "t", "Driver": "raw_exec", "Config": {"command": "/bin/sleep", "args": ["300"]}, "Resources": {"CPU": cpu, "MemoryMB": 32}}
             body = suspension.suspend({"Job": {"ID": job_id, "Namespace": namespace, "Type": "batch", "Datacenters": ["*"], "Priority": priority,
                                                "TaskGroups": [{"Name": "g", "Count": 1, "Tasks": [task]}]}}, 30)  # fmt: skip
             body["Job"]["Meta"].update({wire.META_VERSION: "evil", wire.META_RUN: "r1", suspension.META_COUNTS: counts})
@@ -722,12 +722,19 @@ def test_a_hostile_neighbour_with_its_printed_rights_stops_no_other_team(secure_
         for job_id, counts in ((forged, '{"chief": 1}'), (f"{forged}-x", "not json"), (f"{forged}-y", '{"g": 100000}')):
             resp = as_a_nomad.post(f"{nomad_url}/v1/jobs", params={"namespace": NAMESPACE_A}, json=suspended(job_id, counts), timeout=10)
             assert resp.status_code == 200, resp.text
-        # One of its own resumed out of turn with its own scale-job right: it runs in its own namespace only.
-        resp = as_a_nomad.post(f"{nomad_url}/v1/jobs", params={"namespace": NAMESPACE_A}, json=suspended(evil, '{"g": 1}', 100), timeout=10)
+        # One of its own (larger than any node: the controller will not admit it) resumed out
+        # of turn with its own scale-job right.
+        resp = as_a_nomad.post(f"{nomad_url}/v1/jobs", params={"namespace": NAMESPACE_A}, json=suspended(evil, '{"g": 1}', 100, cpu=10**6), timeout=10)
         assert resp.status_code == 200, resp.text
         scaled = as_a_nomad.post(f"{nomad_url}/v1/job/{evil}/scale", params={"namespace": NAMESPACE_A},
                                  json={"Count": 1, "Target": {"Group": "g"}, "Message": "out of turn"}, timeout=10)  # fmt: skip
-        assert scaled.status_code == 200, scaled.text  # Nomad CE lets a team scale its own job (docs/guide/queueing.md)
+        assert scaled.status_code == 200, scaled.text  # Nomad CE lets a team scale its own job (docs/guide/queueing.md) ...
+
+        def suspended_again() -> bool:
+            events = api.get(f"{nomad_url}/v1/job/{evil}/scale", params={"namespace": NAMESPACE_A}, timeout=10).json()["TaskGroups"]
+            return any("resumed out of turn" in (e.get("Message") or "") for group in events.values() for e in group["Events"] or [])
+
+        wait_until(suspended_again, 30, "the controller to suspend team-a's run again")  # ... the controller puts it back in line
 
         # 3. team-b's run, followed by team-b with its own token: succeeds in bounded time.
         spec_b = probe_job(name_b, namespace=NAMESPACE_B, context={"sleep": 1})
