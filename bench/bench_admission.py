@@ -86,7 +86,7 @@ RUN_CPU, RUN_MEMORY, RUN_DISK = 20, 16, 10  # MHz, MB, MB
 LOGS = {"MaxFiles": 1, "MaxFileSizeMB": 1}  # under the 10 MB disk (Nomad's default logs want 100 MB)
 GANG_TIMEOUT_S = 600  # the most suspension allows: an admitted run is never given back here
 ADMITTED = re.compile(r"^admitted (\S+?)/(\S+) run ")
-ENDPOINTS = ("jobs list", "job read", "scale", "nodes", "allocations", "lead", "board", "other")
+ENDPOINTS = ("jobs list", "job read", "scale", "nodes", "allocations", "lead", "board", "admitted", "other")
 TARGETS = "targets (issue 31): >= 10 admissions/s, release -> admission p99 < 1 s, requests per admission flat in Q"
 
 HTTP = threading.local()
@@ -140,6 +140,8 @@ def endpoint(path: str) -> str:
         return "lead"
     if path.startswith(f"/v1/kv/{wire.KV_ADMISSION_BOARD}"):
         return "board"
+    if path.startswith(f"/v1/kv/{wire.KV_ADMISSION_ADMITTED}"):
+        return "admitted"
     return "other"
 
 
@@ -375,6 +377,12 @@ def queued_runs(q: int, tag: str, cpu: int, memory: int, command: list[str]) -> 
     return [tiny_run(f"bench-admission-{tag}-{i:04d}", NAMESPACES[i % len(NAMESPACES)], cpu, memory, command) for i in range(q)]
 
 
+def others(ctl: InProcess, mine: Iterable[tuple[str, str]]) -> int:
+    """Suspended runs the controller sees that are not the bench's (someone else's work on
+    the stack: it shares the controller's time and may stand ahead in the queue)."""
+    return len(set(ctl.controller.seen) - set(mine))
+
+
 def wait_queued(ctl: InProcess, keys: Iterable[tuple[str, str]]) -> int:
     """Until the controller has read every run, put it on its board and admitted none; the
     board's size in bytes."""
@@ -450,6 +458,7 @@ class Figures:
     out_of_order: int = 0
     missed: int = 0
     extra: int = 0
+    others: int = 0  # runs not the bench's that the controller saw suspended while it measured
     board_kb: float = 0.0
     one: Window = field(default_factory=Window)
     burst: Window = field(default_factory=Window)
@@ -486,6 +495,7 @@ def one_at_a_time(ctl: InProcess, traffic: Traffic, figures: Figures, releases: 
             wait_until(ctl.settled, 60, f"{key[0]}/{key[1]} to be placed")
             time.sleep(0.2)
         end = time.time()
+        figures.others = max(figures.others, others(ctl, keys))
         admitted = sum(1 for k, t in list(ctl.admitted.items()) if k in mine and t >= start)
         figures.extra += admitted - len(seen)
         figures.one.add(admitted, ctl.controller.requests - requests0, traffic0, traffic.snapshot(), ctl.step_ms(start, end))
@@ -520,6 +530,7 @@ def burst(ctl: InProcess, traffic: Traffic, figures: Figures, how: str, folder: 
             figures.firsts.append(min(done.values()) - released)
         wait_until(ctl.settled, 300, "every admitted run to be placed", interval=0.5)
         end = time.time()
+        figures.others = max(figures.others, others(ctl, keys))
         figures.burst.add(len(done), ctl.controller.requests - requests0, traffic0, traffic.snapshot(), ctl.step_ms(released, end))
     finally:
         clean_up(ctl, [(wire.DEFAULT_NAMESPACE, h.job_id) for h in held] + keys)
@@ -555,7 +566,8 @@ def report(all_figures: list[Figures], args: argparse.Namespace) -> None:
     print()
     for f in all_figures:
         print(f"{f.queued} queued: {len(f.latencies)} releases timed, {f.missed} admissions missed, {f.out_of_order} out of order, "
-              f"{f.extra} admitted beside the one released for; board {f.board_kb:.0f} KB at its longest")  # fmt: skip
+              f"{f.extra} admitted beside the one released for; board {f.board_kb:.0f} KB at its longest; "
+              f"{f.others} suspended runs of others seen")  # fmt: skip
 
 
 def main() -> int:

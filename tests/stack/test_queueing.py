@@ -235,6 +235,10 @@ def test_a_queued_run_is_bounded_by_timeout_and_ctrl_c_removes_or_leaves_it(stac
             else:
                 assert "in the queue: the admission controller starts it in its turn" in err, err
                 assert state_of(waiting) == suspension.QUEUED and job_of(waiting)["Meta"][wire.META_RUN] == job["Meta"][wire.META_RUN]
+                # Nomad's job GC (forced: every dead job, whatever its age) leaves a queued run be.
+                requests.put(f"{os.environ['NOMAD_ADDR']}/v1/system/gc", timeout=30).raise_for_status()
+                time.sleep(1)
+                assert state_of(waiting) == suspension.QUEUED and job_of(waiting)["Status"] == "pending"
                 shown = nomadtf("status", waiting)
                 assert shown.returncode == 0 and "queued: default/" in shown.stdout, shown
                 # What it waits for: its needs, and what of them the blocker leaves it short of.

@@ -388,3 +388,12 @@ def test_spread_becomes_nomad_spreads_with_the_default_weight():
             "SpreadTarget": [{"Value": "r1", "Percent": 70}, {"Value": "r2", "Percent": 30}],
         },
     ]
+
+
+def test_node_pool_is_rendered_only_when_job_json_names_one():
+    document = json.loads((EXAMPLES / "digits" / "job.json").read_text())
+    assert "NodePool" not in render_job(parse_spec(document))["Job"]  # Nomad's own default: "default"
+    job = render_job(parse_spec({**document, "node_pool": "gpus"}))["Job"]
+    assert job["NodePool"] == "gpus"
+    with pytest.raises(SpecError, match="node_pool"):
+        parse_spec({**document, "node_pool": "no spaces"})
