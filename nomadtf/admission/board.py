@@ -5,7 +5,8 @@ submitter may read: who leads, and every waiting run in admission order with its
 what it needs and what of that the cluster lacks now. A run is named by its ticket (a
 digest of namespace/job/run, wire.queue_ticket): its own submitter finds it, nobody else
 learns another team's job names. Runs the controller could not read are listed under
-`skipped` with the reason (their submitter can fix them; nobody else is held up).
+`skipped` with the reason (their submitter can fix them; nobody else is held up), and its
+last admissions and refusals under `recent`, both by ticket too.
 
 Parsing never raises: what cannot be read is left out, so no value written by anyone can
 crash a reader.
@@ -96,9 +97,20 @@ class BoardLine:
 
 @dataclass(frozen=True)
 class Skipped:
+    """A run the controller could not read (its Meta), by ticket: named only to who may see it."""
+
     namespace: str
-    job_id: str
+    ticket: str
     why: str
+
+
+@dataclass(frozen=True)
+class Happened:
+    """One of the controller's last admissions, refusals, give-backs, by ticket."""
+
+    namespace: str
+    ticket: str
+    what: str  # "05:07:19 admitted after 65s in the queue"
 
 
 @dataclass(frozen=True)
@@ -109,7 +121,7 @@ class Board:
     skipped: tuple[Skipped, ...] = ()
     length: int = 0
     free: Resources | None = None  # the usable nodes' free capacity when published
-    recent: tuple[str, ...] = field(default_factory=tuple)  # the last admissions and refusals, one line each
+    recent: tuple[Happened, ...] = field(default_factory=tuple)  # the last admissions and refusals
 
     def value(self) -> str:
         return json.dumps(
@@ -118,7 +130,7 @@ class Board:
                 "lines": [line.as_dict() for line in self.lines[:MAX_LINES]],
                 "skipped": [asdict(s) for s in self.skipped[:100]],
                 "free": None if self.free is None else resources_dict(self.free),
-                "recent": list(self.recent[-20:]),
+                "recent": [asdict(h) for h in self.recent[-20:]],
             },
             sort_keys=True,
         )  # fmt: skip
@@ -132,8 +144,8 @@ class Board:
         if not isinstance(data, dict):
             return cls()
         lines = _each(data.get("lines"), BoardLine.from_dict)
-        skipped = _each(data.get("skipped"), lambda item: Skipped(str(item["namespace"]), str(item["job_id"]), str(item["why"])[:300]))
-        recent = tuple(str(r)[:300] for r in _each(data.get("recent"), lambda r: r if isinstance(r, str) else None) if r)
+        skipped = _each(data.get("skipped"), lambda item: Skipped(str(item["namespace"]), str(item["ticket"]), str(item["why"])[:300]))
+        recent = tuple(_each(data.get("recent"), lambda item: Happened(str(item["namespace"]), str(item["ticket"]), str(item["what"])[:300])))
         at, length = _number(data.get("at"), 0.0), int(_number(data.get("length"), float(len(lines))))
         free = _quietly(lambda: _resources(data["free"])) if isinstance(data.get("free"), dict) else None
         return cls(str(data.get("leader") or "")[:200], at, tuple(lines), tuple(skipped), length, free, recent)

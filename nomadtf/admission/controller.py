@@ -94,7 +94,7 @@ class Controller:
         self.in_flight: dict[tuple[str, str], InFlight] = {}
         self.down_since: dict[str, float] = {}  # node id -> when this replica first saw it away
         self.admitted: dict[tuple[str, str], str] = {}  # (ns, job) -> the run it admitted (wire.kv_admitted)
-        self.recent: list[str] = []
+        self.recent: list[boards.Happened] = []
         self._published = ""
         self._published_at = 0.0
         self.requests = 0  # Nomad and Consul requests made while leading (the bench reads it)
@@ -192,7 +192,8 @@ class Controller:
                 seen = self._read(key, modify_index)
                 self.seen[key] = seen
             if seen.problem:
-                skipped.append(boards.Skipped(key[0], key[1], seen.problem))
+                run_id = str((stub.get("Meta") or {}).get(wire.META_RUN, ""))
+                skipped.append(boards.Skipped(key[0], wire.queue_ticket(key[0], key[1], run_id), seen.problem))
             elif seen.job is not None and not seen.job.get("Stop"):
                 jobs[key] = seen.job
         for key in set(self.seen) - live:
@@ -294,7 +295,7 @@ class Controller:
                 index = self._scale(run, group, count, index, message, "admitted")
         self._scale(run, suspension.PLACEHOLDER_GROUP, 0, index, message, "admitted")
         self.in_flight[run.key] = InFlight(run, time.monotonic() + run.gang_timeout_s)
-        self._note(f"admitted {run.namespace}/{run.job_id} run {run.run_id} after {waited:.0f}s in the queue")
+        self._note(run, f"admitted after {waited:.0f}s in the queue")
 
     def _refuse(self, run: QueuedRun, why: str) -> None:
         """Give up on a run: its placeholder to 0 with the reason (the job ends)."""
@@ -303,7 +304,7 @@ class Controller:
         except NomadError as exc:
             self.on_event(f"could not refuse {run.namespace}/{run.job_id}: {exc}")
             return
-        self._note(f"refused {run.namespace}/{run.job_id} run {run.run_id}: {why}")
+        self._note(run, f"refused: {why}")
 
     # ---- who admitted what ----------------------------------------------------------------------
 
@@ -345,7 +346,7 @@ class Controller:
         except NomadError as exc:
             self.on_event(f"could not suspend {run.namespace}/{run.job_id} again: {exc}")
             return
-        self._note(f"{run.namespace}/{run.job_id} run {run.run_id} was resumed out of turn: suspended it again")
+        self._note(run, "resumed out of turn: suspended again")
 
     # ---- admitted runs: placed whole, or given back ----------------------------------------------
 
@@ -381,7 +382,7 @@ class Controller:
             ConsulDiscovery(run.job_id, run.namespace, client=self.consul, run_id=run.run_id).delete_run_keys()
         except ServerError as exc:
             self.on_event(f"could not clear the Consul keys of {run.namespace}/{run.job_id} run {run.run_id}: {exc}")
-        self._note(f"{run.namespace}/{run.job_id} run {run.run_id} was not placed whole within {run.gang_timeout_s:g}s: gave back its placed part; queued again")
+        self._note(run, f"not placed whole within {run.gang_timeout_s:g}s: gave back its placed part; queued again")
 
     def _reserve_in_flight(self, rooms: list[fit.Room], allocs: list[dict[str, Any]]) -> None:
         """Take from `rooms` what admitted runs still wait for Nomad to place."""
@@ -393,9 +394,11 @@ class Controller:
 
     # ---- what it says -----------------------------------------------------------------------------
 
-    def _note(self, line: str) -> None:
-        self.on_event(line)
-        self.recent = (self.recent + [f"{time.strftime('%H:%M:%S')} {line}"])[-20:]
+    def _note(self, run: QueuedRun, what: str) -> None:
+        """The replica's log names the run; the board only its ticket."""
+        self.on_event(f"{run.namespace}/{run.job_id} run {run.run_id}: {what}")
+        happened = boards.Happened(run.namespace, wire.queue_ticket(run.namespace, run.job_id, run.run_id), f"{time.strftime('%H:%M:%S')} {what}")
+        self.recent = (self.recent + [happened])[-20:]
 
     def _publish(self, lines: list[boards.BoardLine], skipped: list[boards.Skipped], free: capacity.Resources) -> None:
         """PUT /v1/kv/nomadtf/_admission/board when what it says changed, or REPUBLISH_S

@@ -60,15 +60,21 @@ def status() -> None:
     """Who leads, and the runs that wait, in order, by namespace and priority (no job
     names: `nomadtf status` shows your namespace's queued runs by name; namespaces your
     token may not use are not named either); runs the controller could not read, and its
-    last admissions and refusals."""
+    last admissions and refusals, named only in the namespaces your token may use."""
+    from nomadtf import wire
     from nomadtf.client.queued import controller_leader, read_board
     from nomadtf.errors import ServerError
     from nomadtf.nomad import NomadAPI
 
     leader = controller_leader()
     board = read_board()
+    names: dict[str, str] = {}  # ticket -> namespace/job, for the namespaces this token may use
     try:
-        readable = set(NomadAPI.from_env().namespaces())
+        api = NomadAPI.from_env(namespace="*")
+        readable = set(api.namespaces())
+        for stub in api.jobs():
+            ns, run_id = stub.get("Namespace", "default"), (stub.get("Meta") or {}).get(wire.META_RUN, "")
+            names[wire.queue_ticket(ns, stub["ID"], run_id)] = f"{ns}/{stub['ID']}"
     except ServerError:
         readable = set()  # Nomad unreadable: name no namespace rather than every one
     typer.echo(f"leader: {leader or 'none (no admission controller runs: nomadtf admission deploy)'}")
@@ -78,9 +84,9 @@ def status() -> None:
         typer.echo(f"  {line.place}. {where}, priority {line.priority}, {line.note}")
     for skipped in board.skipped:
         if skipped.namespace in readable:
-            typer.echo(f"  skipped {skipped.namespace}/{skipped.job_id}: {skipped.why}")
+            typer.echo(f"  skipped {names.get(skipped.ticket, skipped.namespace + '/?')}: {skipped.why}")
         else:
             typer.echo("  skipped a run in another namespace")
-    for event in board.recent[-5:]:  # only what names a namespace this token may use
-        if any(f" {ns}/" in event for ns in readable):
-            typer.echo(f"  recent: {event}")
+    for happened in board.recent[-5:]:  # only what this token may see
+        if happened.namespace in readable:
+            typer.echo(f"  recent: {names.get(happened.ticket, happened.namespace + '/(gone)')} {happened.what}")

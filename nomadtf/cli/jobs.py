@@ -75,7 +75,7 @@ def run(
         )  # fmt: skip
 
     if submitted.suspended:
-        stamp(f"queued {job_id} run {submitted.run_id} for the admission controller; Nomad UI: {submitted.ui_url}")
+        stamp(f"submitted {job_id} run {submitted.run_id}, suspended for the admission controller; Nomad UI: {submitted.ui_url}")
         waiting = job_run.wait_for_admission(submitted, admission_wait(), detach=detach)
         if waiting is not None:
             place = f" at place {waiting.place} of {waiting.length}" if waiting.place else ""

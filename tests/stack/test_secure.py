@@ -753,6 +753,8 @@ def test_a_hostile_neighbour_with_its_printed_rights_stops_no_other_team(secure_
         assert f"skipped {NAMESPACE_A}/{forged}: Meta {suspension.META_COUNTS} names a group the job does not have" in shown.stdout, shown.stdout
         shown_b = nomadtf("admission", "status", env=submitter_env(secure_cluster, NAMESPACE_B), timeout=30)
         assert forged not in shown_b.stdout and NAMESPACE_A not in shown_b.stdout, shown_b.stdout  # no other team's names
+        raw_board = as_a_consul.get(f"{consul_url}/v1/kv/{wire.KV_ADMISSION_BOARD}", params={"raw": "true"}, timeout=10)
+        assert raw_board.status_code == 200 and name_b not in raw_board.text, raw_board.text  # nor in the key itself
     finally:
         for job_id in (evil, forged, f"{forged}-x", f"{forged}-y"):
             api.delete(f"{nomad_url}/v1/job/{job_id}", params={"purge": "true", "namespace": NAMESPACE_A}, timeout=10)

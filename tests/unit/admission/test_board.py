@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from nomadtf.admission.board import MAX_LINES, Board, BoardLine, Skipped
+from nomadtf.admission.board import MAX_LINES, Board, BoardLine, Happened, Skipped
 from nomadtf.capacity import Resources
 
 
@@ -28,7 +28,7 @@ def test_a_board_reads_back_what_was_written():
         leader="admission-1", at=1_700_000_100.25,
         lines=(line("t1", 1), line("t2", 2, short=None, note="admitting", needs=Resources(100, 200, {}))),
         skipped=(Skipped("team-b", "broken", "Meta nomadtf.counts is not JSON"),),
-        length=5, free=Resources(800, 4096, {"nvidia/gpu/Tesla-V100": 1}), recent=("admitted team-a/x", "refused team-c/y"),
+        length=5, free=Resources(800, 4096, {"nvidia/gpu/Tesla-V100": 1}), recent=(Happened("team-a", "t1", "05:07:19 admitted after 3s in the queue"), Happened("team-c", "t2", "05:07:20 refused: it can never fit")),
     )  # fmt: skip
     assert Board.parse(board.value()) == board
     assert Board.parse(board.value().encode()) == board  # the KV value's bytes
@@ -79,16 +79,17 @@ def test_a_line_that_cannot_be_read_is_dropped_and_the_others_kept(junk):
 
 
 def test_skipped_entries_that_cannot_be_read_are_dropped_and_the_others_kept():
-    raw = json.dumps({"skipped": [{"namespace": "a"}, "junk", None, {"namespace": "b", "job_id": "j", "why": "bad Meta"}]})
+    raw = json.dumps({"skipped": [{"namespace": "a"}, "junk", None, {"namespace": "b", "ticket": "j", "why": "bad Meta"}]})
     assert Board.parse(raw).skipped == (Skipped("b", "j", "bad Meta"),)
 
 
 def test_huge_strings_are_cut_short():
     raw = json.dumps({"leader": "L" * 100_000, "lines": [line_dict(note="n" * 100_000)],
-                      "skipped": [{"namespace": "a", "job_id": "j", "why": "w" * 100_000}], "recent": ["r" * 100_000, 5]})  # fmt: skip
+                      "skipped": [{"namespace": "a", "ticket": "j", "why": "w" * 100_000}],
+                      "recent": [{"namespace": "a", "ticket": "j", "what": "r" * 100_000}, 5]})  # fmt: skip
     board = Board.parse(raw)
     assert len(board.leader) == 200 and len(board.lines[0].note) == 300 and len(board.skipped[0].why) == 300
-    assert board.recent == ("r" * 300,)  # what is not a string is left out
+    assert board.recent == (Happened("a", "j", "r" * 300),)  # what cannot be read is left out
 
 
 def test_a_garbled_at_or_length_reads_as_unknown():
