@@ -85,7 +85,9 @@ NAME = f"bench {socket.gethostname()} pid {os.getpid()}"
 RUN_CPU, RUN_MEMORY, RUN_DISK = 20, 16, 10  # MHz, MB, MB
 LOGS = {"MaxFiles": 1, "MaxFileSizeMB": 1}  # under the 10 MB disk (Nomad's default logs want 100 MB)
 GANG_TIMEOUT_S = 600  # the most suspension allows: an admitted run is never given back here
-ADMITTED = re.compile(r"^admitted (\S+?)/(\S+) run ")
+# The controller's event line for an admission: "<ns>/<job> run <id>: admitted after ..."
+# (earlier controllers: "admitted <ns>/<job> run <id> after ...").
+ADMITTED = (re.compile(r"^([^/\s]+)/(\S+) run \S+: admitted\b"), re.compile(r"^admitted ([^/\s]+)/(\S+) run "))
 ENDPOINTS = ("jobs list", "job read", "scale", "nodes", "allocations", "lead", "board", "admitted", "other")
 TARGETS = "targets (issue 31): >= 10 admissions/s, release -> admission p99 < 1 s, requests per admission flat in Q"
 
@@ -208,7 +210,7 @@ class InProcess:
         now = time.time()
         with self.changed:
             self.events.append((now, line))
-            match = ADMITTED.match(line)
+            match = ADMITTED[0].match(line) or ADMITTED[1].match(line)
             if match:
                 self.admitted[(match[1], match[2])] = now
             self.changed.notify_all()
