@@ -31,7 +31,7 @@ import requests.adapters
 import urllib3.exceptions
 from nomad.api.base import Requester
 
-from nomadtf import wire
+from nomadtf import capacity, wire
 from nomadtf.errors import NomadError, UnreachableError
 
 DEFAULT_ADDR = "http://127.0.0.1:4646"
@@ -409,12 +409,16 @@ class NomadAPI:
         GET /v1/nodes?resources=true"""
         return self._json("the node list", "node:read", self.client.nodes, params={"resources": "true"})
 
-    def cluster_allocations(self, index: int = 0, wait_s: float = 30.0) -> tuple[list[dict[str, Any]], int]:
+    def cluster_allocations(self, index: int = 0, wait_s: float = 30.0, holding_only: bool = False) -> tuple[list[dict[str, Any]], int]:
         """(allocations with their resources, X-Nomad-Index) in every namespace the token
-        may read; with `index` a blocking query that answers on the next change of any.
+        may read; with `index` a blocking query that answers on the next change of any;
+        `holding_only`: only those whose client status holds resources (Nomad filters: the
+        answer does not grow with the finished allocations the cluster keeps until its GC).
 
-        GET /v1/allocations?namespace=*&resources=true&task_states=false[&index=&wait=]"""
+        GET /v1/allocations?namespace=*&resources=true&task_states=false[&filter=][&index=&wait=]"""
         params = {"namespace": "*", "resources": "true", "task_states": "false"}
+        if holding_only:
+            params["filter"] = " or ".join(f'ClientStatus == "{state}"' for state in capacity.HOLDING_CLIENT_STATES)
         if index:
             allocs, new_index = self._blocking("the allocation list", self.client.allocations, index=index, wait_s=wait_s, params=params)
             return allocs or [], new_index

@@ -118,6 +118,9 @@ class Run:
         # the caller shows them before submitting (Submitted.notes has only what submitting said).
         self.notes = list(notes or [])
         self.unreachable: ServerError | None = None  # Nomad did not answer when asked its version
+        # (run id, suspended, JobModifyIndex) once a run is registered: what Ctrl-C during
+        # `submit` has to act on (the caller has no Submitted yet).
+        self.registered: tuple[str, bool, int] | None = None
         self.job_id: str = spec.name
         self.discovery: ConsulDiscovery | None = None
         # The job as `validate` and `plan` see it; `submit` renders it again with its run.
@@ -221,6 +224,7 @@ class Run:
         body = suspension.suspend(job, self.spec.admission.gang_timeout_s) if suspended else job
         try:
             registered = self.api.register(body, modify_index=modify_index)
+            self.registered = (run_id, suspended, int(registered.get("JobModifyIndex") or 0))
         except NomadError as exc:
             if exc.status != 409:
                 raise

@@ -27,7 +27,7 @@ from typing import Any
 
 from nomadtf.capacity import Resources
 
-MAX_LINES = 2000  # keeps the value well under Consul's 512 KiB; `length` still counts every run
+MAX_LINES = 1000  # ~270 bytes a line: well under Consul's 512 KiB value; `length` still counts every run
 
 
 def _resources(data: Any) -> Resources:

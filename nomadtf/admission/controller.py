@@ -43,7 +43,9 @@ from nomadtf.errors import NomadError, ServerError
 from nomadtf.nomad import NomadAPI
 
 STEP_WAIT_S = 5.0  # the leader looks at least this often (a gang deadline, a node's return)
-MIN_STEP_S = 0.1  # a burst of changes makes one step, not one per change
+MIN_STEP_S = 0.2  # a burst of changes makes one step, not one per change
+MAX_ADMITS_PER_STEP = 20  # a burst is admitted over several steps: gang checks and the board keep up
+PUBLISH_MIN_S = 1.0  # the board is written at most this often (it is rewritten whole)
 NEVER_RECHECK_S = 60.0  # how often a waiting run is judged "never" again
 REPUBLISH_S = 60.0  # an unchanged board is written again this often: its age says the leader lives
 
@@ -93,6 +95,10 @@ class Controller:
         self.never_checked: dict[tuple[str, str, str], float] = {}
         self.in_flight: dict[tuple[str, str], InFlight] = {}
         self.down_since: dict[str, float] = {}  # node id -> when this replica first saw it away
+        self.blocked = False  # the last walk stopped at a run that does not fit: wait on the allocations
+        self.more = False  # the last walk stopped at MAX_ADMITS_PER_STEP: step again at once
+        self._apis: dict[str, NomadAPI] = {}
+        self._publish_due = 0.0  # monotonic: a board held back by PUBLISH_MIN_S is written then
         self.admitted: dict[tuple[str, str], str] = {}  # (ns, job) -> the run it admitted (wire.kv_admitted)
         self.recent: list[boards.Happened] = []
         self._published = ""
@@ -119,11 +125,13 @@ class Controller:
             self.lease.close()
 
     def lead(self, stop: Any) -> None:
-        """Steps until the lead is lost or `stop`.
+        """Steps until the lead is lost or `stop`. It waits on what can change its mind: the
+        job list (a run queued, stopped, resumed), or, while the head of the line does not fit,
+        the allocations (capacity comes back when one ends; a purge changes no job's summary).
 
         GET /v1/kv/nomadtf/_admission/admitted/?recurse once; then each step's calls"""
         self.admitted = self._read_admitted()
-        index = 0
+        jobs_index = allocs_index = 0
         last = 0.0
         while not stop.is_set():
             if not self.lease.still_leads():
@@ -131,24 +139,42 @@ class Controller:
                 return
             time.sleep(max(0.0, last + MIN_STEP_S - time.monotonic()))
             last = time.monotonic()
-            stubs, index = self.api.watch_jobs(index, wait_s=self._wait_s())
+            allocs = None
+            if self.more:
+                stubs, jobs_index = self.api.watch_jobs()
+            elif self.blocked and jobs_index:
+                allocs, allocs_index = self.api.cluster_allocations(allocs_index, wait_s=self._wait_s(), holding_only=True)
+                stubs, jobs_index = self.api.watch_jobs()
+                self.requests += 1
+            else:
+                stubs, jobs_index = self.api.watch_jobs(jobs_index, wait_s=self._wait_s())
             self.requests += 2
-            self.step(stubs)
+            self.step(stubs, allocs)
 
     def _wait_s(self) -> float:
-        if not self.in_flight:
+        """Until the next thing due: a gang deadline, a held-back board, or STEP_WAIT_S."""
+        due = [f.deadline for f in self.in_flight.values()] + ([self._publish_due] if self._publish_due else [])
+        if not due:
             return STEP_WAIT_S
-        soonest = min(f.deadline for f in self.in_flight.values()) - time.monotonic()
-        return max(0.5, min(STEP_WAIT_S, soonest))
+        return max(0.5, min(STEP_WAIT_S, min(due) - time.monotonic()))
+
+    def _api(self, namespace: str) -> NomadAPI:
+        """One client (one connection pool) per namespace."""
+        if namespace not in self._apis:
+            self._apis[namespace] = self.api.in_namespace(namespace)
+        return self._apis[namespace]
 
     # ---- one step ------------------------------------------------------------------------------
 
-    def step(self, stubs: list[dict[str, Any]]) -> None:
-        """Read, decide, act, publish (see the module's docstring)."""
+    def step(self, stubs: list[dict[str, Any]], allocs: list[dict[str, Any]] | None = None) -> None:
+        """Read, decide, act, publish (see the module's docstring). `allocs`: the holding
+        allocations when the caller has them already."""
         jobs, skipped = self._suspended_jobs(stubs)
         nodes = self.api.nodes()
-        allocs, _ = self.api.cluster_allocations()
-        self.requests += 2
+        self.requests += 1
+        if allocs is None:
+            allocs, _ = self.api.cluster_allocations(holding_only=True)
+            self.requests += 1
         now = time.time()
         self.down_since = {n["ID"]: self.down_since.get(n["ID"], now) for n in nodes if n.get("Status") != "ready"}
         self._check_in_flight(jobs, allocs)
@@ -160,7 +186,7 @@ class Controller:
             current = suspension.state(job)
             run_id = (job.get("Meta") or {}).get(wire.META_RUN, "")
             # A finished run is never touched: suspending it again would run it again.
-            if current in (suspension.ADMITTING, suspension.ADMITTED) and self.admitted.get(key) != run_id and job.get("Status") != "dead":
+            if current in (suspension.ADMITTING, suspension.ADMITTED) and job.get("Status") != "dead" and not self._admitted_by_us(key, run_id):
                 self._suspend_again(job)  # resumed by someone else (its submitter's scale-job): back in line
                 continue
             if current == suspension.ADMITTING and key not in self.in_flight:
@@ -198,13 +224,16 @@ class Controller:
                 jobs[key] = seen.job
         for key in set(self.seen) - live:
             del self.seen[key]
+        for run_key in [k for k in self.arrival if k[:2] not in live]:
+            self.arrival.pop(run_key, None)
+            self.never_checked.pop(run_key, None)
         for key in set(self.in_flight) - set(jobs):
             self.in_flight.pop(key)  # stopped or purged while it was being placed
         return jobs, skipped
 
     def _read(self, key: tuple[str, str], modify_index: int) -> _Seen:
         try:
-            job = self.api.in_namespace(key[0]).job(key[1])
+            job = self._api(key[0]).job(key[1])
             self.requests += 1
         except NomadError as exc:
             return _Seen(modify_index, None, f"could not be read: {exc}")
@@ -234,6 +263,7 @@ class Controller:
     def _walk(self, queued: list[QueuedRun], rooms: list[fit.Room], nodes: list[dict[str, Any]], allocs: list[dict[str, Any]]) -> list[boards.BoardLine]:
         lines = []
         blocked = False
+        admitted = 0
         now = time.time()
         place = 0
         for run in queued:
@@ -249,6 +279,9 @@ class Controller:
             ticket = wire.queue_ticket(run.namespace, run.job_id, run.run_id)
             needs = run.ask.needs
             # A run a predecessor half admitted already holds its scaled groups: only the rest must fit.
+            if admitted >= MAX_ADMITS_PER_STEP:
+                lines.append(boards.BoardLine(ticket, run.namespace, run.priority, place, run.since, needs, None, "being admitted"))
+                continue
             if not blocked and fit.place(_missing(run.ask, allocs, run.key, run.arrival), rooms):
                 try:
                     self.after_fit(run)
@@ -256,12 +289,14 @@ class Controller:
                 except NomadError as exc:  # stopped, purged or re-registered meanwhile: next step reads it again
                     self.on_event(f"could not admit {run.namespace}/{run.job_id} run {run.run_id}: {exc}")
                     continue
+                admitted += 1
                 lines.append(boards.BoardLine(ticket, run.namespace, run.priority, place, run.since, needs, None, "admitted"))
                 continue
             short = capacity.shortfall(needs, _free_of(rooms, run.ask))
             note = "waits for the runs ahead of it" if blocked else "does not fit now"
             blocked = True
             lines.append(boards.BoardLine(ticket, run.namespace, run.priority, place, run.since, needs, short, note))
+        self.blocked, self.more = blocked, admitted >= MAX_ADMITS_PER_STEP
         return lines
 
     def _scale(self, run: QueuedRun, group: str, count: int, index: int, message: str, verdict: str) -> int:
@@ -270,7 +305,7 @@ class Controller:
         GET /v1/kv/nomadtf/_admission/leader?consistent ; POST /v1/job/:id/scale"""
         if not self.lease.still_leads():
             raise LostLead(f"{self.name} lost the lead while acting on {run.namespace}/{run.job_id}")
-        reply = self.api.in_namespace(run.namespace).scale(
+        reply = self._api(run.namespace).scale(
             run.job_id, group, count, message, modify_index=index, meta={wire.META_RUN: run.run_id, suspension.META_ADMISSION: verdict}
         )
         self.requests += 2
@@ -320,6 +355,22 @@ class Controller:
             out[(namespace, job_id)] = (item.get("Value") or b"").decode(errors="replace")
         return out
 
+    def _admitted_by_us(self, key: tuple[str, str], run_id: str) -> bool:
+        """Whether a controller recorded this run as the one it admits (memory first; the key
+        again before calling anything out of turn: a predecessor may have written it late).
+
+        GET /v1/kv/nomadtf/_admission/admitted/<ns>/<job>"""
+        from nomadtf.discovery import consul_call
+
+        if self.admitted.get(key) == run_id:
+            return True
+        _, item = consul_call("reading an admitted run", self.consul.kv.get, wire.kv_admitted(*key), consistency="consistent")
+        self.requests += 1
+        if item and (item.get("Value") or b"").decode(errors="replace") == run_id:
+            self.admitted[key] = run_id
+            return True
+        return False
+
     def _forget_admitted(self, jobs: dict[tuple[str, str], dict[str, Any]]) -> None:
         """A job gone from Nomad (purged) needs no record.  DELETE .../admitted/<ns>/<job>"""
         from nomadtf.discovery import consul_call
@@ -351,17 +402,22 @@ class Controller:
     # ---- admitted runs: placed whole, or given back ----------------------------------------------
 
     def _check_in_flight(self, jobs: dict[tuple[str, str], dict[str, Any]], allocs: list[dict[str, Any]]) -> None:
+        """Each admitted run not yet placed whole: placed now (done), or past its gang
+        timeout (given back). Its own allocations, terminal ones too: a short task may have
+        ended before it is looked at.  GET /v1/job/:id/allocations per run in flight"""
         for key, flight in list(self.in_flight.items()):
             job = jobs.get(key)
             if job is None or (job.get("Meta") or {}).get(wire.META_RUN) != flight.run.run_id:
                 self.in_flight.pop(key, None)
                 continue
-            placed = _placed(allocs, key, flight.run.counts, flight.run.arrival)
-            if placed:
+            own = self._api(key[0]).allocations(key[1])
+            self.requests += 1
+            placed = _holding_by_group(own, key, flight.run.arrival)
+            if all(placed.get(group, 0) >= count for group, count in flight.run.counts.items()):
                 self.in_flight.pop(key, None)
             elif time.monotonic() > flight.deadline:
                 self.in_flight.pop(key, None)
-                self._give_back(flight.run, job, _holding_by_group(allocs, key, flight.run.arrival))
+                self._give_back(flight.run, job, placed)
 
     def _give_back(self, run: QueuedRun, job: dict[str, Any], placed: dict[str, int]) -> None:
         """Placeholder up first (the job stays pending), then every group to 0, the unplaced
@@ -404,10 +460,14 @@ class Controller:
         """PUT /v1/kv/nomadtf/_admission/board when what it says changed, or REPUBLISH_S
         after the last write (a waiter takes a board older than ten minutes for a dead leader)."""
         board = boards.Board(self.name, 0.0, tuple(lines), tuple(skipped), len(lines), free, tuple(self.recent))
-        if board.value() == self._published and time.monotonic() - self._published_at < REPUBLISH_S:
+        value, now = board.value(), time.monotonic()
+        if value == self._published and now - self._published_at < REPUBLISH_S:
             return
-        self._published, self._published_at = board.value(), time.monotonic()
+        if now - self._published_at < PUBLISH_MIN_S:
+            self._publish_due = self._published_at + PUBLISH_MIN_S  # written whole: at most once a second
+            return
         self.lease.publish(wire.KV_ADMISSION_BOARD, replace(board, at=time.time()).value())
+        self._published, self._published_at, self._publish_due = value, now, 0.0
         self.requests += 1
 
 
@@ -433,11 +493,6 @@ def _missing(ask: fit.RunAsk, allocs: list[dict[str, Any]], key: tuple[str, str]
         if counted[slot.group] > have.get(slot.group, 0):
             missing.append(slot)
     return replace(ask, slots=tuple(missing))
-
-
-def _placed(allocs: list[dict[str, Any]], key: tuple[str, str], counts: dict[str, int], since_index: int) -> bool:
-    have = _holding_by_group(allocs, key, since_index)
-    return all(have.get(group, 0) >= count for group, count in counts.items())
 
 
 def _free_of(rooms: list[fit.Room], ask: fit.RunAsk) -> capacity.Resources:

@@ -61,7 +61,13 @@ def run(
         raise job_run.unreachable  # one clear line, not a note about the version first
     for note in job_run.notes:  # before anything is sent, also for a run that will wait in the queue
         stamp(note)
-    submitted = job_run.submit(replace=replace, resume=resume)
+    try:
+        submitted = job_run.submit(replace=replace, resume=resume)
+    except KeyboardInterrupt:
+        if job_run.registered is None or not job_run.registered[1]:
+            raise  # nothing registered yet, or a plain run: it goes on as Nomad placed it
+        run_id, _, index = job_run.registered
+        raise AdmissionWait(job_run.api, job_run.job_id, run_id, on_interrupt=on_interrupt, registered_index=index).interrupted() from None
     job_id = submitted.job_id
     where = "" if submitted.namespace == "default" else f" --namespace {submitted.namespace}"
     for note in submitted.notes:

@@ -84,6 +84,7 @@ class QueueStatus:
     line: BoardLine | None
     length: int
     leader: str
+    shown: int = 0  # how many lines the board lists (it lists at most board.MAX_LINES)
 
     def describe(self) -> str:
         """'team-a/digits run 3f2a9c1e does not fit now: needs cpu 3380 MHz, memory 1800 MB;
@@ -91,6 +92,8 @@ class QueueStatus:
         if not self.leader:
             return f"{self.label} run {self.run_id} waits: no admission controller leads now; it is admitted once one does"
         line = self.line
+        if line is None and self.shown and self.length > self.shown:
+            return f"{self.label} run {self.run_id} is queued at a place after {self.shown} of {self.length}"
         if line is None:
             return f"{self.label} run {self.run_id} is queued; the admission controller has not published its place yet"
         try:
@@ -151,7 +154,7 @@ class AdmissionWait:
     def status(self) -> QueueStatus:
         board = self.board()
         line = board.line_of(wire.queue_ticket(self.api.namespace, self.job_id, self.run_id))
-        return QueueStatus(self.label, self.run_id, line, board.length, board.leader if board.age_s() < 600 else "")
+        return QueueStatus(self.label, self.run_id, line, board.length, board.leader if board.age_s() < 600 else "", len(board.lines))
 
     def wait(self, detach: bool = False) -> dict[str, Any] | Waiting:
         """The job once admitted; with `detach`, a Waiting at once when it is queued.
@@ -163,7 +166,7 @@ class AdmissionWait:
         try:
             return self._wait(detach)
         except KeyboardInterrupt:
-            raise self._interrupted() from None
+            raise self.interrupted() from None
 
     def _wait(self, detach: bool) -> dict[str, Any] | Waiting:
         index = 0
@@ -228,7 +231,8 @@ class AdmissionWait:
             return "nothing of it ran"
         return f"it had just been admitted: stopped its {len(started)} allocation(s) before they trained"
 
-    def _interrupted(self) -> QueueInterrupted:
+    def interrupted(self) -> QueueInterrupted:
+        """What Ctrl-C does to the queued run (`on_interrupt`), and the error that says so."""
         if self.on_interrupt == LEAVE:
             return QueueInterrupted(
                 f"left {self.label} run {self.run_id} in the queue: the admission controller starts it in its turn "
