@@ -388,12 +388,10 @@ class Controller:
             return
         message = f"nomadtf admission: run {run.run_id} was resumed out of turn; suspended again (only the admission controller resumes a queued run)"
         try:
-            index = run.job_modify_index
-            if suspension.group_counts(job).get(suspension.PLACEHOLDER_GROUP, 0) < 1:
-                index = self._scale(run, suspension.PLACEHOLDER_GROUP, 1, index, message, "suspended")
-            for group, count in sorted(suspension.group_counts(job).items()):
-                if group != suspension.PLACEHOLDER_GROUP and count > 0:
-                    index = self._scale(run, group, 0, index, message, "suspended")
+            # Every group, whatever the job read said: its submitter may be scaling it still.
+            index = self._scale(run, suspension.PLACEHOLDER_GROUP, 1, run.job_modify_index, message, "suspended")
+            for group in sorted(run.counts):
+                index = self._scale(run, group, 0, index, message, "suspended")
         except NomadError as exc:
             self.on_event(f"could not suspend {run.namespace}/{run.job_id} again: {exc}")
             return

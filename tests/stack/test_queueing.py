@@ -408,7 +408,6 @@ def test_a_run_its_submitter_resumes_out_of_turn_is_suspended_again_and_waits_it
         api = NomadAPI.from_env()
         for group, count in sorted(suspension.Suspension.of(job).counts.items()):
             api.scale(name, group, count, "my own run, now")
-        api.scale(name, suspension.PLACEHOLDER_GROUP, 0, "my own run, now")
         wait_until(lambda: any("resumed out of turn" in (e.get("Message") or "") for events in scale_events(name).values() for e in events),
                    30, "the controller to suspend it again")  # fmt: skip
         release.touch()
