@@ -32,6 +32,7 @@ REMOVE, LEAVE = "remove", "leave"  # what Ctrl-C does to a queued run
 JOB_WAIT_S = 10.0  # a waiter looks at the board at least this often (its own job wakes it at once)
 FIRST_LOOKS_S = 2.0  # ... and this often in its first FIRST_LOOKS_FOR_S, so its first place shows soon
 FIRST_LOOKS_FOR_S = 10.0
+DETACH_LOOK_S = 10.0  # how long --detach waits for the controller's first look at the run
 
 
 def read_board(client: consul.Consul | None = None) -> Board:
@@ -157,7 +158,8 @@ class AdmissionWait:
         return QueueStatus(self.label, self.run_id, line, board.length, board.leader if board.age_s() < 600 else "", len(board.lines))
 
     def wait(self, detach: bool = False) -> dict[str, Any] | Waiting:
-        """The job once admitted; with `detach`, a Waiting at once when it is queued.
+        """The job once admitted; with `detach`, a Waiting once the controller placed it in
+        line (or DETACH_LOOK_S passed).
         JobFailed (refused: never fits), JobStopped (stopped or replaced), QueueTimeout,
         QueueInterrupted.
 
@@ -179,7 +181,9 @@ class AdmissionWait:
                     self.on_event(f"admitted after {waited:.0f}s in the queue")
                 return job or {}
             status = self.status()
-            if detach:
+            # --detach returns once the controller has looked: admitted (above), refused
+            # (an error, said now), or placed in line; at the latest after DETACH_LOOK_S.
+            if detach and (status.line is not None or not status.leader or time.monotonic() - self.started > DETACH_LOOK_S):
                 place = status.line.place if status.line else 0
                 return Waiting(place, status.length)
             self._say(status)

@@ -83,6 +83,8 @@ def test_a_running_job_is_refused_unless_replace(stack, tmp_path):
     try:
         forever = nomadtf("run", str(write_job(tmp_path, probe_job(name, context={"sleep": -1}))), "--detach")
         assert forever.returncode == 0, forever.stderr
+        # --detach may return while the admission controller has yet to start it: running first.
+        wait_until(lambda: any(a["ClientStatus"] == "running" for a in allocations(name)), 90, "the first run to run")
         again = nomadtf("run", str(write_job(tmp_path, probe_job(name))), "--timeout", "3m")
         assert again.returncode == 1
         assert "already running" in again.stderr and "--replace" in again.stderr, again.stderr
