@@ -196,10 +196,10 @@ class InProcess:
         self.controller = Controller(NomadAPI.from_env(namespace="*"), consul_client(), NAME, on_event=self._event)
         step = self.controller.step
 
-        def timed(stubs: list[dict[str, Any]]) -> None:
+        def timed(*args: Any, **kwargs: Any) -> None:
             started = time.perf_counter()
             try:
-                step(stubs)
+                step(*args, **kwargs)
             finally:
                 self.steps.append((time.time(), time.perf_counter() - started))
 
