@@ -369,7 +369,28 @@ class Controller:
         if item and (item.get("Value") or b"").decode(errors="replace") == run_id:
             self.admitted[key] = run_id
             return True
+        # The record can be lost with Consul's data (a -dev agent restarted, a restore): the
+        # placeholder's scaling events in Nomad still say who lowered it. A submitter could
+        # write such an event for its own run; that only lets its own run keep its place.
+        try:
+            events = self._api(key[0]).scaling_events(key[1]).get(suspension.PLACEHOLDER_GROUP) or []
+        except NomadError:
+            return True  # cannot tell: never stop a run on a guess
+        self.requests += 1
+        for event in events:
+            meta = event.get("Meta") or {}
+            if meta.get(suspension.META_ADMISSION) == "admitted" and meta.get(wire.META_RUN) == run_id:
+                self.admitted[key] = run_id
+                self._record_admitted(key, run_id)
+                return True
         return False
+
+    def _record_admitted(self, key: tuple[str, str], run_id: str) -> None:
+        """PUT /v1/kv/nomadtf/_admission/admitted/<ns>/<job> (lost with Consul's data: written again)"""
+        try:
+            self.lease.publish(wire.kv_admitted(*key), run_id)
+        except ServerError as exc:
+            self.on_event(f"could not record {key[0]}/{key[1]} run {run_id} as admitted: {exc}")
 
     def _forget_admitted(self, jobs: dict[tuple[str, str], dict[str, Any]]) -> None:
         """A job gone from Nomad (purged) needs no record.  DELETE .../admitted/<ns>/<job>"""
