@@ -73,6 +73,7 @@ sys.path.insert(0, str(REPO))
 
 from nomadtf import capacity, wire  # noqa: E402
 from nomadtf.admission import fit, suspension  # noqa: E402
+from nomadtf.admission.board import MAX_LINES  # noqa: E402
 from nomadtf.admission.controller import Controller  # noqa: E402
 from nomadtf.discovery import consul_client  # noqa: E402
 from nomadtf.nomad import NomadAPI, NomadSettings  # noqa: E402
@@ -397,8 +398,11 @@ def wait_queued(ctl: InProcess, keys: Iterable[tuple[str, str]]) -> int:
     def on_board() -> int:
         _, item = consul.kv.get(wire.KV_ADMISSION_BOARD)
         raw = (item or {}).get("Value") or b"{}"
-        listed = {line.get("ticket") for line in json.loads(raw).get("lines") or []}
-        return len(raw) if tickets <= listed and ctl.settled() else 0
+        board = json.loads(raw)
+        listed = {line.get("ticket") for line in board.get("lines") or []}
+        # The board lists the first MAX_LINES runs and counts the rest.
+        shown = tickets <= listed or (len(listed) >= MAX_LINES and int(board.get("length") or 0) >= len(tickets))
+        return len(raw) if shown and ctl.settled() else 0
 
     return wait_until(on_board, 120, "every queued run on the board", interval=0.5)
 
