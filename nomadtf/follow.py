@@ -38,14 +38,13 @@ from nomadtf.outcome import RunOutcome, alloc_slot, latest_allocs
 from nomadtf.plan import explain_placement_failure, group_counts, requested_devices
 from nomadtf.wire import META_RUN, META_VERSION
 
-
-# The error `nomadtf run` raises for each outcome but success (its exit code: outcome.py).
 class Requeued(Exception):
     """The admission controller gave the run's placed part back (not placed whole within
     its gang timeout): it waits in the queue again. Not a failure: `Run.follow` waits for
     its admission and follows it again."""
 
 
+# The error `nomadtf run` raises for each outcome but success (its exit code: outcome.py).
 OUTCOME_ERRORS: dict[str, type[JobFailed]] = {
     outcomes.FAILED: JobFailed, outcomes.STOPPED: JobStopped, outcomes.TIMED_OUT: JobTimedOut, outcomes.LOST: JobLost,
 }
