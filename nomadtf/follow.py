@@ -38,6 +38,7 @@ from nomadtf.outcome import RunOutcome, alloc_slot, latest_allocs
 from nomadtf.plan import explain_placement_failure, group_counts, requested_devices
 from nomadtf.wire import META_RUN, META_VERSION
 
+
 class Requeued(Exception):
     """The admission controller gave the run's placed part back (not placed whole within
     its gang timeout): it waits in the queue again. Not a failure: `Run.follow` waits for
