@@ -251,8 +251,10 @@ class InProcess:
                     return None
                 self.changed.wait(min(left, 1.0))
 
-    def settled(self) -> bool:
-        return not self.controller.in_flight
+    def settled(self, keys: Iterable[tuple[str, str]]) -> bool:
+        """None of `keys` is admitted and still being placed. Someone else's run in flight
+        (another test's, on a shared stack) may wait out its gang timeout: not ours to wait on."""
+        return not any(key in self.controller.in_flight for key in keys)
 
     def step_ms(self, start: float, end: float) -> float:
         inside = [s * 1000 for t, s in list(self.steps) if start <= t <= end]
@@ -402,9 +404,17 @@ def wait_queued(ctl: InProcess, keys: Iterable[tuple[str, str]]) -> int:
         listed = {line.get("ticket") for line in board.get("lines") or []}
         # The board lists the first MAX_LINES runs and counts the rest.
         shown = tickets <= listed or (len(listed) >= MAX_LINES and int(board.get("length") or 0) >= len(tickets))
-        return len(raw) if shown and ctl.settled() else 0
+        return len(raw) if shown and ctl.settled(keys) else 0
 
-    return wait_until(on_board, 120, "every queued run on the board", interval=0.5)
+    try:
+        return wait_until(on_board, 120, "every queued run on the board", interval=0.5)
+    except SystemExit as exc:
+        _, item = consul.kv.get(wire.KV_ADMISSION_BOARD)
+        board = json.loads((item or {}).get("Value") or b"{}")
+        listed = {line.get("ticket") for line in board.get("lines") or []}
+        flying = sorted(f"{ns}/{job}" for ns, job in ctl.controller.in_flight)
+        raise SystemExit(f"{exc}: {len(tickets - listed)} of {len(tickets)} not listed, board of {len(listed)} lines; "
+                         f"in flight: {', '.join(flying) or 'none'}") from None  # fmt: skip
 
 
 def clean_up(ctl: InProcess, keys: list[tuple[str, str]]) -> None:
@@ -498,7 +508,7 @@ def one_at_a_time(ctl: InProcess, traffic: Traffic, figures: Figures, releases: 
             figures.latencies.append(when - released)
             figures.out_of_order += key != next(k for k in line if k not in seen)
             seen.add(key)
-            wait_until(ctl.settled, 60, f"{key[0]}/{key[1]} to be placed")
+            wait_until(lambda: ctl.settled(mine), 60, f"{key[0]}/{key[1]} to be placed")
             time.sleep(0.2)
         end = time.time()
         figures.others = max(figures.others, others(ctl, keys))
@@ -534,7 +544,7 @@ def burst(ctl: InProcess, traffic: Traffic, figures: Figures, how: str, folder: 
         if done:
             figures.rates.append(len(done) / (max(done.values()) - released))
             figures.firsts.append(min(done.values()) - released)
-        wait_until(ctl.settled, 300, "every admitted run to be placed", interval=0.5)
+        wait_until(lambda: ctl.settled(keys), 300, "every admitted run to be placed", interval=0.5)
         end = time.time()
         figures.others = max(figures.others, others(ctl, keys))
         figures.burst.add(len(done), ctl.controller.requests - requests0, traffic0, traffic.snapshot(), ctl.step_ms(released, end))

@@ -75,11 +75,12 @@ def dev_down(cluster: OnlyCluster = False, single: OnlySingle = False) -> None:
 
 
 @dev_app.command("status")
-def dev_status(cluster: OnlyCluster = False) -> None:
-    """What runs, where, and where its log is."""
+def dev_status(cluster: OnlyCluster = False, single: OnlySingle = False) -> None:
+    """What runs, where, and where its log is (every stack that runs, unless --cluster or
+    --single); exit 1 when a part of one is not healthy."""
     from nomadtf import devstack
 
-    stacks = devstack.selected(cluster=cluster)
+    stacks = devstack.selected(cluster=cluster, single=single)
     shown = [status for status in (stack.status() for stack in stacks) if status.rows]
     if not shown:
         typer.echo(f"{stacks[0].title}: not running")
