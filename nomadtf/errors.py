@@ -4,6 +4,7 @@
     ├── SpecError                     job.json is wrong (exit 2); carries every problem found
     ├── RenderError                   a template could not be rendered (exit 2)
     ├── UnknownNomadVersion           the job's rendering depends on a Nomad version nobody said (exit 2)
+    ├── PolicyError                   the operator's sharing policy is wrong (exit 2); every problem found
     ├── DevStackError                 the local Nomad + Consul + OpenBao stack
     │   ├── BinaryError               a server binary could not be found, verified or built
     │   └── PortInUseError            a port the stack needs belongs to something else
@@ -52,6 +53,17 @@ class SpecError(NomadtfError):
 
 class RenderError(NomadtfError):
     exit_code = 2
+
+
+class PolicyError(NomadtfError):
+    """The admission controller's sharing policy (`admission policy set FILE`) is invalid;
+    `problems` holds one line per problem, each naming its field."""
+
+    exit_code = 2
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("the sharing policy is invalid:\n" + "\n".join(f"  - {p}" for p in self.problems))
 
 
 class UnknownNomadVersion(NomadtfError):

@@ -207,6 +207,8 @@ KV_ADMISSION = "nomadtf/_admission/"
 KV_ADMISSION_LEADER = KV_ADMISSION + "leader"
 KV_ADMISSION_BOARD = KV_ADMISSION + "board"
 KV_ADMISSION_ADMITTED = KV_ADMISSION + "admitted/"
+KV_ADMISSION_POLICY = KV_ADMISSION + "policy"  # the operator's sharing policy (admission/policy.py)
+KV_ADMISSION_USAGE = KV_ADMISSION + "usage"  # each namespace's remembered usage (admission/usage.py)
 
 
 def kv_admitted(namespace: str, job_id: str) -> str:

@@ -4,10 +4,16 @@ Any number of replicas run `nomadtf admission serve`; one leads (lease.py). The 
 
 1. reads every job (one blocking query, `GET /v1/jobs?namespace=*&meta=true`), the nodes
    and the allocations; the body of a suspended run only when its JobModifyIndex changed;
-2. orders the queued runs (order.py) and walks them in order: a run that could never fit
-   is refused (its placeholder scaled to 0 with the reason: the job ends, `status` and its
-   follower say why); a run that fits in what is free — less what runs admitted a moment
-   ago still need — is admitted; the first that does not fit stops the walk (strict order);
+2. orders the queued runs fairly between namespaces (order.py, with the operator's policy
+   and each namespace's remembered usage: sharing.py) and walks them in order: a run that
+   could never fit the cluster or its namespace's quota is refused (its placeholder scaled
+   to 0 with the reason: the job ends, `status` and its follower say why); a run its
+   namespace's quota cannot take now waits without holding up others; a run that fits in
+   what is free — less what runs admitted a moment ago still need, and what waiting runs
+   hold reservations on — is admitted; a run that does not fit lets the runs behind it
+   start where they fit (backfill), and once it has waited `reserve_after` it holds a
+   reservation: nothing new starts in what it needs (with `backfill: false`, the first
+   run that does not fit stops the walk: strict order);
 3. admits by scaling each group of that exact job version to its wanted count and the
    placeholder to 0, each call after checking it still leads and against the JobModifyIndex
    the last call left (a stale leader's call fails; a standby that finds a run half
@@ -27,6 +33,7 @@ Usage:
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -39,6 +46,7 @@ from nomadtf.admission import board as boards
 from nomadtf.admission import fit, order, suspension
 from nomadtf.admission.lease import Lease
 from nomadtf.admission.order import QueuedRun
+from nomadtf.admission.sharing import Sharing
 from nomadtf.errors import NomadError, ServerError
 from nomadtf.nomad import NomadAPI
 
@@ -90,6 +98,7 @@ class Controller:
         self.name = name
         self.on_event = on_event
         self.lease = Lease(client, name)
+        self.sharing = Sharing(client, on_event)
         self.seen: dict[tuple[str, str], _Seen] = {}
         self.arrival: dict[tuple[str, str, str], int] = {}  # (ns, job, run) -> the index it queued at
         self.never_checked: dict[tuple[str, str, str], float] = {}
@@ -131,6 +140,7 @@ class Controller:
 
         GET /v1/kv/nomadtf/_admission/admitted/?recurse once; then each step's calls"""
         self.admitted = self._read_admitted()
+        self.sharing.load(time.time())
         jobs_index = allocs_index = 0
         last = 0.0
         while not stop.is_set():
@@ -180,6 +190,11 @@ class Controller:
         self._check_in_flight(jobs, allocs)
         rooms = fit.node_rooms(nodes, allocs)
         self._reserve_in_flight(rooms, allocs)
+        committed = self._committed(allocs)
+        asked = self.sharing.requests
+        self.sharing.step(_batch_held(allocs), now)
+        self.requests += self.sharing.requests - asked
+        total = capacity.total(capacity._node_resources(n) for n in nodes if fit.may_return(n, now, self.down_since))
         queued = []
         self._forget_admitted(jobs)
         for key, job in list(jobs.items()):
@@ -193,8 +208,10 @@ class Controller:
                 queued.append(self._queued_run(job))  # a predecessor's half admission: finish it in its turn
             elif current == suspension.QUEUED:
                 queued.append(self._queued_run(job))
-        queued = order.ordered(q for q in queued if q is not None)
-        lines = self._walk(queued, rooms, nodes, allocs)
+        policy = self.sharing.policy
+        average = {run.namespace: self.sharing.usage.average_share(run.namespace, total) for run in queued if run is not None}
+        queued = order.fair_order((q for q in queued if q is not None), policy, average, committed, total)
+        lines = self._walk(queued, rooms, nodes, allocs, committed)
         free = capacity.total(capacity.Resources(max(r.cpu, 0), max(r.memory, 0), {k: max(v, 0) for k, v in r.devices.items()})
                               for r in rooms if r.usable)  # fmt: skip
         self._publish(lines, skipped, free)
@@ -253,36 +270,51 @@ class Controller:
         run_id = (job.get("Meta") or {}).get(wire.META_RUN, "")
         modify_index = int(job.get("JobModifyIndex") or 0)
         arrival = self.arrival.setdefault((namespace, job_id, run_id), modify_index)
+        priority = self.sharing.policy.of(namespace).priority(order.clamp_priority(job.get("Priority")))
         return QueuedRun(
-            namespace, job_id, run_id, order.clamp_priority(job.get("Priority")), arrival, (job.get("SubmitTime") or 0) / 1e9,
+            namespace, job_id, run_id, priority, arrival, (job.get("SubmitTime") or 0) / 1e9,
             modify_index, wanted.counts, wanted.gang_timeout_s, fit.RunAsk.of(suspension.wanted_job(job, wanted.counts)),
         )  # fmt: skip
 
     # ---- the walk in order -----------------------------------------------------------------------
 
-    def _walk(self, queued: list[QueuedRun], rooms: list[fit.Room], nodes: list[dict[str, Any]], allocs: list[dict[str, Any]]) -> list[boards.BoardLine]:
+    def _walk(self, queued: list[QueuedRun], rooms: list[fit.Room], nodes: list[dict[str, Any]], allocs: list[dict[str, Any]],
+              committed: dict[str, capacity.Resources]) -> list[boards.BoardLine]:  # fmt: skip
+        """Admit what fits, in order (the module's docstring, step 2); the board's lines.
+        `committed`: what each namespace holds and has admitted (its quota's use)."""
+        policy = self.sharing.policy
         lines = []
-        blocked = False
+        waiting = False  # a run did not start: capacity or quota may come back when allocations end
+        strict_stop = False  # backfill off: nothing starts after the first run that does not fit
         admitted = 0
         now = time.time()
         place = 0
         for run in queued:
             assert run.ask is not None
             run_key = (run.namespace, run.job_id, run.run_id)
-            if now - self.never_checked.get(run_key, 0.0) >= NEVER_RECHECK_S:
+            share = policy.of(run.namespace)
+            why = share.never(run.ask.needs)
+            if not why and now - self.never_checked.get(run_key, 0.0) >= NEVER_RECHECK_S:
                 self.never_checked[run_key] = now
                 why = fit.never(run.ask, nodes, allocs, now, self.down_since)
-                if why:
-                    self._refuse(run, f"it can never fit: {why}")
-                    continue
-            place += 1
-            ticket = wire.queue_ticket(run.namespace, run.job_id, run.run_id)
-            needs = run.ask.needs
-            # A run a predecessor half admitted already holds its scaled groups: only the rest must fit.
-            if admitted >= MAX_ADMITS_PER_STEP:
-                lines.append(boards.BoardLine(ticket, run.namespace, run.priority, place, run.since, needs, None, "being admitted"))
+            if why:
+                self._refuse(run, f"it can never fit: {why}")
                 continue
-            if not blocked and fit.place(_missing(run.ask, allocs, run.key, run.arrival), rooms):
+            place += 1
+            needs = run.ask.needs
+            line = functools.partial(_board_line, run, place)
+            if admitted >= MAX_ADMITS_PER_STEP:
+                lines.append(line("being admitted"))
+                continue
+            # A run a predecessor half admitted already holds its scaled groups: only the rest must fit.
+            missing = _missing(run.ask, allocs, run.key, run.arrival)
+            held = committed.get(run.namespace, capacity.Resources())
+            over = share.over(held, missing.needs)
+            if over:
+                waiting = True
+                lines.append(line(f"waits for its namespace's quota ({'; '.join(over)})"))
+                continue
+            if not strict_stop and fit.place(missing, rooms):
                 try:
                     self.after_fit(run)
                     self._admit(run)
@@ -290,14 +322,33 @@ class Controller:
                     self.on_event(f"could not admit {run.namespace}/{run.job_id} run {run.run_id}: {exc}")
                     continue
                 admitted += 1
-                lines.append(boards.BoardLine(ticket, run.namespace, run.priority, place, run.since, needs, None, "admitted"))
+                committed[run.namespace] = held + missing.needs
+                lines.append(line("admitted"))
                 continue
             short = capacity.shortfall(needs, _free_of(rooms, run.ask))
-            note = "waits for the runs ahead of it" if blocked else "does not fit now"
-            blocked = True
-            lines.append(boards.BoardLine(ticket, run.namespace, run.priority, place, run.since, needs, short, note))
-        self.blocked, self.more = blocked, admitted >= MAX_ADMITS_PER_STEP
+            waiting = True
+            if strict_stop:
+                lines.append(line("waits for the runs ahead of it", short))
+                continue
+            if not policy.backfill:
+                strict_stop = True
+                lines.append(line("does not fit now", short))
+            elif now - (run.since or now) >= policy.reserve_after_s and fit.reserve(missing, rooms, nodes, allocs):
+                lines.append(line("does not fit now; it holds a reservation: nothing new starts in what it needs", short))
+            else:
+                lines.append(line("does not fit now", short))
+        self.blocked, self.more = waiting, admitted >= MAX_ADMITS_PER_STEP
         return lines
+
+    def _committed(self, allocs: list[dict[str, Any]]) -> dict[str, capacity.Resources]:
+        """What each namespace's batch allocations hold, and what its admitted runs still
+        wait for Nomad to place: its quota's use."""
+        out = _batch_held(allocs)
+        for key, flight in self.in_flight.items():
+            assert flight.run.ask is not None
+            missing = _missing(flight.run.ask, allocs, key, flight.run.arrival)
+            out[key[0]] = out.get(key[0], capacity.Resources()) + missing.needs
+        return out
 
     def _scale(self, run: QueuedRun, group: str, count: int, index: int, message: str, verdict: str) -> int:
         """One admitting call behind the fence; the JobModifyIndex it leaves.
@@ -522,3 +573,20 @@ def _free_of(rooms: list[fit.Room], ask: fit.RunAsk) -> capacity.Resources:
         for name, count in room.devices.items():
             devices[name] = devices.get(name, 0) + max(count, 0)
     return capacity.Resources(sum(max(r.cpu, 0) for r in mine), sum(max(r.memory, 0) for r in mine), devices)
+
+
+def _board_line(run: QueuedRun, place: int, note: str, short: capacity.Resources | None = None) -> boards.BoardLine:
+    assert run.ask is not None
+    ticket = wire.queue_ticket(run.namespace, run.job_id, run.run_id)
+    return boards.BoardLine(ticket, run.namespace, run.priority, place, run.since, run.ask.needs, short, note)
+
+
+def _batch_held(allocs: list[dict[str, Any]]) -> dict[str, capacity.Resources]:
+    """namespace -> what its batch allocations hold now (the work quotas and usage count;
+    service and system jobs are long-lived and outside the queue)."""
+    out: dict[str, capacity.Resources] = {}
+    for alloc in allocs:
+        if capacity.holds_resources(alloc) and alloc.get("JobType", "batch") not in fit.LONG_LIVED_TYPES:
+            namespace = alloc.get("Namespace", "default")
+            out[namespace] = out.get(namespace, capacity.Resources()) + capacity.alloc_resources(alloc)
+    return out

@@ -159,12 +159,14 @@ def _takes(room: Room, ask: RunAsk) -> bool:
     return ask.pool == "all" or room.pool == ask.pool
 
 
-def place(ask: RunAsk, rooms: list[Room], *, usable_only: bool = True) -> bool:
+def place(ask: RunAsk, rooms: list[Room], *, usable_only: bool = True, taken: list[tuple[str, Slot]] | None = None) -> bool:
     """Pack every slot of `ask` into `rooms` (first fit, largest first). True: `rooms` now
-    hold the run; False: they are left as they were."""
+    hold the run (and `taken`, when given, lists (node id, slot) for each); False: they are
+    left as they were."""
     candidates = [r for r in rooms if _takes(r, ask) and (r.usable or not usable_only)]
     saved = [(r, r.cpu, r.memory, dict(r.devices), set(r.ports), {k: set(v) for k, v in r.jobs.items()}) for r in candidates]
     key = (ask.namespace, ask.job_id)
+    placed: list[tuple[str, Slot]] = []
     order = sorted(ask.slots, key=lambda s: (sum(s.resources.devices.values()), s.resources.cpu, s.resources.memory), reverse=True)
     for slot in order:
         want = slot.resources
@@ -182,11 +184,42 @@ def place(ask: RunAsk, rooms: list[Room], *, usable_only: bool = True) -> bool:
             room.memory -= want.memory
             room.ports |= slot.ports
             room.jobs.setdefault(key, set()).add(slot.group)
+            placed.append((room.node_id, slot))
             break
         else:
             for room, cpu, memory, devices, ports, jobs in saved:
                 room.cpu, room.memory, room.devices, room.ports, room.jobs = cpu, memory, devices, ports, jobs
             return False
+    if taken is not None:
+        taken.extend(placed)
+    return True
+
+
+def reserve(ask: RunAsk, rooms: list[Room], stubs: Iterable[Mapping[str, Any]], allocs: Iterable[Mapping[str, Any]]) -> bool:
+    """Hold back in `rooms` (what is free now) what `ask` will take once the batch work on
+    its nodes ends: it is packed on the usable nodes as they would be with only long-lived
+    work left, and each slot is taken from its node's free room now, below zero where that
+    room is still in use. Nothing new then starts in what the run waits for. False: it does
+    not fit even then (nothing held back)."""
+    usable = [s for s in stubs if _usable(s)]
+    later = node_rooms(usable, allocs, keep=lambda a: capacity.holds_resources(a) and a.get("JobType") in LONG_LIVED_TYPES)
+    taken: list[tuple[str, Slot]] = []
+    if not place(ask, later, taken=taken):
+        return False
+    by_id = {room.node_id: room for room in rooms}
+    for node_id, slot in taken:
+        room = by_id.get(node_id)
+        if room is None:
+            continue
+        room.cpu -= slot.resources.cpu
+        room.memory -= slot.resources.memory
+        room.ports |= slot.ports
+        for asked, count in slot.resources.devices.items():
+            for name in sorted(room.devices):
+                if count and capacity.device_matches(asked, name):
+                    took = min(count, max(room.devices[name], 0)) or count  # below zero once none is free
+                    room.devices[name] -= took
+                    count -= took
     return True
 
 

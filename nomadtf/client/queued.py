@@ -104,7 +104,7 @@ class QueueStatus:
         parts = [f"{self.label} run {self.run_id} {line.note or 'waits'}: needs {line.needs.describe()}"]
         if line.short is not None and line.short != Resources():
             parts.append(f"the cluster lacks {describe_short(line.short)} now")
-        elif line.short is not None and line.note == "does not fit now":
+        elif line.short is not None and line.note.startswith("does not fit now"):
             parts.append("what is free is spread over nodes none of which can hold one of its allocations")
         parts.append(f"place {line.place} of {self.length} in the queue since {since}")
         return "; ".join(parts)

@@ -277,3 +277,36 @@ def test_a_node_down_longer_than_the_grace_period_does_not_count():
 def test_a_node_away_with_no_time_seen_counts_as_coming_back():
     # Nomad's node list says no time of the last status change: nobody watched it go.
     assert fit.never(ask(group("w", 1, 3000)), [node("a", status="down")], [], now=NOW) == ""
+
+
+# ---- reservations ------------------------------------------------------------------------
+
+
+def test_a_reservation_holds_back_what_the_run_waits_for_on_the_node_it_will_use():
+    nodes = [node("n1", 4000, 8000), node("n2", 4000, 8000)]
+    allocs = [alloc("n1", 3000, 1000, job="long-batch"), alloc("n2", 1000, 1000, job="web", job_type="service")]
+    rooms = fit.node_rooms(nodes, allocs)
+    waiting = ask(group("chief", 1, 3500))
+    assert not fit.place(waiting, copy.deepcopy(rooms))  # n1 has 1000 free now, n2 3000
+    assert fit.reserve(waiting, rooms, nodes, allocs)
+    # Once the batch run ends n1 has 4000: the run is packed there, and n1's room now is
+    # held below zero; n2 (where the service job stays) keeps what it has for backfill.
+    assert free(rooms) == {"n1": (1000 - 3500, 7000 - 500), "n2": (3000, 7000)}
+    assert not fit.place(ask(group("small", 1, 500), job_id="small"), [r for r in rooms if r.node_id == "n1"])
+    assert fit.place(ask(group("small", 1, 500), job_id="small"), rooms)
+
+
+def test_a_run_that_cannot_fit_even_when_batch_work_ends_reserves_nothing():
+    nodes = [node("n1", 2000, 8000)]
+    rooms = fit.node_rooms(nodes, [])
+    assert not fit.reserve(ask(group("chief", 1, 3000)), rooms, nodes, [])
+    assert free(rooms) == {"n1": (2000, 8000)}
+
+
+def test_a_reservation_takes_gpus_below_zero_when_none_is_free_now():
+    nodes = [node("n1", 8000, 16000, gpus=2)]
+    allocs = [alloc("n1", 1000, 1000, gpus=2, job="trainer")]
+    rooms = fit.node_rooms(nodes, allocs)
+    assert fit.reserve(ask(group("chief", 1, 1000, gpus=1)), rooms, nodes, allocs)
+    assert rooms[0].devices == {GPU: -1}
+    assert not fit.place(ask(group("other", 1, 100, gpus=1), job_id="other"), rooms)

@@ -1,0 +1,91 @@
+"""What the leader knows of sharing: the operator's policy and each namespace's remembered
+usage, kept current from Consul and the allocations.
+
+The policy is read again every POLICY_RECHECK_S (a change takes effect within that); one
+that does not parse (written past `admission policy set`, which checks it) is reported and
+the last good one kept. Usage is advanced every step from what each namespace's batch
+allocations hold, and saved every USAGE_SAVE_S, so a new leader remembers it.
+
+Usage:
+    sharing = Sharing(consul_client, on_event)
+    sharing.load(now)                      # when it starts to lead
+    sharing.step(held_by_namespace, now)   # each step: policy re-read when due, usage advanced
+    sharing.policy.of("team-a"); sharing.usage.average_share("team-a", total)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import consul
+
+from nomadtf import wire
+from nomadtf.admission import policy as policies
+from nomadtf.admission.usage import Usage
+from nomadtf.capacity import Resources
+from nomadtf.errors import PolicyError, ServerError
+
+POLICY_RECHECK_S = 10.0
+USAGE_SAVE_S = 30.0
+
+
+class Sharing:
+    def __init__(self, client: consul.Consul, on_event: Callable[[str], None] = lambda line: None):
+        self.consul = client
+        self.on_event = on_event
+        self.policy = policies.Policy()
+        self.usage = Usage(self.policy.half_life_s)
+        self.requests = 0
+        self._policy_index = -1
+        self._policy_checked = 0.0
+        self._saved_at = 0.0
+        self.problem = ""  # why the stored policy is not the one in force ("" when it is)
+
+    def load(self, now: float) -> None:
+        """The policy and the last leader's usage.  GET .../policy ; GET .../usage"""
+        from nomadtf.discovery import consul_call
+
+        self._read_policy(now)
+        _, item = consul_call("reading the namespaces' usage", self.consul.kv.get, wire.KV_ADMISSION_USAGE)
+        self.requests += 1
+        self.usage = Usage.load((item or {}).get("Value"), self.policy.half_life_s, now)
+        self._saved_at = now
+
+    def step(self, held: Mapping[str, Resources], now: float) -> None:
+        """GET .../policy every POLICY_RECHECK_S ; PUT .../usage every USAGE_SAVE_S"""
+        from nomadtf.discovery import consul_call
+
+        if now - self._policy_checked >= POLICY_RECHECK_S:
+            self._read_policy(now)
+        self.usage.advance(held, now)
+        if now - self._saved_at >= USAGE_SAVE_S:
+            self._saved_at = now
+            try:
+                consul_call("saving the namespaces' usage", self.consul.kv.put, wire.KV_ADMISSION_USAGE, self.usage.dump())
+                self.requests += 1
+            except ServerError as exc:
+                self.on_event(f"could not save the namespaces' usage: {exc}")
+
+    def _read_policy(self, now: float) -> None:
+        from nomadtf.discovery import consul_call
+
+        self._policy_checked = now
+        _, item = consul_call("reading the sharing policy", self.consul.kv.get, wire.KV_ADMISSION_POLICY)
+        self.requests += 1
+        index = int(item.get("ModifyIndex") or 0) if item else 0
+        if index == self._policy_index:
+            return
+        self._policy_index = index
+        try:
+            new = policies.parse(item["Value"]) if item and item.get("Value") else policies.Policy()
+        except PolicyError as exc:
+            problem = "; ".join(exc.problems)
+            if problem != self.problem:
+                self.on_event(f"the stored sharing policy is not valid, the last good one stays: {problem}")
+            self.problem = problem
+            return
+        if new != self.policy:
+            self.on_event("sharing policy " + ("set" if item and item.get("Value") else "cleared: the defaults apply"))
+        self.problem = ""
+        self.policy = new
+        self.usage.half_life_s = new.half_life_s
