@@ -151,9 +151,12 @@ def nomad_controller_policy() -> str:
 def consul_controller_rules() -> dict[str, Any]:
     """The controller's Consul token: its lead and its board (nobody else writes them), the
     runs' state under `nomadtf/` (a run given back after its gang timeout starts afresh:
-    its keys are cleared), its own session."""
+    its keys are cleared), its own session; the operator's sharing policy, read only."""
     return {
-        "key": {wire.KV_ADMISSION_LEADER: {"policy": "write"}, wire.KV_ADMISSION_BOARD: {"policy": "write"}},
+        "key": {
+            wire.KV_ADMISSION_LEADER: {"policy": "write"}, wire.KV_ADMISSION_BOARD: {"policy": "write"},
+            wire.KV_ADMISSION_POLICY: {"policy": "read"},
+        },
         "key_prefix": {"nomadtf/": {"policy": "write"}},
         "session_prefix": {"": {"policy": "write"}},
         "node_prefix": {"": {"policy": "read"}},

@@ -3,8 +3,10 @@ it runs (docs/guide/queueing.md, docs/design/admission.md).
 
 A run is registered by its submitter, with the submitter's own token, *suspended*
 (`suspension.py`); the controller (`controller.py`, leader-elected through `lease.py`)
-orders the suspended runs (`order.py`), checks that the whole run fits (`fit.py`) and
-admits it by scaling that exact job version's groups to their wanted counts. It never
+orders the suspended runs fairly between namespaces (`order.py`, under the operator's
+`policy.py`, with each namespace's remembered `usage.py`, both kept current by
+`sharing.py`), checks that the whole run fits (`fit.py`) and admits it by scaling that
+exact job version's groups to their wanted counts. It never
 registers or edits a job body. What a waiting run is told comes from the board the leader
 publishes (`board.py`). `deploy.py` is the controller's own Nomad service job.
 

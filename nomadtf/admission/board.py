@@ -122,6 +122,7 @@ class Board:
     length: int = 0
     free: Resources | None = None  # the usable nodes' free capacity when published
     recent: tuple[Happened, ...] = field(default_factory=tuple)  # the last admissions and refusals
+    policy: str = ""  # the digest of the sharing policy in force (policy.Policy.digest)
 
     def value(self) -> str:
         return json.dumps(
@@ -131,6 +132,7 @@ class Board:
                 "skipped": [asdict(s) for s in self.skipped[:100]],
                 "free": None if self.free is None else resources_dict(self.free),
                 "recent": [asdict(h) for h in self.recent[-20:]],
+                "policy": self.policy,
             },
             sort_keys=True,
         )  # fmt: skip
@@ -148,7 +150,8 @@ class Board:
         recent = tuple(_each(data.get("recent"), lambda item: Happened(str(item["namespace"]), str(item["ticket"]), str(item["what"])[:300])))
         at, length = _number(data.get("at"), 0.0), int(_number(data.get("length"), float(len(lines))))
         free = _quietly(lambda: _resources(data["free"])) if isinstance(data.get("free"), dict) else None
-        return cls(str(data.get("leader") or "")[:200], at, tuple(lines), tuple(skipped), length, free, recent)
+        policy = str(data.get("policy") or "")[:64]
+        return cls(str(data.get("leader") or "")[:200], at, tuple(lines), tuple(skipped), length, free, recent, policy)
 
     def line_of(self, ticket: str) -> BoardLine | None:
         return next((line for line in self.lines if line.ticket == ticket), None)

@@ -529,7 +529,8 @@ class Controller:
     def _publish(self, lines: list[boards.BoardLine], skipped: list[boards.Skipped], free: capacity.Resources) -> None:
         """PUT /v1/kv/nomadtf/_admission/board when what it says changed, or REPUBLISH_S
         after the last write (a waiter takes a board older than ten minutes for a dead leader)."""
-        board = boards.Board(self.name, 0.0, tuple(lines), tuple(skipped), len(lines), free, tuple(self.recent))
+        board = boards.Board(self.name, 0.0, tuple(lines), tuple(skipped), len(lines), free, tuple(self.recent),
+                             self.sharing.policy.digest())  # fmt: skip
         value, now = board.value(), time.monotonic()
         if value == self._published and now - self._published_at < REPUBLISH_S:
             return

@@ -37,6 +37,7 @@ Usage:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Mapping
@@ -142,6 +143,10 @@ class Policy:
 
     def of(self, namespace: str) -> Share:
         return self.namespaces.get(namespace, self.default)
+
+    def digest(self) -> str:
+        """A short name for this policy (the board says which one is in force)."""
+        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:12]
 
     def to_json(self) -> dict[str, Any]:
         """The policy as `policy show` prints it (every default spelled out)."""

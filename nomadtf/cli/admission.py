@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -13,6 +15,8 @@ import typer
 from nomadtf.cli.common import Namespace, stamp
 
 admission_app = typer.Typer(no_args_is_help=True, help="The admission controller: starts the runs queued in Nomad, in their turn.")
+policy_app = typer.Typer(no_args_is_help=True, help="The sharing policy: quotas per namespace, priority ceilings, fair share, backfill.")
+admission_app.add_typer(policy_app, name="policy")
 
 
 @admission_app.command()
@@ -78,6 +82,8 @@ def status() -> None:
     except ServerError:
         readable = set()  # Nomad unreadable: name no namespace rather than every one
     typer.echo(f"leader: {leader or 'none (no admission controller runs: nomadtf admission deploy)'}")
+    if board.policy:
+        typer.echo(f"sharing policy in force: {board.policy} (nomadtf admission policy show)")
     typer.echo(f"queued runs: {board.length}")
     for line in board.lines:
         where = f"namespace {line.namespace}" if line.namespace in readable else "another namespace"
@@ -90,3 +96,36 @@ def status() -> None:
     for happened in board.recent[-5:]:  # only what this token may see
         if happened.namespace in readable:
             typer.echo(f"  recent: {names.get(happened.ticket, happened.namespace + '/(gone)')} {happened.what}")
+
+
+@policy_app.command("set")
+def policy_set(file: Annotated[Path, typer.Argument(help="The policy as JSON (docs/guide/queueing.md: Sharing policy)", exists=True, dir_okay=False)]) -> None:
+    """Check the policy file and store it where the controller reads it (it takes effect
+    within 10 s). Takes an operator's Consul token: write on nomadtf/_admission/policy."""
+    from nomadtf.client.sharing import store_policy
+    from nomadtf.discovery import consul_client
+
+    parsed = store_policy(consul_client(), file.read_text())
+    stamp(f"sharing policy stored: {len(parsed.namespaces)} namespace(s) listed; the controller applies it within 10s")
+
+
+@policy_app.command("show")
+def policy_show() -> None:
+    """The policy in force, every default spelled out (the defaults when none is stored)."""
+    from nomadtf.client.sharing import stored_policy
+    from nomadtf.discovery import consul_client
+
+    parsed, stored = stored_policy(consul_client())
+    stamp(f"{'stored' if stored else 'no sharing policy is stored: the defaults'}, digest {parsed.digest()} "
+          "(`admission status` names the digest the controller applies)")  # fmt: skip
+    typer.echo(json.dumps(parsed.to_json(), indent=2))
+
+
+@policy_app.command("clear")
+def policy_clear() -> None:
+    """Remove the stored policy: the defaults apply again (no quota, no priority ceiling)."""
+    from nomadtf.client.sharing import clear_policy
+    from nomadtf.discovery import consul_client
+
+    clear_policy(consul_client())
+    stamp("sharing policy cleared: the defaults apply")
