@@ -1,0 +1,207 @@
+"""Fair sharing on the real single-node stack, with the admission controller `nomadtf dev up`
+deploys and the operator's sharing policy (`nomadtf admission policy`): the order is fair
+between teams, small runs start beside a large one that waits (backfill) until it has
+waited past the operator's bound (its reservation), and quotas with borrowing limits hold a
+team to its share without holding up the others (docs/guide/queueing.md).
+
+Every job asks a share of the node's CPU read from Nomad, as tests/stack/test_queueing.py's.
+The policy is the cluster's: each test that sets one clears it again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import requests
+
+from nomadtf import wire
+from nomadtf.admission import policy as policies
+from nomadtf.admission import suspension
+from nomadtf.client.queued import read_board
+from tests.helpers import nomad, nomadtf, probe_job, unique, wait_until, write_job
+from tests.stack.test_queueing import cluster_cpu, ensure_namespace, job_of, wait_queued
+
+pytestmark = pytest.mark.stack
+
+TEAM_A, TEAM_B = "team-a", "team-b"
+
+
+def sized_job(name: str, share: float, namespace: str, **context) -> dict:
+    """A probe job whose three tasks together ask `share` of the cluster's CPU."""
+    cpu = cluster_cpu()
+    spec = probe_job(name, namespace=namespace, context=context)
+    spec["roles"]["chief"]["cpu"] = int(cpu * share) - 100
+    spec["roles"]["worker"]["cpu"] = spec["roles"]["ps"]["cpu"] = 50
+    for role in spec["roles"].values():
+        role["memory"] = 300
+    return spec
+
+
+def submit(tmp_path: Path, name: str, share: float, namespace: str, **context) -> None:
+    out = nomadtf("run", str(write_job(tmp_path, sized_job(name, share, namespace, **context))), "--detach", timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+def started_at(name: str, namespace: str) -> int:
+    """When Nomad created the run's first allocation (0: none yet)."""
+    allocs = nomad(f"job/{name}/allocations", namespace=namespace)
+    return min((a["CreateTime"] for a in allocs), default=0)
+
+
+def running(name: str, namespace: str) -> bool:
+    allocs = nomad(f"job/{name}/allocations", namespace=namespace)
+    return len(allocs) == 3 and all(a["ClientStatus"] == "running" for a in allocs)
+
+
+def succeeded(name: str, namespace: str) -> bool:
+    return "outcome: succeeded" in nomadtf("status", name, "--namespace", namespace, timeout=60).stdout
+
+
+def line_of(name: str, namespace: str):
+    job = job_of(name, namespace)
+    return None if job is None else read_board().line_of(wire.queue_ticket(namespace, name, job["Meta"][wire.META_RUN]))
+
+
+def note_of(name: str, namespace: str) -> str:
+    line = line_of(name, namespace)
+    return line.note if line is not None else ""
+
+
+def set_policy(tmp_path: Path, value: dict) -> None:
+    """`nomadtf admission policy set`, then until the controller's board says it applies it."""
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(value))
+    out = nomadtf("admission", "policy", "set", str(path), timeout=60)
+    assert out.returncode == 0, out.stderr
+    digest = policies.parse(path.read_text()).digest()
+    wait_until(lambda: read_board().policy == digest, 30, "the controller to apply the policy")
+
+
+def clear_policy() -> None:
+    out = nomadtf("admission", "policy", "clear", timeout=60)
+    assert out.returncode == 0, out.stderr
+    wait_until(lambda: read_board().policy == policies.Policy().digest(), 30, "the controller to apply the defaults")
+
+
+def purge_in(name: str, namespace: str) -> None:
+    requests.delete(f"{os.environ['NOMAD_ADDR']}/v1/job/{name}", params={"purge": "true", "namespace": namespace}, timeout=10)
+
+
+@pytest.fixture
+def teams(stack):
+    for namespace in (TEAM_A, TEAM_B):
+        ensure_namespace(namespace)
+    made: list[tuple[str, str]] = []
+    yield made
+    for name, namespace in made:
+        purge_in(name, namespace)
+
+
+def test_team_b_s_only_run_starts_second_after_team_a_queued_three(teams, tmp_path):
+    """The issue's two teams: a1, a2, a3 of team-a, then b1 of team-b, all priority 50, each
+    65 % of the cluster. a1 starts at once; while it runs team-a holds 65 % and team-b
+    nothing, so b1 goes before a2 and a3."""
+    release = tmp_path / "release-a1"
+    a1, a2, a3, b1 = (unique(n) for n in ("fair-a1", "fair-a2", "fair-a3", "fair-b1"))
+    teams += [(a1, TEAM_A), (a2, TEAM_A), (a3, TEAM_A), (b1, TEAM_B)]
+    submit(tmp_path, a1, 0.65, TEAM_A, until_file=str(release))
+    wait_until(lambda: running(a1, TEAM_A), 90, "a1 to run")
+    for name in (a2, a3):
+        submit(tmp_path, name, 0.65, TEAM_A, sleep=1)
+        wait_queued(name, TEAM_A)
+    submit(tmp_path, b1, 0.65, TEAM_B, sleep=1)
+    wait_queued(b1, TEAM_B)
+    places = {name: wait_until(lambda name=name, ns=ns: line_of(name, ns), 30, f"{name} on the board").place
+              for name, ns in ((a2, TEAM_A), (a3, TEAM_A), (b1, TEAM_B))}  # fmt: skip
+    assert [name for name in sorted(places, key=places.get)] == [b1, a2, a3], places
+    release.touch()
+    for name, namespace in teams:
+        wait_until(lambda name=name, ns=namespace: succeeded(name, ns), 240, f"{name} to succeed", interval=1.0)
+    started = {name: started_at(name, ns) for name, ns in teams}
+    assert sorted(started, key=started.get) == [a1, b1, a2, a3], started
+
+
+def test_a_small_run_starts_beside_a_waiting_large_one_until_the_large_one_holds_a_reservation(teams, tmp_path):
+    """Another team's run holds 65 %; team-a's 70 % run waits; team-a's 20 % run queued after
+    it (behind it in line: same namespace, later arrival) starts at once (backfill). Once the
+    operator's bound says the large run has waited long enough, it holds a reservation: a
+    second 20 % run, which would fit, waits; the large run is not overtaken and everything
+    succeeds."""
+    release = tmp_path / "release-blocker"
+    blocker, large, small, late = (unique(n) for n in ("bf-blocker", "bf-large", "bf-small", "bf-late"))
+    teams += [(blocker, TEAM_B), (large, TEAM_A), (small, TEAM_A), (late, TEAM_A)]
+    try:
+        submit(tmp_path, blocker, 0.65, TEAM_B, until_file=str(release))
+        wait_until(lambda: running(blocker, TEAM_B), 90, "the blocker to run")
+        submit(tmp_path, large, 0.70, TEAM_A, sleep=1)
+        wait_queued(large, TEAM_A)
+        submit(tmp_path, small, 0.20, TEAM_A, sleep=1)
+        wait_until(lambda: succeeded(small, TEAM_A), 120, "the small run to start past the waiting large one and succeed", interval=1.0)
+        assert suspension.state(job_of(large, TEAM_A)) == suspension.QUEUED
+        assert note_of(large, TEAM_A) == "does not fit now"
+
+        set_policy(tmp_path, {"reserve_after": "1s"})
+        wait_until(lambda: "holds a reservation" in note_of(large, TEAM_A), 30, "the large run's reservation on the board")
+        submit(tmp_path, late, 0.20, TEAM_A, sleep=1)
+        wait_queued(late, TEAM_A)
+        assert line_of(late, TEAM_A).place == 2
+        # It would fit beside the blocker (as the small run did), but not beside the reservation.
+        assert not wait_until_or_none(lambda: suspension.state(job_of(late, TEAM_A)) != suspension.QUEUED, 8)
+        release.touch()
+        for name, namespace in teams:
+            wait_until(lambda name=name, ns=namespace: succeeded(name, ns), 240, f"{name} to succeed", interval=1.0)
+        assert started_at(large, TEAM_A) <= started_at(late, TEAM_A)
+    finally:
+        release.touch()
+        clear_policy()
+
+
+def wait_until_or_none(check, seconds: float):
+    """`check`'s first truthy answer within `seconds`, else None (for "stays so")."""
+    try:
+        return wait_until(check, seconds, "", interval=0.5)
+    except AssertionError:
+        return None
+
+
+def test_a_namespace_borrows_up_to_its_limit_waits_for_its_quota_without_holding_up_others_and_beyond_it_is_refused(teams, tmp_path):
+    """team-a: nominal 30 % of the CPU, borrowing limit 20 %, priorities capped at 40. Two of
+    its runs (25 % + 20 %) run, the second on borrowed capacity; a third (10 %, priority 90
+    written, 40 counted) waits for the quota although the cluster has room; team-b's run
+    queued after it starts; a run of 60 % fails at once; when team-a's runs end its third
+    starts."""
+    cpu = cluster_cpu()
+    release = tmp_path / "release-a"
+    a1, a2, a3, big, b1 = (unique(n) for n in ("q-a1", "q-a2", "q-a3", "q-big", "q-b1"))
+    teams += [(a1, TEAM_A), (a2, TEAM_A), (a3, TEAM_A), (big, TEAM_A), (b1, TEAM_B)]
+    try:
+        set_policy(tmp_path, {"namespaces": {TEAM_A: {"nominal": {"cpu": int(cpu * 0.30)}, "borrowing_limit": {"cpu": int(cpu * 0.20)},
+                                                      "max_priority": 40}}})  # fmt: skip
+        submit(tmp_path, a1, 0.25, TEAM_A, until_file=str(release))
+        submit(tmp_path, a2, 0.20, TEAM_A, until_file=str(release))
+        wait_until(lambda: running(a1, TEAM_A) and running(a2, TEAM_A), 90, "a1 and a2 (borrowing) to run")
+        spec = sized_job(a3, 0.10, TEAM_A, sleep=1)
+        spec["priority"] = 90
+        out = nomadtf("run", str(write_job(tmp_path, spec)), "--detach", timeout=120)
+        assert out.returncode == 0, out.stderr
+        wait_queued(a3, TEAM_A)
+        line = line_of(a3, TEAM_A)
+        assert line.note.startswith("waits for its namespace's quota (cpu ") and line.priority == 40, line
+        submit(tmp_path, b1, 0.20, TEAM_B, sleep=1)
+        wait_until(lambda: succeeded(b1, TEAM_B), 120, "team-b's run to start past team-a's waiting one and succeed", interval=1.0)
+        assert suspension.state(job_of(a3, TEAM_A)) == suspension.QUEUED
+
+        out = nomadtf("run", str(write_job(tmp_path, sized_job(big, 0.60, TEAM_A))), "--timeout", "2m", timeout=180)
+        assert out.returncode == 1, out.stderr
+        assert "it asks more than its namespace may ever hold (cpu" in out.stderr and "nominal quota plus borrowing limit" in out.stderr, out.stderr
+
+        release.touch()
+        for name in (a1, a2, a3):
+            wait_until(lambda name=name: succeeded(name, TEAM_A), 240, f"{name} to succeed", interval=1.0)
+        assert started_at(a3, TEAM_A) > started_at(b1, TEAM_B)
+    finally:
+        release.touch()
+        clear_policy()
