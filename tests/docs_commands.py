@@ -53,6 +53,7 @@ ON_STACK: dict[str, set[int]] = {
     r"nomadtf dev status": {0},
     r"nomadtf dev env": {0},
     r"nomadtf admission status": {0},
+    r"nomadtf admission policy show": {0},
 }
 # Each shown command that starts or stops something, and the existing test that runs it.
 RUN_BY: dict[str, str] = {
@@ -77,6 +78,8 @@ RUN_BY: dict[str, str] = {
     r"nomadtf run examples/docker/job\.json":
         "tests/stack/test_docker.py::test_the_docker_example_trains_with_every_task_in_a_container_of_its_memory",
     r"nomadtf dev down": "tests/stack/test_devstack.py::test_down_leaves_no_process_and_up_comes_back",
+    r"nomadtf admission policy (set examples/sharing/policy\.json|clear)":
+        "tests/stack/test_fair_sharing.py::test_the_documented_policy_is_stored_shown_applied_and_cleared",
     r"nomadtf dev binaries": "tests/unit/devstack/test_vagrant.py::test_dev_binaries_finds_what_dev_up_uses",
     r"nomadtf status digits": "tests/stack/test_run.py::test_parameter_server_example_trains_to_the_end",
     r"nomadtf logs digits --role chief": "tests/stack/test_run.py::test_parameter_server_example_trains_to_the_end",

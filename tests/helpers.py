@@ -21,11 +21,11 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
-def nomadtf(*args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+def nomadtf(*args: str, timeout: float = 600, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run the console script as a user would."""
     exe = Path(sys.executable).parent / "nomadtf"
     return subprocess.run(
-        [str(exe), *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+        [str(exe), *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd
     )
 
 

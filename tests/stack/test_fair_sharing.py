@@ -21,7 +21,7 @@ from nomadtf import wire
 from nomadtf.admission import policy as policies
 from nomadtf.admission import suspension
 from nomadtf.client.queued import read_board
-from tests.helpers import nomad, nomadtf, probe_job, unique, wait_until, write_job
+from tests.helpers import REPO, nomad, nomadtf, probe_job, unique, wait_until, write_job
 from tests.stack.test_queueing import cluster_cpu, ensure_namespace, job_of, wait_queued
 
 pytestmark = pytest.mark.stack
@@ -205,3 +205,37 @@ def test_a_namespace_borrows_up_to_its_limit_waits_for_its_quota_without_holding
     finally:
         release.touch()
         clear_policy()
+
+
+def test_the_documented_policy_is_stored_shown_applied_and_cleared(stack, tmp_path):
+    """docs/guide/queueing.md's commands, as shown, on its example policy (the same JSON the
+    page shows); then a policy that does not parse is refused with its fields named, and
+    nothing is stored."""
+    example = REPO / "examples" / "sharing" / "policy.json"
+    page = (REPO / "docs" / "guide" / "queueing.md").read_text()
+    shown = page.split("this one is `examples/sharing/policy.json`", 1)[1].split("```json\n", 1)[1].split("```", 1)[0]
+    assert json.loads(shown) == json.loads(example.read_text())
+    try:
+        out = nomadtf("admission", "policy", "set", "examples/sharing/policy.json", timeout=60, cwd=REPO)
+        assert out.returncode == 0 and "sharing policy stored: 2 namespace(s) listed" in out.stderr, out.stderr
+        expected = policies.parse(example.read_text())
+        shown = nomadtf("admission", "policy", "show", timeout=60)
+        assert shown.returncode == 0 and json.loads(shown.stdout) == expected.to_json(), shown.stdout + shown.stderr
+        assert f"digest {expected.digest()}" in shown.stderr
+        wait_until(lambda: read_board().policy == expected.digest(), 30, "the controller to apply the example policy")
+        status = nomadtf("admission", "status", timeout=60)
+        assert f"sharing policy in force: {expected.digest()}" in status.stdout, status.stdout
+
+        bad = tmp_path / "bad-policy.json"
+        bad.write_text(json.dumps({"namespaces": {"team-a": {"nominal": {"cpu": "lots"}, "max_priority": 0}}}))
+        out = nomadtf("admission", "policy", "set", str(bad), timeout=60)
+        assert out.returncode == 2, out.stderr
+        assert "namespaces.team-a.nominal.cpu: a whole number of 0 or more, got 'lots'" in out.stderr
+        assert "namespaces.team-a.max_priority: a whole number from 1 to 100, got 0" in out.stderr
+        assert json.loads(nomadtf("admission", "policy", "show", timeout=60).stdout) == expected.to_json()  # unchanged
+    finally:
+        out = nomadtf("admission", "policy", "clear", timeout=60)
+    assert out.returncode == 0 and "sharing policy cleared" in out.stderr, out.stderr
+    shown = nomadtf("admission", "policy", "show", timeout=60)
+    assert json.loads(shown.stdout) == policies.Policy().to_json() and "no sharing policy is stored" in shown.stderr
+    wait_until(lambda: read_board().policy == policies.Policy().digest(), 30, "the controller to apply the defaults")
