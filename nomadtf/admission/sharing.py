@@ -46,7 +46,11 @@ class Sharing:
         from nomadtf.discovery import consul_call
 
         self._read_policy(now)
-        _, item = consul_call("reading the namespaces' usage", self.consul.kv.get, wire.KV_ADMISSION_USAGE)
+        try:
+            _, item = consul_call("reading the namespaces' usage", self.consul.kv.get, wire.KV_ADMISSION_USAGE)
+        except ServerError as exc:  # admission goes on; the order starts from no memory
+            self.on_event(f"could not read the namespaces' usage, starting from none: {exc}")
+            item = None
         self.requests += 1
         self.usage = Usage.load((item or {}).get("Value"), self.policy.half_life_s, now)
         self._saved_at = now
@@ -70,7 +74,14 @@ class Sharing:
         from nomadtf.discovery import consul_call
 
         self._policy_checked = now
-        _, item = consul_call("reading the sharing policy", self.consul.kv.get, wire.KV_ADMISSION_POLICY)
+        try:
+            _, item = consul_call("reading the sharing policy", self.consul.kv.get, wire.KV_ADMISSION_POLICY)
+        except ServerError as exc:  # a token without read on it (an older controller policy): admission goes on
+            problem = f"could not read the sharing policy, the one in force stays: {exc}"
+            if problem != self.problem:
+                self.on_event(problem)
+            self.problem = problem
+            return
         self.requests += 1
         index = int(item.get("ModifyIndex") or 0) if item else 0
         if index == self._policy_index:

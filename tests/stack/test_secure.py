@@ -695,9 +695,14 @@ def test_a_hostile_neighbour_with_its_printed_rights_stops_no_other_team(secure_
     try:
         # 1. Consul: every key its token may write gets junk; the controller's keys and sessions are refused.
         junk = {"Entry": "not json", "priority": 10**9, "namespace": NAMESPACE_B}
-        for key in (wire.KV_ADMISSION_BOARD, wire.KV_ADMISSION_LEADER, "nomadtf/_admission/queue/team-b/x", f"nomadtf/{NAMESPACE_B}/x"):
+        for key in (wire.KV_ADMISSION_BOARD, wire.KV_ADMISSION_LEADER, wire.KV_ADMISSION_POLICY, wire.KV_ADMISSION_USAGE,
+                    "nomadtf/_admission/queue/team-b/x", f"nomadtf/{NAMESPACE_B}/x"):  # fmt: skip
             assert as_a_consul.put(f"{consul_url}/v1/kv/{key}", data=json.dumps(junk), timeout=10).status_code == 403, key
         assert as_a_consul.delete(f"{consul_url}/v1/kv/{wire.KV_ADMISSION_LEADER}", timeout=10).status_code == 403
+        # The sharing policy is the operator's: a team can neither write nor read it (`admission policy set` says what it takes).
+        assert as_a_consul.get(f"{consul_url}/v1/kv/{wire.KV_ADMISSION_POLICY}", timeout=10).status_code in (403, 404)
+        denied = nomadtf("admission", "policy", "clear", env=team_a, timeout=30)
+        assert denied.returncode == 1 and "an operator's token with write on key nomadtf/_admission/policy" in denied.stderr, denied.stderr
         sessions = api.get(f"{consul_url}/v1/session/list", timeout=10).json()
         for session in sessions:
             assert as_a_consul.put(f"{consul_url}/v1/session/destroy/{session['ID']}", timeout=10).status_code == 403
