@@ -8,7 +8,8 @@ orders the suspended runs fairly between namespaces (`order.py`, under the opera
 `sharing.py`), checks that the whole run fits (`fit.py`) and admits it by scaling that
 exact job version's groups to their wanted counts. It never
 registers or edits a job body. What a waiting run is told comes from the board the leader
-publishes (`board.py`). `deploy.py` is the controller's own Nomad service job.
+publishes (`board.py`); operators scrape its Prometheus metrics (`metrics.py`).
+`deploy.py` is the controller's own Nomad service job.
 
 Nothing is imported here: the pure modules load without any client library.
 """

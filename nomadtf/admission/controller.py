@@ -58,6 +58,16 @@ NEVER_RECHECK_S = 60.0  # how often a waiting run is judged "never" again
 REPUBLISH_S = 60.0  # an unchanged board is written again this often: its age says the leader lives
 
 
+class NoMetrics:
+    """What a controller without a metrics port reports to (admission/metrics.py's calls)."""
+
+    def leading(self, leads: bool) -> None: ...
+    def admitted(self, namespace: str, waited_s: float) -> None: ...
+    def refused(self, namespace: str) -> None: ...
+    def gave_back(self, namespace: str) -> None: ...
+    def observe(self, queued: Any, committed: Any, policy: Any, shares: Any) -> None: ...
+
+
 class LostLead(Exception):
     """The fence failed: another replica leads now; this one acts no more."""
 
@@ -89,6 +99,7 @@ class Controller:
         *,
         on_event: Callable[[str], None] = lambda line: None,
         after_fit: Callable[[QueuedRun], None] = lambda run: None,
+        metrics: Any = None,
     ):
         self.api = api  # namespace "*": reads every namespace it may
         # Called between the fit and the first admitting call (tests take capacity there,
@@ -99,6 +110,7 @@ class Controller:
         self.on_event = on_event
         self.lease = Lease(client, name)
         self.sharing = Sharing(client, on_event)
+        self.metrics = metrics or NoMetrics()  # admission/metrics.py's Metrics when served
         self.seen: dict[tuple[str, str], _Seen] = {}
         self.arrival: dict[tuple[str, str, str], int] = {}  # (ns, job, run) -> the index it queued at
         self.never_checked: dict[tuple[str, str, str], float] = {}
@@ -124,7 +136,11 @@ class Controller:
                 try:
                     if self.lease.acquire():
                         self.on_event(f"{self.name} leads admission")
-                        self.lead(stop)
+                        self.metrics.leading(True)
+                        try:
+                            self.lead(stop)
+                        finally:
+                            self.metrics.leading(False)
                         continue
                     index = self.lease.wait_for_change(index)
                 except (ServerError, LostLead) as exc:
@@ -209,8 +225,10 @@ class Controller:
             elif current == suspension.QUEUED:
                 queued.append(self._queued_run(job))
         policy = self.sharing.policy
-        average = {run.namespace: self.sharing.usage.average_share(run.namespace, total) for run in queued if run is not None}
+        known = set(self.sharing.usage.decayed) | {run.namespace for run in queued if run is not None}
+        average = {namespace: self.sharing.usage.average_share(namespace, total) for namespace in known}
         queued = order.fair_order((q for q in queued if q is not None), policy, average, committed, total)
+        self.metrics.observe((run.namespace for run in queued), committed, policy, average)
         lines = self._walk(queued, rooms, nodes, allocs, committed)
         free = capacity.total(capacity.Resources(max(r.cpu, 0), max(r.memory, 0), {k: max(v, 0) for k, v in r.devices.items()})
                               for r in rooms if r.usable)  # fmt: skip
@@ -381,6 +399,7 @@ class Controller:
                 index = self._scale(run, group, count, index, message, "admitted")
         self._scale(run, suspension.PLACEHOLDER_GROUP, 0, index, message, "admitted")
         self.in_flight[run.key] = InFlight(run, time.monotonic() + run.gang_timeout_s)
+        self.metrics.admitted(run.namespace, waited)
         self._note(run, f"admitted after {waited:.0f}s in the queue")
 
     def _refuse(self, run: QueuedRun, why: str) -> None:
@@ -390,6 +409,7 @@ class Controller:
         except NomadError as exc:
             self.on_event(f"could not refuse {run.namespace}/{run.job_id}: {exc}")
             return
+        self.metrics.refused(run.namespace)
         self._note(run, f"refused: {why}")
 
     # ---- who admitted what ----------------------------------------------------------------------
@@ -508,6 +528,7 @@ class Controller:
             ConsulDiscovery(run.job_id, run.namespace, client=self.consul, run_id=run.run_id).delete_run_keys()
         except ServerError as exc:
             self.on_event(f"could not clear the Consul keys of {run.namespace}/{run.job_id} run {run.run_id}: {exc}")
+        self.metrics.gave_back(run.namespace)
         self._note(run, f"not placed whole within {run.gang_timeout_s:g}s: gave back its placed part; queued again")
 
     def _reserve_in_flight(self, rooms: list[fit.Room], allocs: list[dict[str, Any]]) -> None:

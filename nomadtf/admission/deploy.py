@@ -16,6 +16,7 @@ from nomadtf import wire
 if TYPE_CHECKING:
     from nomadtf.nomad import NomadAPI
 
+METRICS_SERVICE = wire.ADMISSION_SERVICE_JOB  # the Nomad service (provider "nomad") of the replicas' metrics ports
 SERVICE_TOKENS_VAR = f"nomad/jobs/{wire.ADMISSION_SERVICE_JOB}"  # its tasks may read it (workload identity)
 # Where `deploy --tokens` finds the controller's own tokens (item of the variable -> variable name).
 CONTROLLER_TOKEN_ENV = {"nomad_token": "NOMADTF_CONTROLLER_NOMAD_TOKEN", "consul_token": "NOMADTF_CONTROLLER_CONSUL_TOKEN"}
@@ -49,7 +50,8 @@ def service_job(
     task = {
         "Name": "admission",
         "Driver": "raw_exec",
-        "Config": {"command": python, "args": ["-m", "nomadtf", "admission", "serve"]},
+        "Config": {"command": python, "args": ["-m", "nomadtf", "admission", "serve", "--metrics-port", "${NOMAD_PORT_metrics}",
+                                               "--metrics-address", "${NOMAD_IP_metrics}"]},  # fmt: skip
         "Env": environment,
         "Resources": {"CPU": 100, "MemoryMB": 128},
         "KillTimeout": 5_000_000_000,
@@ -70,6 +72,10 @@ def service_job(
         "Name": "admission",
         "Count": count,
         "Tasks": [task],
+        # Each replica's metrics (admission/metrics.py), found through Nomad's own service
+        # catalogue (a Prometheus `nomad_sd_configs` job): no Consul rights needed to register.
+        "Networks": [{"DynamicPorts": [{"Label": "metrics"}]}],
+        "Services": [{"Name": METRICS_SERVICE, "PortLabel": "metrics", "Provider": "nomad", "Tags": ["metrics"]}],
         "RestartPolicy": {"Attempts": 10, "Interval": 600_000_000_000, "Delay": 2_000_000_000, "Mode": "delay"},
     }
     # A standby on its leader's client dies with it. distinct_hosts keeps the replicas on

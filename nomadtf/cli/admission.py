@@ -20,7 +20,10 @@ admission_app.add_typer(policy_app, name="policy")
 
 
 @admission_app.command()
-def serve() -> None:
+def serve(
+    metrics_port: Annotated[int, typer.Option("--metrics-port", help="Serve Prometheus metrics on this port (0: none)")] = 0,
+    metrics_address: Annotated[str, typer.Option("--metrics-address", help="The address the metrics port listens on")] = "127.0.0.1",
+) -> None:
     """Run one replica of the admission controller here (what `deploy` runs in the cluster).
     One replica leads and admits; the others stand by. SIGTERM or Ctrl-C ends it."""
     import socket
@@ -36,7 +39,14 @@ def serve() -> None:
     try:
         alloc = f" alloc {os.environ['NOMAD_ALLOC_ID'][:8]}" if os.environ.get("NOMAD_ALLOC_ID") else ""
         name = f"{socket.gethostname()} pid {os.getpid()}{alloc}"
-        Controller(NomadAPI.from_env(namespace="*"), consul_client(), name, on_event=stamp).serve(threading.Event())
+        metrics = None
+        if metrics_port:
+            from nomadtf.admission.metrics import Metrics
+
+            metrics = Metrics()
+            metrics.serve(metrics_port, metrics_address)
+            stamp(f"metrics at http://{metrics_address}:{metrics_port}/metrics")
+        Controller(NomadAPI.from_env(namespace="*"), consul_client(), name, on_event=stamp, metrics=metrics).serve(threading.Event())
     except KeyboardInterrupt:
         pass
     stamp("admission controller replica stopped")

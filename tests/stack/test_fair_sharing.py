@@ -239,3 +239,58 @@ def test_the_documented_policy_is_stored_shown_applied_and_cleared(stack, tmp_pa
     shown = nomadtf("admission", "policy", "show", timeout=60)
     assert json.loads(shown.stdout) == policies.Policy().to_json() and "no sharing policy is stored" in shown.stderr
     wait_until(lambda: read_board().policy == policies.Policy().digest(), 30, "the controller to apply the defaults")
+
+
+def scrape() -> dict[str, float]:
+    """The leading replica's metrics, found as a Prometheus `nomad_sd_configs` job finds them
+    (GET /v1/service/nomadtf-admission), by series: {'name{label="v",...}': value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    leading = []
+    for registration in nomad("service/nomadtf-admission"):
+        text = requests.get(f"http://{registration['Address']}:{registration['Port']}/metrics", timeout=10).text
+        series = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+                series[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+        if series.get("nomadtf_admission_leader") == 1.0:
+            leading.append(series)
+    assert len(leading) == 1, f"{len(leading)} replicas say they lead"
+    return leading[0]
+
+
+def test_the_controller_s_metrics_count_queued_runs_admissions_waits_and_quota_use(teams, tmp_path):
+    """Scraped from the replicas' metrics ports as Prometheus would: one leads; a run waiting
+    behind another team's is counted in its namespace; the running one's CPU is its
+    namespace's quota use beside its nominal quota; the admission and its wait are counted."""
+    cpu = cluster_cpu()
+    release = tmp_path / "release-blocker"
+    blocker, waiting = unique("m-blocker"), unique("m-waiting")
+    teams += [(blocker, TEAM_A), (waiting, TEAM_B)]
+    try:
+        set_policy(tmp_path, {"namespaces": {TEAM_A: {"nominal": {"cpu": int(cpu * 0.8), "gpus": 1}}}})
+        before = scrape()
+        admitted_b = before.get(f'nomadtf_admission_admissions_total{{namespace="{TEAM_B}"}}', 0.0)
+        waits_b = before.get(f'nomadtf_admission_wait_seconds_count{{namespace="{TEAM_B}"}}', 0.0)
+        submit(tmp_path, blocker, 0.65, TEAM_A, until_file=str(release))
+        wait_until(lambda: running(blocker, TEAM_A), 90, "the blocker to run")
+        submit(tmp_path, waiting, 0.65, TEAM_B, sleep=1)
+        wait_queued(waiting, TEAM_B)
+        held = sum(t["Resources"]["CPU"] for g in job_of(blocker, TEAM_A)["TaskGroups"] for t in g["Tasks"] if g["Count"])
+        metrics = wait_until(lambda: (m := scrape()).get(f'nomadtf_admission_queued_runs{{namespace="{TEAM_B}"}}') == 1.0 and m, 30,
+                             "team-b's waiting run in the metrics")  # fmt: skip
+        assert metrics[f'nomadtf_admission_quota_used{{namespace="{TEAM_A}",resource="cpu"}}'] >= held
+        assert metrics[f'nomadtf_admission_quota_nominal{{namespace="{TEAM_A}",resource="cpu"}}'] == int(cpu * 0.8)
+        assert metrics[f'nomadtf_admission_quota_nominal{{namespace="{TEAM_A}",resource="nvidia/gpu"}}'] == 1
+        assert 0 < metrics[f'nomadtf_admission_usage_share{{namespace="{TEAM_A}"}}'] < 1
+        release.touch()
+        wait_until(lambda: succeeded(waiting, TEAM_B), 120, "the waiting run to succeed", interval=1.0)
+        after = wait_until(lambda: (m := scrape()).get(f'nomadtf_admission_queued_runs{{namespace="{TEAM_B}"}}') == 0.0 and m, 30,
+                           "team-b's queue empty in the metrics")  # fmt: skip
+        assert after[f'nomadtf_admission_admissions_total{{namespace="{TEAM_B}"}}'] == admitted_b + 1
+        assert after[f'nomadtf_admission_wait_seconds_count{{namespace="{TEAM_B}"}}'] == waits_b + 1
+        assert after[f'nomadtf_admission_wait_seconds_sum{{namespace="{TEAM_B}"}}'] > 0
+    finally:
+        release.touch()
+        clear_policy()

@@ -31,8 +31,12 @@ def test_the_job_is_a_nomadtf_service_running_admission_serve():
     assert (inner["ID"], inner["Type"], inner["Namespace"], inner["Datacenters"]) == (wire.ADMISSION_SERVICE_JOB, "service", "ops", ["dc1"])
     assert inner["Meta"] == {wire.META_SERVICE: "admission"}
     (task,) = _group(job)["Tasks"]
-    assert task["Config"] == {"command": "/opt/venv/bin/python", "args": ["-m", "nomadtf", "admission", "serve"]}
+    assert task["Config"] == {"command": "/opt/venv/bin/python", "args": [
+        "-m", "nomadtf", "admission", "serve", "--metrics-port", "${NOMAD_PORT_metrics}", "--metrics-address", "${NOMAD_IP_metrics}"]}  # fmt: skip
     assert task["Env"] == ADDRESSES and _group(job)["Count"] == 2
+    # Each replica's metrics port, in Nomad's own service catalogue (no Consul rights needed).
+    assert _group(job)["Networks"] == [{"DynamicPorts": [{"Label": "metrics"}]}]
+    assert _group(job)["Services"] == [{"Name": "nomadtf-admission", "PortLabel": "metrics", "Provider": "nomad", "Tags": ["metrics"]}]
 
 
 def test_replicas_are_kept_on_distinct_hosts_when_there_are_enough_clients():
