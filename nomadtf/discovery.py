@@ -485,6 +485,17 @@ class ConsulDiscovery:
         _, items = consul_call("listing sessions", self.consul.session.list)
         return [s for s in items if s.get("Name", "").startswith(f"nomadtf {self.job_id} ")]
 
+    def admitted_at(self) -> bytes | None:
+        """When the admission controller admitted this run (None: not queued, or unreadable:
+        the deadline then counts from the submission, as without a controller).
+
+        GET /v1/kv/nomadtf/<ns>/<job>/<run>/admitted_at"""
+        try:
+            _, item = consul_call("reading when the run was admitted", self.consul.kv.get, wire.kv_admitted_at(*self._kv, self.run_id))
+        except ServerError:
+            return None
+        return (item or {}).get("Value")
+
     def delete_run_keys(self) -> None:
         """This run's keys, all of them (a run sent back to the admission queue starts afresh).
 

@@ -190,6 +190,13 @@ def kv_done_prefix(namespace: str, job_id: str, run_id: str = "") -> str:
     return kv_cluster_prefix(namespace, job_id, run_id) + "done/"
 
 
+def kv_admitted_at(namespace: str, job_id: str, run_id: str = "") -> str:
+    """When the admission controller admitted this run (unix time): recovery.deadline counts
+    from here rather than from the submission, time in the queue not counted. Written by the
+    controller before its first admitting call; cleared with the run's keys on a give-back."""
+    return kv_prefix(namespace, job_id, run_id) + "admitted_at"
+
+
 def kv_progress(namespace: str, job_id: str, run_id: str = "") -> str:
     return kv_prefix(namespace, job_id, run_id) + "progress"
 

@@ -390,6 +390,9 @@ class Controller:
             self.lease.publish(wire.kv_admitted(*run.key), run.run_id)
             self.admitted[run.key] = run.run_id
             self.requests += 2
+        # The run's deadline counts from now, not from its submission (runtime/deadline.py).
+        self.lease.publish(wire.kv_admitted_at(run.namespace, run.job_id, run.run_id), f"{time.time():.3f}")
+        self.requests += 1
         current = suspension.group_counts(job)
         waited = max(0.0, time.time() - run.since) if run.since else 0.0
         message = f"nomadtf admission: admitted run {run.run_id} after {waited:.0f}s in the queue"

@@ -1,7 +1,9 @@
 """The task's time limits. Pure.
 
-- recovery.deadline counts from the run's submission, whoever follows the job or not: when
-  it passes, the job fails as a whole, recorded against the task whose exit decides it.
+- recovery.deadline counts from the run's submission, or from its admission where an
+  admission controller queued it (`counting_from_admission`: time in the queue does not
+  count), whoever follows the job or not: when it passes, the job fails as a whole, recorded
+  against the task whose exit decides it.
 - A decision (the run's outcome) is retried while Consul is away until that deadline, and
   at least a minute: it is never dropped early.
 - A login or a session is retried for the server retry budget (job.json `env`
@@ -10,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 
@@ -18,6 +21,20 @@ from nomadtf.outcome import DEADLINE_WHY
 from nomadtf.spec import JobSpec
 
 MIN_DECISION_RETRY_S = 60.0
+
+
+def counting_from_admission(spec: JobSpec, admitted_at: object) -> JobSpec:
+    """`spec` with its deadline counted from `admitted_at` (the value of wire.kv_admitted_at,
+    as bytes or text) when that is a time after the submission; unchanged otherwise (no
+    controller admitted it, or the value is not a time: a submitter may write its own run's
+    keys, and so only ever move its own run's deadline)."""
+    try:
+        when = float(admitted_at.decode() if isinstance(admitted_at, bytes) else str(admitted_at))
+    except (TypeError, ValueError, UnicodeDecodeError):
+        return spec
+    if spec.submitted_at is None or not spec.submitted_at < when < spec.submitted_at + 10 * 365 * 86400:
+        return spec
+    return dataclasses.replace(spec, submitted_at=when)
 
 
 def seconds_left(spec: JobSpec, now: float) -> float | None:
@@ -47,7 +64,7 @@ def deciding_task(spec: JobSpec) -> tuple[str, int] | None:
 
 def passed_why(spec: JobSpec) -> str:
     """The reason recorded when the deadline passes (nomadtf.outcome reads it as timed out)."""
-    return f"{DEADLINE_WHY} ({spec.recovery.deadline_s:.0f}s after submission)"
+    return f"{DEADLINE_WHY} ({spec.recovery.deadline_s:.0f}s after submission or admission)"
 
 
 def server_retry_s(environ: Mapping[str, str] = os.environ) -> float:

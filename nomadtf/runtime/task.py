@@ -73,6 +73,7 @@ def _supervise(role: str) -> int:
             log.info("Consul token read from Vault (%s)%s", grant.path, "; renewed while we run" if grant.lease else "")
         client = consul_client(token=grant.token if grant else None)
         discovery = ConsulDiscovery(spec.name, spec.namespace, client=client, run_id=spec.run_id)
+        spec = deadline.counting_from_admission(spec, discovery.admitted_at())
         return Supervisor(spec, role, alloc, discovery, vault=vault).run()
     finally:
         if grant is not None:

@@ -38,7 +38,7 @@ def test_the_record_decides_success_once_every_task_has_stopped():
 def test_a_recorded_failure_and_the_deadline():
     failed = decide(_job(), DONE, "failed: chief[0] exited 3, a permanent exit code", RUN, 2)
     assert (failed.kind, failed.reason, failed.exit_code) == ("failed", "chief[0] exited 3, a permanent exit code", 1)
-    late = decide(_job(), DONE, f"failed: chief[0] exited 1, {outcome.DEADLINE_WHY} (60s after submission)", RUN, 2)
+    late = decide(_job(), DONE, f"failed: chief[0] exited 1, {outcome.DEADLINE_WHY} (60s after submission or admission)", RUN, 2)
     assert late.kind == outcome.TIMED_OUT and late.exit_code == 5
 
 

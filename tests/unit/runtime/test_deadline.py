@@ -27,6 +27,18 @@ def test_the_deadline_counts_from_the_submission_not_from_our_start():
     assert deadline.seconds_left(_spec(submitted_at=None), now=1000.0) is None  # nothing to count from
 
 
+@pytest.mark.parametrize(("admitted_at", "counts_from"), [
+    (b"1500.250", 1500.25), ("1500", 1500.0),  # admitted 500 s after the submission: the queue's time is not counted
+    (None, 1000.0), (b"", 1000.0), (b"soon", 1000.0), (b"\xff", 1000.0),  # no controller, or junk: from the submission
+    (b"900", 1000.0), (b"1e12", 1000.0), (b"nan", 1000.0), (b"inf", 1000.0),  # before it, or absurdly late: not a time of this run
+])  # fmt: skip
+def test_a_run_the_admission_controller_queued_counts_its_deadline_from_its_admission(admitted_at, counts_from):
+    spec = deadline.counting_from_admission(_spec(submitted_at=1000.0, deadline_s="10m"), admitted_at)
+    assert spec.submitted_at == counts_from
+    assert deadline.seconds_left(spec, now=counts_from + 100) == 500.0
+    assert deadline.counting_from_admission(_spec(submitted_at=None), b"1500").submitted_at is None
+
+
 def test_a_decision_is_retried_until_the_deadline_and_at_least_a_minute():
     spec = _spec(submitted_at=1000.0, deadline_s="10m")
     assert deadline.decision_retry_s(spec, now=1100.0) == 500.0
@@ -38,7 +50,7 @@ def test_the_deadlines_failure_is_the_deciding_tasks_and_reads_as_timed_out():
     spec = _spec()
     assert deadline.deciding_task(spec) == ("chief", 0)
     why = deadline.passed_why(spec)
-    assert why == f"{outcome.DEADLINE_WHY} (600s after submission)"
+    assert why == f"{outcome.DEADLINE_WHY} (600s after submission or admission)"
     assert outcome.DEADLINE_WHY in why  # what nomadtf.outcome reads as timed out
 
 
