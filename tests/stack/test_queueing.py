@@ -511,3 +511,26 @@ def test_a_detached_run_is_admitted_when_the_leading_replica_is_killed(stack, tm
         release.touch()
         purge(blocker)
         purge(name)
+
+
+def test_a_run_queued_longer_than_its_deadline_counts_it_from_its_admission_and_succeeds(stack, tmp_path):
+    """recovery.deadline 20 s; the run waits 25 s behind another; admitted, it trains its 3 s
+    and succeeds (the deadline counts from the admission the controller recorded)."""
+    blocker, release = start_blocker(tmp_path)
+    name = unique("late-deadline")
+    spec = share_job(name, 0.65, sleep=3)
+    spec["recovery"]["deadline"] = "20s"
+    try:
+        follower = popen_run(write_job(tmp_path, spec), "--timeout", "3m")
+        job = wait_queued(name)
+        time.sleep(25)
+        assert follower.poll() is None and state_of(name) == suspension.QUEUED
+        release.touch()
+        _, err = follower.communicate(timeout=150)
+        assert follower.returncode == 0, err
+        admitted_at = consul_client().kv.get(wire.kv_admitted_at("default", name, job["Meta"][wire.META_RUN]))[1]
+        assert admitted_at and float(admitted_at["Value"]) >= job["SubmitTime"] / 1e9 + 25
+    finally:
+        release.touch()
+        purge(blocker)
+        purge(name)
