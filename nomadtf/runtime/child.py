@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 
@@ -131,6 +132,24 @@ class Child:
             return proc.environ().get(wire.ENV_CHILD_MARK) == self.mark
         except psutil.Error:
             return False
+
+    def catches(self, sig: int) -> bool:
+        """Whether the child has a handler for `sig` (its SigCgt in /proc): a signal it does
+        not catch would kill it (SIGUSR1's default action is to terminate)."""
+        try:
+            for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+        except (OSError, ValueError, IndexError):
+            pass
+        return False
+
+    def send(self, sig: int) -> None:
+        """`sig` to the child alone (not its group)."""
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
 
     def stop(self, grace: float = STOP_GRACE_S) -> int | None:
         """SIGTERM the group and every descendant, SIGKILL what is left after `grace`,

@@ -59,10 +59,11 @@ class EventLoop:
         self._queue.put(event)
 
     def install_signals(self) -> None:
-        """SIGTERM/SIGINT ask to stop; SIGHUP asks to re-read the cluster file. Set up as
-        the first thing `nomadtf task` does (SIGHUP is ignored before that, from the top of
+        """SIGTERM/SIGINT ask to stop; SIGHUP asks to re-read the cluster file; SIGUSR1 asks
+        the code to checkpoint now (the admission controller preempts the run). Set up as the
+        first thing `nomadtf task` does (SIGHUP is ignored before that, from the top of
         nomadtf.__main__) and left in place until the process exits."""
-        for sig in (*self.STOP_SIGNALS, signal.SIGHUP):
+        for sig in (*self.STOP_SIGNALS, signal.SIGHUP, signal.SIGUSR1):
             signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:

@@ -141,6 +141,9 @@ class Supervisor:
         if event.kind == SIGNAL:
             if event.data == signal.SIGHUP:
                 return self._step()  # someone asks us to re-read the cluster (file)
+            if event.data == signal.SIGUSR1:
+                self._pass_checkpoint_request()
+                return None
             log.info("received signal %d; stopping", event.data)
             code = self._stop_child()
             return 0 if code in (None, 0, -signal.SIGTERM, -signal.SIGKILL) else code
@@ -457,6 +460,19 @@ class Supervisor:
         assert self.running is not None
         self.running.for_peer_change = True
         return None
+
+    def _pass_checkpoint_request(self) -> None:
+        """The admission controller asks the run to checkpoint before it is preempted: the
+        code gets the signal when it catches it (nomadtf.progress.on_checkpoint_request);
+        code that does not would be killed by it, and is stopped with SIGTERM soon anyway."""
+        child = self.running.child if self.running else None
+        if child is None or not child.alive():
+            return
+        if child.catches(signal.SIGUSR1):
+            log.info("checkpoint requested (the run is being preempted): passed on to the code")
+            child.send(signal.SIGUSR1)
+        else:
+            log.info("checkpoint requested (the run is being preempted); the code does not catch SIGUSR1: not passed on")
 
     def _stop_child(self) -> int | None:
         if not self.running:
