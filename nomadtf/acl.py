@@ -136,9 +136,10 @@ def consul_submitter_rules(namespace: str) -> dict[str, Any]:
 
 
 # The admission controller's Nomad capabilities in every namespace: read the jobs, their
-# allocations and scaling events, and resume (scale) suspended runs. No submit-job: it can
-# neither register nor edit a job body, nor stop one.
-NOMAD_CONTROLLER_CAPABILITIES = ("list-jobs", "read-job", "scale-job", "read-job-scaling")
+# allocations and scaling events, resume (scale) suspended runs and suspend a preempted one,
+# and signal a run it preempts to checkpoint (alloc-lifecycle). No submit-job: it can neither
+# register nor edit a job body, nor stop one.
+NOMAD_CONTROLLER_CAPABILITIES = ("list-jobs", "read-job", "scale-job", "read-job-scaling", "alloc-lifecycle")
 
 
 def nomad_controller_policy() -> str:

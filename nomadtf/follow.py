@@ -234,7 +234,7 @@ class Follower:
                 # An admission scales group by group: every version of this run is ours.
                 self.versions |= versions_of_run(self.api.versions(self.job_id), self.run_id) | {job.get("Version", 0)}
             if job is not None and run_of(job) == self.run_id and not job.get("Stop") and suspension.is_waiting(job):
-                raise Requeued(f"{self.job_id} run {self.run_id} was given back to the queue by the admission controller")
+                raise Requeued(self._requeued_why())
             allocs = of_run(every, self.versions)
             self._report_events(allocs)
             self._report_environments()
@@ -249,6 +249,20 @@ class Follower:
             if result.kind == outcomes.SUCCEEDED:
                 return view
             raise OUTCOME_ERRORS[result.kind](self._ending_report(result, view, allocs))
+
+    def _requeued_why(self) -> str:
+        """What the controller said when it put the run back in line: preempted (by whom, at
+        which step) or not placed whole in time.  GET /v1/job/:job_id/scale"""
+        fallback = f"{self.job_id} run {self.run_id} was given back to the queue by the admission controller"
+        try:
+            events = self.api.scaling_events(self.job_id).get(suspension.PLACEHOLDER_GROUP) or []
+        except ServerError:
+            return fallback
+        for event in events:  # newest first
+            meta = event.get("Meta") or {}
+            if meta.get(META_RUN) == self.run_id and meta.get(suspension.META_ADMISSION) in ("preempted", "requeued"):
+                return f"{self.job_id} {str(event.get('Message') or '').removeprefix('nomadtf admission: ')}"
+        return fallback
 
     def _recorded(self) -> Any:
         """The run's recorded state; outcome.UNKNOWN while Consul cannot be read."""

@@ -457,6 +457,12 @@ class NomadAPI:
             f"stopping allocation {alloc_id[:8]}", "alloc-lifecycle", self.client.allocation, alloc_id, "stop", method="post"
         )
 
+    def signal_allocation(self, alloc_id: str, signal: str) -> None:
+        """`signal` to every task of the allocation (the admission controller's checkpoint
+        request before a preemption).  POST /v1/client/allocation/:alloc_id/signal"""
+        with translated(self.settings, f"signalling allocation {alloc_id[:8]}", "alloc-lifecycle"):
+            self._send(self.client.client.allocation, alloc_id, "signal", method="post", json={"Signal": signal, "Task": None})
+
     def evaluations(self, job_id: str) -> list[dict[str, Any]]:
         """GET /v1/job/:job_id/evaluations"""
         return self._json(f"evaluations of {job_id}", "read-job", self.client.job, job_id, "evaluations")

@@ -43,7 +43,7 @@ import consul
 
 from nomadtf import capacity, wire
 from nomadtf.admission import board as boards
-from nomadtf.admission import fit, order, suspension
+from nomadtf.admission import fit, order, preemption, suspension
 from nomadtf.admission.lease import Lease
 from nomadtf.admission.order import QueuedRun
 from nomadtf.admission.sharing import Sharing
@@ -56,6 +56,8 @@ MAX_ADMITS_PER_STEP = 20  # a burst is admitted over several steps: gang checks 
 PUBLISH_MIN_S = 1.0  # the board is written at most this often (it is rewritten whole)
 NEVER_RECHECK_S = 60.0  # how often a waiting run is judged "never" again
 REPUBLISH_S = 60.0  # an unchanged board is written again this often: its age says the leader lives
+MAX_PREEMPT_LOOKS = 5  # the first runs in line that do not fit look for victims each step, not all
+MIN_PREEMPT_GRACE_S = 5.0  # a preempted run has at least this long (else its kill timeout) to checkpoint
 
 
 class NoMetrics:
@@ -65,6 +67,7 @@ class NoMetrics:
     def admitted(self, namespace: str, waited_s: float) -> None: ...
     def refused(self, namespace: str) -> None: ...
     def gave_back(self, namespace: str) -> None: ...
+    def preempted(self, namespace: str) -> None: ...
     def observe(self, queued: Any, committed: Any, policy: Any, shares: Any) -> None: ...
 
 
@@ -79,6 +82,16 @@ class InFlight:
     run: QueuedRun
     deadline: float  # monotonic
     admitted_at: float = field(default_factory=time.time)
+
+
+@dataclass
+class Preempting:
+    """A run asked to checkpoint, to be suspended once its kill timeout has passed."""
+
+    victim: preemption.Candidate
+    for_key: tuple[str, str]  # the waiting run it makes room for
+    by: str  # "team-b/big (priority 90)"
+    suspend_at: float  # monotonic
 
 
 @dataclass
@@ -115,6 +128,8 @@ class Controller:
         self.arrival: dict[tuple[str, str, str], int] = {}  # (ns, job, run) -> the index it queued at
         self.never_checked: dict[tuple[str, str, str], float] = {}
         self.in_flight: dict[tuple[str, str], InFlight] = {}
+        self.preempting: dict[tuple[str, str], Preempting] = {}  # victim -> its preemption
+        self.making_room: dict[tuple[str, str], set[tuple[str, str]]] = {}  # waiting run -> its victims
         self.down_since: dict[str, float] = {}  # node id -> when this replica first saw it away
         self.blocked = False  # the last walk stopped at a run that does not fit: wait on the allocations
         self.more = False  # the last walk stopped at MAX_ADMITS_PER_STEP: step again at once
@@ -204,6 +219,7 @@ class Controller:
         now = time.time()
         self.down_since = {n["ID"]: self.down_since.get(n["ID"], now) for n in nodes if n.get("Status") != "ready"}
         self._check_in_flight(jobs, allocs)
+        self._suspend_preempted(jobs)
         rooms = fit.node_rooms(nodes, allocs)
         self._reserve_in_flight(rooms, allocs)
         committed = self._committed(allocs)
@@ -229,7 +245,14 @@ class Controller:
         average = {namespace: self.sharing.usage.average_share(namespace, total) for namespace in known}
         queued = order.fair_order((q for q in queued if q is not None), policy, average, committed, total)
         self.metrics.observe((run.namespace for run in queued), committed, policy, average)
-        lines = self._walk(queued, rooms, nodes, allocs, committed)
+        waiting_keys = {run.key for run in queued}
+        holding = {(a.get("Namespace", "default"), a.get("JobID", "")) for a in allocs if capacity.holds_resources(a)}
+        for key, victims in list(self.making_room.items()):
+            # Admitted, stopped or purged; or its victims are suspended and gone and it still
+            # does not fit (others took the room): it may look for victims again.
+            if key not in waiting_keys or not victims & (set(self.preempting) | holding):
+                del self.making_room[key]
+        lines = self._walk(queued, rooms, nodes, allocs, committed, jobs)
         free = capacity.total(capacity.Resources(max(r.cpu, 0), max(r.memory, 0), {k: max(v, 0) for k, v in r.devices.items()})
                               for r in rooms if r.usable)  # fmt: skip
         self._publish(lines, skipped, free)
@@ -297,7 +320,7 @@ class Controller:
     # ---- the walk in order -----------------------------------------------------------------------
 
     def _walk(self, queued: list[QueuedRun], rooms: list[fit.Room], nodes: list[dict[str, Any]], allocs: list[dict[str, Any]],
-              committed: dict[str, capacity.Resources]) -> list[boards.BoardLine]:  # fmt: skip
+              committed: dict[str, capacity.Resources], jobs: dict[tuple[str, str], dict[str, Any]]) -> list[boards.BoardLine]:  # fmt: skip
         """Admit what fits, in order (the module's docstring, step 2); the board's lines.
         `committed`: what each namespace holds and has admitted (its quota's use)."""
         policy = self.sharing.policy
@@ -307,6 +330,9 @@ class Controller:
         admitted = 0
         now = time.time()
         place = 0
+        running: list[preemption.Candidate] | None = None  # read once, when a run first does not fit
+        preempted = False  # one new preemption a step: each is seen through before the next is planned
+        looked = 0  # runs that looked for victims this step
         for run in queued:
             assert run.ask is not None
             run_key = (run.namespace, run.job_id, run.run_id)
@@ -345,6 +371,17 @@ class Controller:
                 continue
             short = capacity.shortfall(needs, _free_of(rooms, run.ask))
             waiting = True
+            making_room = not strict_stop and run.key in self.making_room
+            if not strict_stop and not making_room and not preempted and looked < MAX_PREEMPT_LOOKS:
+                looked += 1
+                if running is None:
+                    running = self._running_runs(jobs, allocs, committed)
+                making_room = preempted = self._preempt_for(run, missing, rooms, running, jobs, committed)
+            if making_room:
+                fit.reserve(missing, rooms, nodes, allocs)  # what its victims give back is its
+                count = len(self.making_room.get(run.key, ()))
+                lines.append(line(f"does not fit now; preempting {count} run(s) to make room: it starts once they have stopped", short))
+                continue
             if strict_stop:
                 lines.append(line("waits for the runs ahead of it", short))
                 continue
@@ -512,18 +549,124 @@ class Controller:
                 self.in_flight.pop(key, None)
                 self._give_back(flight.run, job, placed)
 
-    def _give_back(self, run: QueuedRun, job: dict[str, Any], placed: dict[str, int]) -> None:
-        """Placeholder up first (the job stays pending), then every group to 0, the unplaced
-        ones first (a placed group stopped first would free room for a blocked one, which
-        Nomad would then place only for us to stop it); the run's Consul keys go (its next
-        admission starts afresh); it keeps its place in line."""
+    # ---- preemption ------------------------------------------------------------------------------
+
+    def _running_runs(self, jobs: dict[tuple[str, str], dict[str, Any]], allocs: list[dict[str, Any]],
+                      committed: dict[str, capacity.Resources]) -> list[preemption.Candidate]:  # fmt: skip
+        """The admitted runs placed whole and running that a waiting run might preempt (their
+        progress not read yet)."""
+        policy = self.sharing.policy
+        held: dict[tuple[str, str], list[tuple[str, capacity.Resources]]] = {}
+        for alloc in allocs:
+            if capacity.holds_resources(alloc):
+                held.setdefault((alloc.get("Namespace", "default"), alloc.get("JobID", "")), []).append(
+                    (alloc.get("NodeID", ""), capacity.alloc_resources(alloc)))
+        out = []
+        for key, job in jobs.items():
+            if key not in held or key in self.in_flight or key in self.preempting or job.get("Status") == "dead":
+                continue
+            if suspension.state(job) != suspension.ADMITTED:
+                continue
+            owner = policy.of(key[0])
+            borrowing = owner.nominal is not None and bool(owner.over(committed.get(key[0], capacity.Resources()), capacity.Resources(), nominal_only=True))
+            out.append(preemption.Candidate(key[0], key[1], (job.get("Meta") or {}).get(wire.META_RUN, ""),
+                                            owner.priority(order.clamp_priority(job.get("Priority"))), tuple(held[key]),
+                                            (job.get("ModifyTime") or 0) / 1e9, borrowing))  # fmt: skip
+        return out
+
+    def _preempt_for(self, run: QueuedRun, missing: fit.RunAsk, rooms: list[fit.Room], running: list[preemption.Candidate],
+                     jobs: dict[tuple[str, str], dict[str, Any]], committed: dict[str, capacity.Resources]) -> bool:  # fmt: skip
+        """Start preempting the runs that make room for `run` (preemption.py), if any may.
+
+        GET .../progress per candidate ; POST /v1/client/allocation/:id/signal per victim allocation"""
+        share = self.sharing.policy.of(run.namespace)
+        reclaims = share.nominal is not None and not share.over(committed.get(run.namespace, capacity.Resources()), missing.needs, nominal_only=True)
+        candidates = [c for c in running if c.key != run.key and c.key not in self.preempting and preemption.reason(run.priority, reclaims, c)]
+        if not candidates or not preemption.fits_without(missing, rooms, candidates):
+            return False
+        candidates = [replace(c, **self._progress_of(c.namespace, c.job_id, c.run_id)) for c in candidates]
+        victims = preemption.choose(missing, rooms, candidates)
+        if not victims:
+            return False
+        by = f"{run.namespace}/{run.job_id} (priority {run.priority})"
+        for victim in victims:
+            self._ask_to_checkpoint(victim, jobs[victim.key], by, run.key)
+        self.making_room[run.key] = {v.key for v in victims}
+        return True
+
+    def _progress_of(self, namespace: str, job_id: str, run_id: str) -> dict[str, int | None]:
+        """{"step", "checkpoint_step"} from the run's progress record (None: none reported).
+
+        GET /v1/kv/nomadtf/<ns>/<job>/<run>/progress"""
         from nomadtf.discovery import ConsulDiscovery
 
         try:
-            index = self._scale(run, suspension.PLACEHOLDER_GROUP, 1, int(job.get("JobModifyIndex") or 0),
-                                f"nomadtf admission: run {run.run_id} not placed whole within its gang timeout; queued again", "requeued")  # fmt: skip
+            record = ConsulDiscovery(job_id, namespace, client=self.consul, run_id=run_id).progress() or {}
+        except (ServerError, ValueError):
+            record = {}
+        self.requests += 1
+        def number(value: Any) -> int | None:
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+        return {"step": number(record.get("step")), "checkpoint_step": number(record.get("checkpoint_step"))}
+
+    def _ask_to_checkpoint(self, victim: preemption.Candidate, job: dict[str, Any], by: str, for_key: tuple[str, str]) -> None:
+        """SIGUSR1 to each of the victim's allocations (the supervisor passes it on to code that
+        catches it); it is suspended once its kill timeout has passed."""
+        api = self._api(victim.namespace)
+        for alloc in api.allocations(victim.job_id):
+            if capacity.holds_resources(alloc) and alloc.get("ClientStatus") == "running":
+                try:
+                    api.signal_allocation(alloc["ID"], "SIGUSR1")
+                except ServerError as exc:
+                    self.on_event(f"could not ask {victim.namespace}/{victim.job_id} allocation {alloc['ID'][:8]} to checkpoint: {exc}")
+                self.requests += 1
+        self.requests += 1
+        grace = max(MIN_PREEMPT_GRACE_S, _kill_timeout_s(job))
+        self.preempting[victim.key] = Preempting(victim, for_key, by, time.monotonic() + grace)
+        lost = f"{victim.steps_lost} step(s) since its last checkpoint" if victim.step is not None else "no progress reported"
+        self._note_key(victim.namespace, victim.job_id, victim.run_id,
+                       f"to be preempted for {by}: asked to checkpoint, suspended in {grace:.0f}s ({lost})")  # fmt: skip
+
+    def _suspend_preempted(self, jobs: dict[tuple[str, str], dict[str, Any]]) -> None:
+        """Each victim whose kill timeout has passed: suspended whole and queued again."""
+        for key, preempting in list(self.preempting.items()):
+            job = jobs.get(key)
+            if job is None or (job.get("Meta") or {}).get(wire.META_RUN) != preempting.victim.run_id or job.get("Status") == "dead":
+                del self.preempting[key]  # it ended (or was stopped) meanwhile: nothing to suspend
+                continue
+            if time.monotonic() < preempting.suspend_at and not self._checkpointed_since(preempting):
+                continue
+            del self.preempting[key]
+            run = self._queued_run(job)
+            if run is None:
+                continue
+            step = self._progress_of(*key, run.run_id)["step"]
+            at = f" at step {step}" if step is not None else ""
+            self._give_back(run, job, {}, f"nomadtf admission: run {run.run_id} preempted{at} by {preempting.by}; requeued", "preempted",
+                            f"preempted{at} by {preempting.by}: suspended whole; queued again")  # fmt: skip
+            self.metrics.preempted(run.namespace)
+
+    def _checkpointed_since(self, preempting: Preempting) -> bool:
+        """The victim reported a checkpoint newer than the one it had when it was asked: it
+        need not be given the rest of its kill timeout."""
+        victim = preempting.victim
+        saved = self._progress_of(victim.namespace, victim.job_id, victim.run_id)["checkpoint_step"]
+        return saved is not None and (victim.checkpoint_step is None or saved > victim.checkpoint_step)
+
+    def _give_back(self, run: QueuedRun, job: dict[str, Any], placed: dict[str, int], message: str = "", verdict: str = "requeued",
+                   note: str = "") -> None:  # fmt: skip
+        """Placeholder up first (the job stays pending), then every group to 0, the unplaced
+        ones first (a placed group stopped first would free room for a blocked one, which
+        Nomad would then place only for us to stop it); the run's Consul keys go (its next
+        admission starts afresh); it keeps its place in line. `message`/`verdict`: what the
+        placeholder's scaling event says (a preemption's, else the gang timeout's)."""
+        from nomadtf.discovery import ConsulDiscovery
+
+        message = message or f"nomadtf admission: run {run.run_id} not placed whole within its gang timeout; queued again"
+        try:
+            index = self._scale(run, suspension.PLACEHOLDER_GROUP, 1, int(job.get("JobModifyIndex") or 0), message, verdict)
             for group in sorted(run.counts, key=lambda g: (placed.get(g, 0) >= run.counts[g], g)):
-                index = self._scale(run, group, 0, index, f"nomadtf admission: gave back the placed part of run {run.run_id}", "requeued")
+                index = self._scale(run, group, 0, index, f"nomadtf admission: gave back the placed part of run {run.run_id}", verdict)
         except NomadError as exc:
             self.on_event(f"could not give back {run.namespace}/{run.job_id}: {exc}")
             return
@@ -531,6 +674,9 @@ class Controller:
             ConsulDiscovery(run.job_id, run.namespace, client=self.consul, run_id=run.run_id).delete_run_keys()
         except ServerError as exc:
             self.on_event(f"could not clear the Consul keys of {run.namespace}/{run.job_id} run {run.run_id}: {exc}")
+        if note:
+            self._note(run, note)
+            return
         self.metrics.gave_back(run.namespace)
         self._note(run, f"not placed whole within {run.gang_timeout_s:g}s: gave back its placed part; queued again")
 
@@ -545,9 +691,12 @@ class Controller:
     # ---- what it says -----------------------------------------------------------------------------
 
     def _note(self, run: QueuedRun, what: str) -> None:
+        self._note_key(run.namespace, run.job_id, run.run_id, what)
+
+    def _note_key(self, namespace: str, job_id: str, run_id: str, what: str) -> None:
         """The replica's log names the run; the board only its ticket."""
-        self.on_event(f"{run.namespace}/{run.job_id} run {run.run_id}: {what}")
-        happened = boards.Happened(run.namespace, wire.queue_ticket(run.namespace, run.job_id, run.run_id), f"{time.strftime('%H:%M:%S')} {what}")
+        self.on_event(f"{namespace}/{job_id} run {run_id}: {what}")
+        happened = boards.Happened(namespace, wire.queue_ticket(namespace, job_id, run_id), f"{time.strftime('%H:%M:%S')} {what}")
         self.recent = (self.recent + [happened])[-20:]
 
     def _publish(self, lines: list[boards.BoardLine], skipped: list[boards.Skipped], free: capacity.Resources) -> None:
@@ -598,6 +747,12 @@ def _free_of(rooms: list[fit.Room], ask: fit.RunAsk) -> capacity.Resources:
         for name, count in room.devices.items():
             devices[name] = devices.get(name, 0) + max(count, 0)
     return capacity.Resources(sum(max(r.cpu, 0) for r in mine), sum(max(r.memory, 0) for r in mine), devices)
+
+
+def _kill_timeout_s(job: dict[str, Any]) -> float:
+    """The longest KillTimeout of the job's tasks, in seconds (Nomad's default: 5 s)."""
+    timeouts = [int(task.get("KillTimeout") or 5_000_000_000) for group in job.get("TaskGroups") or [] for task in group.get("Tasks") or []]
+    return max(timeouts, default=5_000_000_000) / 1e9
 
 
 def _board_line(run: QueuedRun, place: int, note: str, short: capacity.Resources | None = None) -> boards.BoardLine:

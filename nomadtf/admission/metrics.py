@@ -9,6 +9,7 @@ registers it as the Nomad service `nomadtf-admission`).
 | nomadtf_admission_admissions_total | counter | namespace |
 | nomadtf_admission_refusals_total | counter | namespace |
 | nomadtf_admission_give_backs_total | counter | namespace (not placed whole within the gang timeout) |
+| nomadtf_admission_preemptions_total | counter | namespace (of the run preempted) |
 | nomadtf_admission_wait_seconds | histogram | namespace (time in the queue, at admission) |
 | nomadtf_admission_quota_used | gauge | namespace, resource (cpu MHz, memory MB, gpu) |
 | nomadtf_admission_quota_nominal | gauge | namespace, resource (listed namespaces with a nominal quota) |
@@ -46,6 +47,7 @@ class Metrics:
         self.admissions = Counter("nomadtf_admission_admissions", "Runs admitted", ["namespace"], registry=r)
         self.refusals = Counter("nomadtf_admission_refusals", "Runs refused (they can never fit)", ["namespace"], registry=r)
         self.give_backs = Counter("nomadtf_admission_give_backs", "Admitted runs given back: not placed whole in time", ["namespace"], registry=r)
+        self.preemptions = Counter("nomadtf_admission_preemptions", "Runs preempted: suspended whole and queued again", ["namespace"], registry=r)
         self.wait = Histogram("nomadtf_admission_wait_seconds", "Time in the queue, at admission", ["namespace"], buckets=WAIT_BUCKETS, registry=r)
         self.quota_used = Gauge("nomadtf_admission_quota_used", "What a namespace's batch work holds and its admitted runs wait for",
                                 ["namespace", "resource"], registry=r)  # fmt: skip
@@ -66,6 +68,9 @@ class Metrics:
 
     def refused(self, namespace: str) -> None:
         self.refusals.labels(namespace).inc()
+
+    def preempted(self, namespace: str) -> None:
+        self.preemptions.labels(namespace).inc()
 
     def gave_back(self, namespace: str) -> None:
         self.give_backs.labels(namespace).inc()

@@ -133,7 +133,7 @@ def status(
 ) -> None:
     """The jobs nomadtf started (matched by their Meta), or one of them in detail."""
     from nomadtf.admission import suspension
-    from nomadtf.client.queued import QueueStatus, read_board, refusal
+    from nomadtf.client.queued import QueueStatus, preemptions, read_board, refusal
     from nomadtf.discovery import ConsulDiscovery
     from nomadtf.follow import alloc_slot, describe_runs, job_report, nomadtf_jobs, restarts_of
     from nomadtf.nomad import NomadAPI
@@ -166,8 +166,11 @@ def status(
             typer.echo(f"{name:<24} {job['Status']:<8} {age / 60:6.1f}m  {roles}")
         return
     report = job_report(api, job_id, lambda run_id: ConsulDiscovery(job_id, api.namespace, run_id=run_id))
+    history = preemptions(api, job_id, report.state.run_id) if report.state.run_id else []
     if suspension.is_waiting(report.state.job):
         typer.echo(f"{job_id}: run {report.state.run_id} {queue_line(report.state.job)}")
+        for line in history:
+            typer.echo(f"  {line}")
         return
     if suspension.state(report.state.job) == suspension.REFUSED:
         typer.echo(f"{job_id}: dead  run {report.state.run_id or '-'}  not admitted: {refusal(api, job_id)}")
@@ -187,6 +190,8 @@ def status(
         typer.echo(f"  step {report.progress.get('step')}  {metrics}".rstrip())
     if report.consul_error:
         typer.echo(f"  (no outcome or progress: {report.consul_error})")
+    for line in history:
+        typer.echo(f"  {line}")
     for line, slots in report.runs.items():
         typer.echo(f"  {describe_runs(line, slots)}")
     for role, rv in state.view.roles.items():

@@ -68,6 +68,25 @@ def refusal(api: NomadAPI, job_id: str) -> str:
     return "the admission controller refused it"
 
 
+def preemptions(api: NomadAPI, job_id: str, run_id: str) -> list[str]:
+    """When and by whom the admission controller preempted this run, oldest first:
+    ["10:05:12 preempted at step 420 by team-b/big (priority 90); requeued"].
+
+    GET /v1/job/:job_id/scale"""
+    try:
+        events = api.scaling_events(job_id).get(suspension.PLACEHOLDER_GROUP) or []
+    except ServerError:
+        return []
+    out = []
+    for event in reversed(events):  # Nomad lists the newest first
+        meta = event.get("Meta") or {}
+        if meta.get(suspension.META_ADMISSION) == "preempted" and meta.get(wire.META_RUN) == run_id:
+            when = time.strftime("%H:%M:%S", time.localtime(int(event.get("Time") or 0) / 1e9))
+            message = str(event.get("Message") or "").removeprefix("nomadtf admission: ").removeprefix(f"run {run_id} ")
+            out.append(f"{when} {message}")
+    return out
+
+
 def describe_short(short: Resources) -> str:
     """'cpu 1200 MHz, nvidia/gpu x1': only the dimensions that lack something."""
     parts = [f"cpu {short.cpu} MHz"] if short.cpu else []

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,7 @@ from nomadtf.admission import policy as policies
 from nomadtf.admission import suspension
 from nomadtf.client.queued import read_board
 from tests.helpers import REPO, nomad, nomadtf, probe_job, unique, wait_until, write_job
-from tests.stack.test_queueing import cluster_cpu, ensure_namespace, job_of, wait_queued
+from tests.stack.test_queueing import cluster_cpu, ensure_namespace, job_of, popen_run, wait_queued
 
 pytestmark = pytest.mark.stack
 
@@ -294,3 +296,52 @@ def test_the_controller_s_metrics_count_queued_runs_admissions_waits_and_quota_u
     finally:
         release.touch()
         clear_policy()
+
+
+def preemptible_job(name: str, share: float, namespace: str, model_dir: Path, priority: int, **context) -> dict:
+    """tests/jobs/preemptible.py sized as sized_job, with its own model dir."""
+    spec = sized_job(name, share, namespace, **context)
+    spec["entrypoint"]["script"] = "preemptible.py"
+    spec["model_dir"] = str(model_dir)
+    spec["priority"] = priority
+    return spec
+
+
+def test_a_priority_90_run_preempts_a_priority_30_run_which_checkpoints_first_and_resumes(teams, tmp_path):
+    """The issue's preemption: a priority-30 run (followed by `nomadtf run`) holds 65 %; a
+    priority-90 run of another team needs 65 %. The low run's code is asked to checkpoint
+    and does, is suspended whole and queued again; the high run starts within 40 s and
+    succeeds; the low run is admitted again, resumes from its checkpoint without --resume,
+    and its follower, having said what happened, exits 0. `status` shows the preemption."""
+    low, high = unique("pre-low"), unique("pre-high")
+    teams += [(low, TEAM_A), (high, TEAM_B)]
+    model_dir = tmp_path / "model-low"
+    spec_low = preemptible_job(low, 0.65, TEAM_A, model_dir, 30, steps=40, step_s=0.5, checkpoint_every=1000)
+    follower = popen_run(write_job(tmp_path, spec_low), "--timeout", "4m")
+    try:
+        wait_until(lambda: running(low, TEAM_A), 90, "the low-priority run to run")
+        wait_until(lambda: "chief started at step 0" in _log(model_dir) and (nomadtf("status", low, "--namespace", TEAM_A).stdout.count("step ") > 0),
+                   60, "the low-priority run to report steps")  # fmt: skip
+        started = time.time()
+        out = nomadtf("run", str(write_job(tmp_path, preemptible_job(high, 0.65, TEAM_B, tmp_path / "model-high", 90, steps=4, step_s=0.5))),
+                      "--timeout", "3m", timeout=240)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        assert started_at(high, TEAM_B) / 1e9 - started < 40, "the high-priority run started more than 40 s after it was submitted"
+        _, err = follower.communicate(timeout=240)
+        assert follower.returncode == 0, err
+        assert re.search(rf"preempted at step \d+ by {TEAM_B}/{high} \(priority 90\); requeued", err), err
+        log = _log(model_dir)
+        assert "chief asked to checkpoint" in log, log  # the code's handler ran
+        saved = int(re.search(r"chief checkpoint at step (\d+)", log)[1])
+        assert f"chief started at step {saved}" in log, log  # resumed from that checkpoint, no --resume
+        assert "chief finished" in log
+        status = nomadtf("status", low, "--namespace", TEAM_A, timeout=60).stdout
+        assert re.search(rf"\d\d:\d\d:\d\d preempted at step \d+ by {TEAM_B}/{high}", status), status
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+
+
+def _log(model_dir: Path) -> str:
+    path = model_dir / "log"
+    return path.read_text() if path.exists() else ""

@@ -118,7 +118,8 @@ def test_the_controller_s_nomad_policy_reads_and_scales_jobs_everywhere_and_subm
     policy = acl.nomad_controller_policy()
     namespaces = re.findall(r'namespace "([^"]*)" \{\n  capabilities = \[([^\]]*)\]\n\}', policy)
     assert len(namespaces) == 1 and namespaces[0][0] == "*"
-    assert set(json.loads(f"[{namespaces[0][1]}]")) == {"list-jobs", "read-job", "scale-job", "read-job-scaling"}
+    # alloc-lifecycle: a run it preempts is asked to checkpoint (a signal to its allocations).
+    assert set(json.loads(f"[{namespaces[0][1]}]")) == {"list-jobs", "read-job", "scale-job", "read-job-scaling", "alloc-lifecycle"}
     assert 'node {\n  policy = "read"\n}' in policy
     assert "submit-job" not in policy and "agent" not in policy and "write" not in policy
     assert policy.count("{") == 2  # the namespace and the node block, nothing else
