@@ -345,3 +345,26 @@ def test_a_priority_90_run_preempts_a_priority_30_run_which_checkpoints_first_an
 def _log(model_dir: Path) -> str:
     path = model_dir / "log"
     return path.read_text() if path.exists() else ""
+
+
+def test_a_namespace_borrowing_idle_capacity_gives_it_back_by_preemption_when_the_owner_s_run_arrives(teams, tmp_path):
+    """team-a's nominal quota is 30 % of the CPU, team-b's 70 %. With the cluster idle, team-a's
+    65 % run borrows; team-b's 65 % run (within its nominal quota, same priority) reclaims:
+    team-a's run checkpoints, is suspended, and resumes once team-b's has ended."""
+    cpu = cluster_cpu()
+    borrower, owner = unique("reclaim-a"), unique("reclaim-b")
+    teams += [(borrower, TEAM_A), (owner, TEAM_B)]
+    model_dir = tmp_path / "model-borrower"
+    try:
+        set_policy(tmp_path, {"namespaces": {TEAM_A: {"nominal": {"cpu": int(cpu * 0.30)}}, TEAM_B: {"nominal": {"cpu": int(cpu * 0.70)}}}})
+        follower = popen_run(write_job(tmp_path, preemptible_job(borrower, 0.65, TEAM_A, model_dir, 50, steps=30, step_s=0.5)), "--timeout", "4m")
+        wait_until(lambda: running(borrower, TEAM_A) and "chief started at step 0" in _log(model_dir), 90, "team-a's run to borrow")
+        out = nomadtf("run", str(write_job(tmp_path, sized_job(owner, 0.65, TEAM_B, sleep=2))), "--timeout", "3m", timeout=240)
+        assert out.returncode == 0, out.stderr
+        _, err = follower.communicate(timeout=240)
+        assert follower.returncode == 0, err
+        assert re.search(rf"preempted at step \d+ by {TEAM_B}/{owner} \(priority 50\); requeued", err), err
+        assert "chief asked to checkpoint" in _log(model_dir) and "chief finished" in _log(model_dir)
+        assert started_at(owner, TEAM_B) < max(a["CreateTime"] for a in nomad(f"job/{borrower}/allocations", namespace=TEAM_A))
+    finally:
+        clear_policy()
