@@ -30,8 +30,10 @@ DEFAULTS = {
 }
 
 try:  # nomadtf's progress channel is optional: the script must also run on its own.
+    from nomadtf import progress
     from nomadtf.progress import report
 except ImportError:
+    progress = None
 
     def report(**_metrics):
         pass
@@ -126,13 +128,18 @@ def main():
         step.assign_add(1)
         return loss
 
+    # Before nomadtf's admission controller preempts the run for another, it asks for a
+    # checkpoint: saved at the next step, so that the run loses (almost) nothing.
+    if progress is not None:
+        progress.on_checkpoint_request()
     # The chief counts scheduled steps itself; `step` on the ps agrees after every join.
     done = int(step.numpy())
     while done < params["steps"]:
         loss = coordinator.schedule(train_step, args=(per_worker_iterator,))
         done += 1
         at_log = done % params["log_every"] == 0
-        at_checkpoint = done % params["checkpoint_every"] == 0 or done == params["steps"]
+        asked = progress is not None and progress.checkpoint_requested()
+        at_checkpoint = done % params["checkpoint_every"] == 0 or done == params["steps"] or asked
         if at_log or at_checkpoint:
             coordinator.join()  # a consistent view of the variables and a fetchable loss
         if at_log:
@@ -141,6 +148,8 @@ def main():
             report(step=done, loss=loss_value)
         if at_checkpoint:
             manager.save(checkpoint_number=done, options=io_options)
+            if progress is not None:
+                progress.checkpointed(done)
         if done == params["hang_once_at_step"]:
             hang_once(os.path.join(model_dir, "hung-once"))
 

@@ -6,7 +6,8 @@ A run is registered by its submitter, with the submitter's own token, *suspended
 orders the suspended runs fairly between namespaces (`order.py`, under the operator's
 `policy.py`, with each namespace's remembered `usage.py`, both kept current by
 `sharing.py`), checks that the whole run fits (`fit.py`) and admits it by scaling that
-exact job version's groups to their wanted counts. It never
+exact job version's groups to their wanted counts; it preempts running runs for a run of
+much higher priority or a namespace reclaiming its quota (`preemption.py`). It never
 registers or edits a job body. What a waiting run is told comes from the board the leader
 publishes (`board.py`); operators scrape its Prometheus metrics (`metrics.py`).
 `deploy.py` is the controller's own Nomad service job.
