@@ -260,7 +260,7 @@ class Follower:
             return fallback
         for event in events:  # newest first
             meta = event.get("Meta") or {}
-            if meta.get(META_RUN) == self.run_id and meta.get(suspension.META_ADMISSION) in ("preempted", "requeued"):
+            if meta.get(META_RUN) == self.run_id and meta.get(suspension.META_ADMISSION) in ("preempted", "requeued", "not-ready"):
                 return f"{self.job_id} {str(event.get('Message') or '').removeprefix('nomadtf admission: ')}"
         return fallback
 

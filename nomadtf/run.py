@@ -221,7 +221,10 @@ class Run:
 
         POST /v1/jobs (EnforceIndex) ; GET /v1/job/:job_id after a refusal"""
         job = render.render_job(self.spec, self.templates, RunInfo(run_id, time.time(), model_run), self.target)
-        body = suspension.suspend(job, self.spec.admission.gang_timeout_s) if suspended else job
+        admission = self.spec.admission
+        # The tasks' rendezvous waits out an environment build too: so does the controller.
+        ready_s = admission.ready_timeout_s + (self.spec.environment.timeout_s if self.spec.environment and admission.ready_timeout_s else 0.0)
+        body = suspension.suspend(job, admission.gang_timeout_s, ready_s, admission.requeue_limit) if suspended else job
         try:
             registered = self.api.register(body, modify_index=modify_index)
             self.registered = (run_id, suspended, int(registered.get("JobModifyIndex") or 0))

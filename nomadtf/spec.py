@@ -384,6 +384,11 @@ def cross_field_problems(document: dict[str, Any]) -> list[str]:
         problems.append("success: 'chief' needs a chief; add roles.chief or use 'worker0' / 'all_workers'")
     if success in ("worker0", "all_workers") and not role_table.runs_user_code(strategy, "worker"):
         problems.append(f"success: {success!r} needs workers that run your code; strategy {strategy!r} runs a bare server there; use 'chief'")
+    ready = parse_seconds((document.get("admission") or {}).get("ready_timeout", "0s"))
+    rendezvous = parse_seconds((document.get("discovery") or {}).get("rendezvous_timeout", "5m"))
+    if ready and ready >= rendezvous:
+        problems.append(f"admission.ready_timeout: must be shorter than discovery.rendezvous_timeout ({rendezvous:g}s), or the run fails "
+                        "before it could be queued again; shorten it, or lengthen the rendezvous timeout")  # fmt: skip
     entry = document["entrypoint"]
     if "function" in entry and strategy != "legacy_server":
         problems.append("entrypoint.function: only for strategy 'legacy_server'; use 'script' or 'module'")
@@ -646,17 +651,24 @@ class Discovery:
     consul_token_path: str  # a Vault path holding the tasks' Consul token; "" = CONSUL_HTTP_TOKEN or none
 
 
+READY_SHARE = 0.8  # admission.ready_timeout's default, of discovery.rendezvous_timeout
+
+
 @dataclass(frozen=True)
 class Admission:
     """job.json `admission`: how `nomadtf run` admits the job on a shared cluster."""
 
     gang_timeout_s: float  # a job placed only in part this long is stopped and queued again
+    ready_timeout_s: float = 0.0  # a placed run whose cluster has not formed this long is queued again (0: never)
+    requeue_limit: int = 3  # how often; then it fails
 
     @classmethod
-    def from_normalized(cls, section: dict[str, Any] | None) -> Admission:
-        # A task reading a spec file written before `admission` existed never uses it.
-        default = schema()["properties"]["admission"]["properties"]["gang_timeout"]["default"]
-        return cls(parse_seconds((section or {}).get("gang_timeout", default)))
+    def from_normalized(cls, section: dict[str, Any] | None, rendezvous_timeout_s: float = 300.0) -> Admission:
+        """`ready_timeout` left out: READY_SHARE of the rendezvous timeout (the tasks' own limit)."""
+        properties = schema()["properties"]["admission"]["properties"]
+        given = {k: v["default"] for k, v in properties.items() if "default" in v} | (section or {})
+        ready = parse_seconds(given["ready_timeout"]) if "ready_timeout" in given else READY_SHARE * rendezvous_timeout_s
+        return cls(parse_seconds(given["gang_timeout"]), ready, int(given["requeue_limit"]))
 
 
 @dataclass(frozen=True)
@@ -775,7 +787,7 @@ class JobSpec:
                 debounce_s=parse_seconds(disc["debounce"]),
                 consul_token_path=disc.get("consul_token_path", ""),
             ),
-            admission=Admission.from_normalized(document.get("admission")),
+            admission=Admission.from_normalized(document.get("admission"), parse_seconds(disc["rendezvous_timeout"])),
             environment=JobEnvironment.from_normalized(document.get("environment")),
             run_id=run.get("id", ""),
             submitted_at=run.get("submitted_at"),

@@ -56,6 +56,8 @@ MAX_ADMITS_PER_STEP = 20  # a burst is admitted over several steps: gang checks 
 PUBLISH_MIN_S = 1.0  # the board is written at most this often (it is rewritten whole)
 NEVER_RECHECK_S = 60.0  # how often a waiting run is judged "never" again
 REPUBLISH_S = 60.0  # an unchanged board is written again this often: its age says the leader lives
+REQUEUE_BACKOFF_S = 10.0  # a run whose cluster did not form waits this long before its next try, doubled each time
+REQUEUE_BACKOFF_MAX_S = 300.0
 MAX_PREEMPT_LOOKS = 5  # the first runs in line that do not fit look for victims each step, not all
 MIN_PREEMPT_GRACE_S = 5.0  # a preempted run has at least this long (else its kill timeout) to checkpoint
 
@@ -128,6 +130,8 @@ class Controller:
         self.arrival: dict[tuple[str, str, str], int] = {}  # (ns, job, run) -> the index it queued at
         self.never_checked: dict[tuple[str, str, str], float] = {}
         self.in_flight: dict[tuple[str, str], InFlight] = {}
+        self.forming: dict[tuple[str, str], InFlight] = {}  # placed whole, its cluster not formed yet (deadline: ready_timeout)
+        self.not_before: dict[tuple[str, str, str], float] = {}  # (ns, job, run) -> unix time: its backoff after not forming
         self.preempting: dict[tuple[str, str], Preempting] = {}  # victim -> its preemption
         self.making_room: dict[tuple[str, str], set[tuple[str, str]]] = {}  # waiting run -> its victims
         self.down_since: dict[str, float] = {}  # node id -> when this replica first saw it away
@@ -194,7 +198,8 @@ class Controller:
 
     def _wait_s(self) -> float:
         """Until the next thing due: a gang deadline, a held-back board, or STEP_WAIT_S."""
-        due = [f.deadline for f in self.in_flight.values()] + ([self._publish_due] if self._publish_due else [])
+        due = [f.deadline for f in [*self.in_flight.values(), *self.forming.values()]] + ([self._publish_due] if self._publish_due else [])
+        due += [time.monotonic() + t - time.time() for t in self.not_before.values()]
         if not due:
             return STEP_WAIT_S
         return max(0.5, min(STEP_WAIT_S, min(due) - time.monotonic()))
@@ -219,6 +224,7 @@ class Controller:
         now = time.time()
         self.down_since = {n["ID"]: self.down_since.get(n["ID"], now) for n in nodes if n.get("Status") != "ready"}
         self._check_in_flight(jobs, allocs)
+        self._check_forming(jobs)
         self._suspend_preempted(jobs)
         rooms = fit.node_rooms(nodes, allocs)
         self._reserve_in_flight(rooms, allocs)
@@ -285,6 +291,10 @@ class Controller:
         for run_key in [k for k in self.arrival if k[:2] not in live]:
             self.arrival.pop(run_key, None)
             self.never_checked.pop(run_key, None)
+        for run_key in [k for k in self.not_before if k[:2] not in live]:
+            del self.not_before[run_key]
+        for key in set(self.forming) - live:
+            del self.forming[key]
         for key in set(self.in_flight) - set(jobs):
             self.in_flight.pop(key)  # stopped or purged while it was being placed
         return jobs, skipped
@@ -315,6 +325,7 @@ class Controller:
         return QueuedRun(
             namespace, job_id, run_id, priority, arrival, (job.get("SubmitTime") or 0) / 1e9,
             modify_index, wanted.counts, wanted.gang_timeout_s, fit.RunAsk.of(suspension.wanted_job(job, wanted.counts)),
+            wanted.ready_timeout_s, wanted.requeue_limit,
         )  # fmt: skip
 
     # ---- the walk in order -----------------------------------------------------------------------
@@ -349,6 +360,10 @@ class Controller:
             line = functools.partial(_board_line, run, place)
             if admitted >= MAX_ADMITS_PER_STEP:
                 lines.append(line("being admitted"))
+                continue
+            if now < self.not_before.get(run_key, 0.0):
+                waiting = True
+                lines.append(line(f"waits {self.not_before[run_key] - now:.0f}s before its next try: its cluster did not form last time"))
                 continue
             # A run a predecessor half admitted already holds its scaled groups: only the rest must fit.
             missing = _missing(run.ask, allocs, run.key, run.arrival)
@@ -545,9 +560,60 @@ class Controller:
             placed = _holding_by_group(own, key, flight.run.arrival)
             if all(placed.get(group, 0) >= count for group, count in flight.run.counts.items()):
                 self.in_flight.pop(key, None)
+                if flight.run.ready_timeout_s > 0:
+                    self.forming[key] = InFlight(flight.run, time.monotonic() + flight.run.ready_timeout_s)
             elif time.monotonic() > flight.deadline:
                 self.in_flight.pop(key, None)
                 self._give_back(flight.run, job, placed)
+
+    # ---- placed, not ready: queued again with a backoff, then refused -----------------------------
+
+    def _check_forming(self, jobs: dict[tuple[str, str], dict[str, Any]]) -> None:
+        """Each run placed whole whose cluster had not formed: formed now (done), or past its
+        ready timeout: given back and queued again after a backoff, or, past its requeue
+        limit, refused.  GET .../cluster/generation per run ; GET /v1/job/:id/scale at a timeout"""
+        from nomadtf.discovery import ConsulDiscovery
+
+        for key, forming in list(self.forming.items()):
+            run, job = forming.run, jobs.get(key)
+            if job is None or (job.get("Meta") or {}).get(wire.META_RUN) != run.run_id or job.get("Status") == "dead" \
+                    or suspension.state(job) != suspension.ADMITTED:
+                del self.forming[key]
+                continue
+            try:
+                generation = ConsulDiscovery(run.job_id, run.namespace, client=self.consul, run_id=run.run_id).generation()[0]
+            except (ServerError, ValueError):
+                continue  # cannot tell: ask again next step
+            self.requests += 1
+            if int(generation.get("generation") or 0) >= 1:
+                del self.forming[key]
+                continue
+            if time.monotonic() < forming.deadline:
+                continue
+            del self.forming[key]
+            tries = self._not_ready_count(run) + 1
+            if tries > run.requeue_limit:
+                why = f"its cluster did not form within {run.ready_timeout_s:g}s of being placed, {tries} times (admission.requeue_limit {run.requeue_limit})"
+                index = self._give_back(run, job, {}, f"nomadtf admission: run {run.run_id}: {why}; giving up", "not-ready", f"not ready: {why}; giving up")
+                if index is not None:
+                    self._refuse(replace(run, job_modify_index=index), why)
+                continue
+            backoff = min(REQUEUE_BACKOFF_MAX_S, REQUEUE_BACKOFF_S * 2 ** (tries - 1))
+            self.not_before[(run.namespace, run.job_id, run.run_id)] = time.time() + backoff
+            said = (f"its cluster did not form within {run.ready_timeout_s:g}s of being placed; queued again "
+                    f"({tries} of {run.requeue_limit}), next try in {backoff:.0f}s")  # fmt: skip
+            self._give_back(run, job, {}, f"nomadtf admission: run {run.run_id}: {said}", "not-ready", f"not ready: {said}")
+
+    def _not_ready_count(self, run: QueuedRun) -> int:
+        """How often this run was queued again for not forming (the placeholder's scaling
+        events say so whoever led then).  GET /v1/job/:id/scale"""
+        try:
+            events = self._api(run.namespace).scaling_events(run.job_id).get(suspension.PLACEHOLDER_GROUP) or []
+        except NomadError:
+            return 0
+        self.requests += 1
+        return sum(1 for e in events if (e.get("Meta") or {}).get(suspension.META_ADMISSION) == "not-ready"
+                   and (e.get("Meta") or {}).get(wire.META_RUN) == run.run_id and e.get("Count") == 1)  # fmt: skip
 
     # ---- preemption ------------------------------------------------------------------------------
 
@@ -654,31 +720,34 @@ class Controller:
         return saved is not None and (victim.checkpoint_step is None or saved > victim.checkpoint_step)
 
     def _give_back(self, run: QueuedRun, job: dict[str, Any], placed: dict[str, int], message: str = "", verdict: str = "requeued",
-                   note: str = "") -> None:  # fmt: skip
+                   note: str = "") -> int | None:  # fmt: skip
         """Placeholder up first (the job stays pending), then every group to 0, the unplaced
         ones first (a placed group stopped first would free room for a blocked one, which
         Nomad would then place only for us to stop it); the run's Consul keys go (its next
         admission starts afresh); it keeps its place in line. `message`/`verdict`: what the
-        placeholder's scaling event says (a preemption's, else the gang timeout's)."""
+        placeholder's scaling event says (a preemption's, else the gang timeout's). The
+        JobModifyIndex the last call left; None when a call failed."""
         from nomadtf.discovery import ConsulDiscovery
 
         message = message or f"nomadtf admission: run {run.run_id} not placed whole within its gang timeout; queued again"
+        index = None
         try:
             index = self._scale(run, suspension.PLACEHOLDER_GROUP, 1, int(job.get("JobModifyIndex") or 0), message, verdict)
             for group in sorted(run.counts, key=lambda g: (placed.get(g, 0) >= run.counts[g], g)):
                 index = self._scale(run, group, 0, index, f"nomadtf admission: gave back the placed part of run {run.run_id}", verdict)
         except NomadError as exc:
             self.on_event(f"could not give back {run.namespace}/{run.job_id}: {exc}")
-            return
+            return None
         try:
             ConsulDiscovery(run.job_id, run.namespace, client=self.consul, run_id=run.run_id).delete_run_keys()
         except ServerError as exc:
             self.on_event(f"could not clear the Consul keys of {run.namespace}/{run.job_id} run {run.run_id}: {exc}")
         if note:
             self._note(run, note)
-            return
+            return index
         self.metrics.gave_back(run.namespace)
         self._note(run, f"not placed whole within {run.gang_timeout_s:g}s: gave back its placed part; queued again")
+        return index
 
     def _reserve_in_flight(self, rooms: list[fit.Room], allocs: list[dict[str, Any]]) -> None:
         """Take from `rooms` what admitted runs still wait for Nomad to place."""

@@ -60,6 +60,8 @@ class QueuedRun:
     counts: dict[str, int] = field(default_factory=dict)
     gang_timeout_s: float = 30.0
     ask: RunAsk | None = None
+    ready_timeout_s: float = 0.0  # its cluster has this long to form once placed (0: not watched)
+    requeue_limit: int = 3
 
     @property
     def key(self) -> tuple[str, str]:

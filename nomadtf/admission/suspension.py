@@ -39,6 +39,9 @@ PLACEHOLDER_TASK = "waits-for-admission"
 META_ADMISSION = "nomadtf.admission"  # SUSPENDED: the run goes through the controller
 META_COUNTS = "nomadtf.counts"  # JSON {"chief": 1, "worker": 2}: the counts the controller resumes
 META_GANG_TIMEOUT = "nomadtf.gang_timeout"  # seconds the whole run has to be placed once admitted
+META_READY_TIMEOUT = "nomadtf.ready_timeout"  # seconds its cluster has to form once placed (absent or 0: not watched)
+META_REQUEUE_LIMIT = "nomadtf.requeue_limit"  # how often it may be requeued for not forming before it is refused
+DEFAULT_REQUEUE_LIMIT = 3
 SUSPENDED = "suspended"
 MAX_GROUP_COUNT = 1000  # more allocations than any nomadtf run has a use for: a typo or a trick
 
@@ -73,9 +76,11 @@ def placeholder_group() -> dict[str, Any]:
     }
 
 
-def suspend(job: Mapping[str, Any], gang_timeout_s: float) -> dict[str, Any]:
+def suspend(job: Mapping[str, Any], gang_timeout_s: float, ready_timeout_s: float = 0.0,
+            requeue_limit: int = DEFAULT_REQUEUE_LIMIT) -> dict[str, Any]:  # fmt: skip
     """`job` (the body of POST /v1/jobs) registered suspended: a copy, every group at 0,
-    the wanted counts and the gang timeout in Meta, the placeholder group added."""
+    the wanted counts, the gang timeout (and the ready timeout with its requeue limit, when
+    given) in Meta, the placeholder group added."""
     body = copy.deepcopy(dict(job))
     inner = body["Job"]
     counts = {group["Name"]: int(group.get("Count", 1)) for group in inner["TaskGroups"]}
@@ -84,6 +89,8 @@ def suspend(job: Mapping[str, Any], gang_timeout_s: float) -> dict[str, Any]:
     inner["TaskGroups"].append(placeholder_group())
     meta = dict(inner.get("Meta") or {})
     meta.update({META_ADMISSION: SUSPENDED, META_COUNTS: json.dumps(counts, sort_keys=True), META_GANG_TIMEOUT: f"{gang_timeout_s:g}"})
+    if ready_timeout_s > 0:
+        meta.update({META_READY_TIMEOUT: f"{ready_timeout_s:g}", META_REQUEUE_LIMIT: str(int(requeue_limit))})
     inner["Meta"] = meta
     return body
 
@@ -94,6 +101,8 @@ class Suspension:
 
     counts: dict[str, int]
     gang_timeout_s: float
+    ready_timeout_s: float = 0.0  # 0: whether its cluster forms is not watched
+    requeue_limit: int = DEFAULT_REQUEUE_LIMIT
 
     @classmethod
     def of(cls, job: Mapping[str, Any]) -> Suspension | None:
@@ -122,8 +131,15 @@ class Suspension:
             raise Malformed(f"Meta {META_GANG_TIMEOUT} is not a number of seconds") from exc
         if not math.isfinite(gang):
             raise Malformed(f"Meta {META_GANG_TIMEOUT} is not a number of seconds")
+        try:
+            ready = float(meta.get(META_READY_TIMEOUT) or 0)
+            limit = int(meta.get(META_REQUEUE_LIMIT) or DEFAULT_REQUEUE_LIMIT)
+        except ValueError as exc:
+            raise Malformed(f"Meta {META_READY_TIMEOUT} or {META_REQUEUE_LIMIT} is not a number") from exc
+        if not math.isfinite(ready) or ready < 0 or not 0 <= limit <= 100:
+            raise Malformed(f"Meta {META_READY_TIMEOUT} is not a number of seconds, or {META_REQUEUE_LIMIT} not from 0 to 100")
         # Bounded: no run holds the controller's reservation longer than ten minutes.
-        return cls(dict(counts), min(max(gang, 1.0), 600.0))
+        return cls(dict(counts), min(max(gang, 1.0), 600.0), min(ready, 86400.0), limit)
 
 
 def group_counts(job: Mapping[str, Any]) -> dict[str, int]:

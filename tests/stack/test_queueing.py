@@ -534,3 +534,28 @@ def test_a_run_queued_longer_than_its_deadline_counts_it_from_its_admission_and_
         release.touch()
         purge(blocker)
         purge(name)
+
+
+def test_a_run_whose_cluster_never_forms_is_queued_again_with_a_backoff_then_refused_with_the_reason(stack):
+    """A suspended run whose tasks never form a cluster (plain sleeps: no nomadtf task writes
+    its generation) with a ready timeout of 5 s and one requeue allowed: admitted and placed,
+    given back after 5 s and queued again, admitted again only after its backoff, then
+    refused with the reason. Nomad's scaling events tell the whole story."""
+    name = unique("never-forms")
+    body = suspension.suspend(_plain_job(name, 50, 300), gang_timeout_s=30, ready_timeout_s=5, requeue_limit=1)
+    body["Job"]["Meta"].update({wire.META_VERSION: "test", wire.META_RUN: "r1"})
+    try:
+        submit_raw(body)
+        wait_until(lambda: state_of(name) == suspension.REFUSED, 90, "the controller to give up on the run")
+        events = list(reversed(scale_events(name)[suspension.PLACEHOLDER_GROUP]))  # oldest first
+        said = [(e["Meta"].get(suspension.META_ADMISSION), e["Count"], e["Message"]) for e in events if e.get("Meta")]
+        verdicts = [verdict for verdict, _, _ in said]
+        assert verdicts == ["admitted", "not-ready", "admitted", "not-ready", "refused"], said
+        first_requeue = events[[e.get("Meta", {}).get(suspension.META_ADMISSION) for e in events].index("not-ready")]
+        assert "its cluster did not form within 5s of being placed; queued again (1 of 1), next try in 10s" in first_requeue["Message"]
+        second_admission = [e for e in events if (e.get("Meta") or {}).get(suspension.META_ADMISSION) == "admitted"][1]
+        assert (second_admission["Time"] - first_requeue["Time"]) / 1e9 >= 9.5  # the backoff
+        assert "its cluster did not form within 5s of being placed, 2 times (admission.requeue_limit 1)" in said[-1][2]
+        wait_until(lambda: not [a for a in allocations(name) if a["ClientStatus"] in ("pending", "running")], 30, "its allocations to stop")
+    finally:
+        purge(name)
