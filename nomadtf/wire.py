@@ -216,6 +216,7 @@ KV_ADMISSION_BOARD = KV_ADMISSION + "board"
 KV_ADMISSION_ADMITTED = KV_ADMISSION + "admitted/"
 KV_ADMISSION_POLICY = KV_ADMISSION + "policy"  # the operator's sharing policy (admission/policy.py)
 KV_ADMISSION_USAGE = KV_ADMISSION + "usage"  # each namespace's remembered usage (admission/usage.py)
+KV_ADMISSION_LEDGER = KV_ADMISSION + "ledger/"  # <YYYY-MM>: each namespace's use and runs by day (admission/ledger.py)
 
 
 def kv_admitted(namespace: str, job_id: str) -> str:

@@ -133,6 +133,8 @@ class Controller:
         self.forming: dict[tuple[str, str], InFlight] = {}  # placed whole, its cluster not formed yet (deadline: ready_timeout)
         self.not_before: dict[tuple[str, str, str], float] = {}  # (ns, job, run) -> unix time: its backoff after not forming
         self.preempting: dict[tuple[str, str], Preempting] = {}  # victim -> its preemption
+        self.ended: set[tuple[str, str, str]] = set()  # runs whose end the ledger has (or that had ended when we took the lead)
+        self.ended_known = False  # after the first step of a lead: an end seen now is new
         self.making_room: dict[tuple[str, str], set[tuple[str, str]]] = {}  # waiting run -> its victims
         self.down_since: dict[str, float] = {}  # node id -> when this replica first saw it away
         self.blocked = False  # the last walk stopped at a run that does not fit: wait on the allocations
@@ -176,6 +178,7 @@ class Controller:
         GET /v1/kv/nomadtf/_admission/admitted/?recurse once; then each step's calls"""
         self.admitted = self._read_admitted()
         self.sharing.load(time.time())
+        self.ended_known = False
         jobs_index = allocs_index = 0
         last = 0.0
         while not stop.is_set():
@@ -249,6 +252,7 @@ class Controller:
         policy = self.sharing.policy
         known = set(self.sharing.usage.decayed) | {run.namespace for run in queued if run is not None}
         average = {namespace: self.sharing.usage.average_share(namespace, total) for namespace in known}
+        self.ended_known = True
         queued = order.fair_order((q for q in queued if q is not None), policy, average, committed, total)
         self.metrics.observe((run.namespace for run in queued), committed, policy, average)
         waiting_keys = {run.key for run in queued}
@@ -272,6 +276,8 @@ class Controller:
         live = set()
         for stub in stubs:
             meta = stub.get("Meta") or {}
+            if meta.get(suspension.META_ADMISSION) == suspension.SUSPENDED and stub.get("Status") == "dead":
+                self._book_end(stub)
             if meta.get(suspension.META_ADMISSION) != suspension.SUSPENDED or stub.get("Stop"):
                 continue
             key = (str(stub.get("Namespace") or "default"), str(stub.get("ID")))
@@ -288,6 +294,8 @@ class Controller:
                 jobs[key] = seen.job
         for key in set(self.seen) - live:
             del self.seen[key]
+        present = {(str(st.get("Namespace") or "default"), str(st.get("ID")), str((st.get("Meta") or {}).get(wire.META_RUN, ""))) for st in stubs}
+        self.ended &= present  # a purged run's end needs no remembering
         for run_key in [k for k in self.arrival if k[:2] not in live]:
             self.arrival.pop(run_key, None)
             self.never_checked.pop(run_key, None)
@@ -298,6 +306,36 @@ class Controller:
         for key in set(self.in_flight) - set(jobs):
             self.in_flight.pop(key)  # stopped or purged while it was being placed
         return jobs, skipped
+
+    def _book_end(self, stub: dict[str, Any]) -> None:
+        """A run that ended: how, in the ledger, once (the runs already ended when this
+        replica took the lead are not booked again).  GET .../cluster/state"""
+        from nomadtf.discovery import ConsulDiscovery
+
+        namespace, job_id = str(stub.get("Namespace") or "default"), str(stub.get("ID"))
+        run_key = (namespace, job_id, str((stub.get("Meta") or {}).get(wire.META_RUN, "")))
+        if run_key in self.ended:
+            return
+        self.ended.add(run_key)
+        if not self.ended_known:
+            return
+        summary = (stub.get("JobSummary") or {}).get("Summary") or {}
+        ran = {k: sum(int((g or {}).get(k) or 0) for g in summary.values()) for k in ("Complete", "Failed", "Lost")}
+        if not any(ran.values()):
+            return  # never ran: refused (booked then) or removed from the queue
+        # The run's recorded state first: a follower stops the job of a run that failed.
+        try:
+            state = ConsulDiscovery(job_id, namespace, client=self.consul, run_id=run_key[2]).job_state() or ""
+        except (ServerError, ValueError):
+            state = ""
+        self.requests += 1
+        if state == "succeeded" or state.startswith("failed"):
+            how = "succeeded" if state == "succeeded" else "failed"
+        elif ran["Failed"] or ran["Lost"]:
+            how = "failed"  # its allocations failed (a follower then stops the job): not a stop
+        else:
+            how = "stopped" if stub.get("Stop") else "succeeded"
+        self.sharing.record(namespace, how, time.time())
 
     def _read(self, key: tuple[str, str], modify_index: int) -> _Seen:
         try:
@@ -455,6 +493,8 @@ class Controller:
         self._scale(run, suspension.PLACEHOLDER_GROUP, 0, index, message, "admitted")
         self.in_flight[run.key] = InFlight(run, time.monotonic() + run.gang_timeout_s)
         self.metrics.admitted(run.namespace, waited)
+        self.sharing.record(run.namespace, "admitted", time.time())
+        self.sharing.record(run.namespace, "queued_s", time.time(), waited)
         self._note(run, f"admitted after {waited:.0f}s in the queue")
 
     def _refuse(self, run: QueuedRun, why: str) -> None:
@@ -465,6 +505,7 @@ class Controller:
             self.on_event(f"could not refuse {run.namespace}/{run.job_id}: {exc}")
             return
         self.metrics.refused(run.namespace)
+        self.sharing.record(run.namespace, "refused", time.time())
         self._note(run, f"refused: {why}")
 
     # ---- who admitted what ----------------------------------------------------------------------
@@ -711,6 +752,7 @@ class Controller:
             self._give_back(run, job, {}, f"nomadtf admission: run {run.run_id} preempted{at} by {preempting.by}; requeued", "preempted",
                             f"preempted{at} by {preempting.by}: suspended whole; queued again")  # fmt: skip
             self.metrics.preempted(run.namespace)
+            self.sharing.record(run.namespace, "preempted", time.time())
 
     def _checkpointed_since(self, preempting: Preempting) -> bool:
         """The victim reported a checkpoint newer than the one it had when it was asked: it

@@ -1,10 +1,13 @@
-"""What the leader knows of sharing: the operator's policy and each namespace's remembered
-usage, kept current from Consul and the allocations.
+"""What the leader knows of sharing: the operator's policy, each namespace's remembered
+usage and the ledger of what each used and what became of its runs, kept current from
+Consul and the allocations.
 
 The policy is read again every POLICY_RECHECK_S (a change takes effect within that); one
 that does not parse (written past `admission policy set`, which checks it) is reported and
 the last good one kept. Usage is advanced every step from what each namespace's batch
-allocations hold, and saved every USAGE_SAVE_S, so a new leader remembers it.
+allocations hold, and saved every USAGE_SAVE_S, so a new leader remembers it. The ledger
+(ledger.py) is booked the same way and saved with it, or within LEDGER_SAVE_S of an event
+(an admission, an end) so that `nomadtf usage` shows it soon.
 
 Usage:
     sharing = Sharing(consul_client, on_event)
@@ -21,12 +24,14 @@ import consul
 
 from nomadtf import wire
 from nomadtf.admission import policy as policies
+from nomadtf.admission.ledger import Ledger, month_of
 from nomadtf.admission.usage import Usage
 from nomadtf.capacity import Resources
 from nomadtf.errors import PolicyError, ServerError
 
 POLICY_RECHECK_S = 10.0
 USAGE_SAVE_S = 30.0
+LEDGER_SAVE_S = 5.0  # a ledger with a new event is saved within this
 
 
 class Sharing:
@@ -39,6 +44,9 @@ class Sharing:
         self._policy_index = -1
         self._policy_checked = 0.0
         self._saved_at = 0.0
+        self.ledger = Ledger(month_of(0))
+        self._ledger_dirty = False
+        self._last_step = 0.0
         self.problem = ""  # why the stored policy is not the one in force ("" when it is)
 
     def load(self, now: float) -> None:
@@ -53,7 +61,8 @@ class Sharing:
             item = None
         self.requests += 1
         self.usage = Usage.load((item or {}).get("Value"), self.policy.half_life_s, now)
-        self._saved_at = now
+        self.ledger = self._load_ledger(now)
+        self._saved_at = self._last_step = now
 
     def step(self, held: Mapping[str, Resources], now: float) -> None:
         """GET .../policy every POLICY_RECHECK_S ; PUT .../usage every USAGE_SAVE_S"""
@@ -62,13 +71,50 @@ class Sharing:
         if now - self._policy_checked >= POLICY_RECHECK_S:
             self._read_policy(now)
         self.usage.advance(held, now)
-        if now - self._saved_at >= USAGE_SAVE_S:
+        if month_of(now) != self.ledger.month:
+            self._save_ledger()  # the month's last word, then a new month's key
+            self.ledger = self._load_ledger(now)
+        if self._last_step:
+            self.ledger.held(held, min(now - self._last_step, 60.0), now)  # a longer gap: not ours to book
+        self._last_step = now
+        since = now - self._saved_at
+        if since >= USAGE_SAVE_S or self._ledger_dirty and since >= LEDGER_SAVE_S:
             self._saved_at = now
             try:
                 consul_call("saving the namespaces' usage", self.consul.kv.put, wire.KV_ADMISSION_USAGE, self.usage.dump())
                 self.requests += 1
             except ServerError as exc:
                 self.on_event(f"could not save the namespaces' usage: {exc}")
+            self._save_ledger()
+
+    def record(self, namespace: str, what: str, now: float, amount: float = 1) -> None:
+        """An event for the ledger (ledger.FIELDS): saved within LEDGER_SAVE_S."""
+        self.ledger.add(namespace, what, amount, now)
+        self._ledger_dirty = True
+
+    def _load_ledger(self, now: float) -> Ledger:
+        """GET /v1/kv/nomadtf/_admission/ledger/<YYYY-MM>"""
+        from nomadtf.discovery import consul_call
+
+        month = month_of(now)
+        try:
+            _, item = consul_call("reading the ledger", self.consul.kv.get, wire.KV_ADMISSION_LEDGER + month)
+        except ServerError as exc:
+            self.on_event(f"could not read the ledger of {month}, starting it afresh: {exc}")
+            item = None
+        self.requests += 1
+        return Ledger.load((item or {}).get("Value"), month)
+
+    def _save_ledger(self) -> None:
+        """PUT /v1/kv/nomadtf/_admission/ledger/<YYYY-MM>"""
+        from nomadtf.discovery import consul_call
+
+        try:
+            consul_call("saving the ledger", self.consul.kv.put, wire.KV_ADMISSION_LEDGER + self.ledger.month, self.ledger.dump())
+            self.requests += 1
+            self._ledger_dirty = False
+        except ServerError as exc:
+            self.on_event(f"could not save the ledger: {exc}")
 
     def _read_policy(self, now: float) -> None:
         from nomadtf.discovery import consul_call

@@ -15,7 +15,7 @@ import typer
 
 from nomadtf.cli import jobs
 from nomadtf.cli.acl import acl_app
-from nomadtf.cli.admission import admission_app
+from nomadtf.cli.admission import admission_app, usage
 from nomadtf.cli.common import err, state
 from nomadtf.cli.dev import dev_app
 from nomadtf.cli.env import env_app
@@ -32,6 +32,7 @@ app.add_typer(env_app, name="env")
 app.add_typer(acl_app, name="acl")
 app.add_typer(admission_app, name="admission")
 jobs.register(app)
+app.command()(usage)
 
 @app.callback()
 def _root(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks")] = False) -> None:

@@ -139,3 +139,51 @@ def policy_clear() -> None:
 
     clear_policy(consul_client())
     stamp("sharing policy cleared: the defaults apply")
+
+
+USAGE_COLUMNS = ("namespace", "cpu_core_hours", "memory_gib_hours", "gpu_hours", "queued_hours", "admitted", "succeeded", "failed",
+                 "stopped", "preempted", "refused")  # fmt: skip
+
+
+def usage(
+    since: Annotated[str, typer.Option("--since", help="How far back, in whole UTC days from that day on (e.g. 7d, 24h)")] = "7d",
+    namespace: Namespace = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per namespace, in a list")] = False,
+    as_csv: Annotated[bool, typer.Option("--csv", help="CSV with a header line")] = False,
+) -> None:
+    """What each namespace used and what became of its runs, from the admission controller's
+    ledger (it outlives Nomad's garbage collection): CPU core-hours, memory GiB-hours,
+    GPU-hours, hours queued, runs admitted, succeeded, failed, stopped, preempted, refused.
+    Takes an operator's Consul token (read on nomadtf/_admission/ledger/)."""
+    import csv
+    import dataclasses
+    import sys
+    import time
+
+    from nomadtf.client.sharing import usage_rows
+    from nomadtf.discovery import consul_client
+    from nomadtf.durations import DurationError, parse_seconds
+
+    try:
+        window = parse_seconds(since)
+    except DurationError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--since") from None
+    namespace = None if namespace in (None, "*") else namespace  # every namespace unless one is named
+    rows = usage_rows(consul_client(), time.time() - window, namespace)
+    records = [dataclasses.asdict(row) for row in rows]
+    if as_json:
+        typer.echo(json.dumps(records, indent=2))
+        return
+    if as_csv:
+        writer = csv.DictWriter(sys.stdout, fieldnames=USAGE_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()} for r in records)
+        return
+    if not rows:
+        typer.echo(f"no usage recorded since {since} ago" + (f" in namespace {namespace}" if namespace else ""))
+        return
+    typer.echo(f"{'namespace':<16} {'cpu core-h':>10} {'mem GiB-h':>10} {'GPU-h':>8} {'queued h':>9} {'admitted':>8} {'ok':>5} "
+               f"{'failed':>6} {'stopped':>7} {'preempt':>7} {'refused':>7}")  # fmt: skip
+    for r in rows:
+        typer.echo(f"{r.namespace:<16} {r.cpu_core_hours:>10.2f} {r.memory_gib_hours:>10.2f} {r.gpu_hours:>8.2f} {r.queued_hours:>9.2f} "
+                   f"{r.admitted:>8} {r.succeeded:>5} {r.failed:>6} {r.stopped:>7} {r.preempted:>7} {r.refused:>7}")  # fmt: skip

@@ -368,3 +368,42 @@ def test_a_namespace_borrowing_idle_capacity_gives_it_back_by_preemption_when_th
         assert started_at(owner, TEAM_B) < max(a["CreateTime"] for a in nomad(f"job/{borrower}/allocations", namespace=TEAM_A))
     finally:
         clear_policy()
+
+
+def _usage_of(namespace: str) -> dict:
+    out = nomadtf("usage", "--since", "1d", "--namespace", namespace, "--json", timeout=60)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    return rows[0] if rows else {"admitted": 0, "succeeded": 0, "failed": 0, "cpu_core_hours": 0.0, "queued_hours": 0.0}
+
+
+def test_usage_shows_what_a_namespace_used_and_how_its_runs_ended_from_the_controller_s_ledger(teams, tmp_path):
+    """One run that waits behind another and succeeds, one that fails: `nomadtf usage` shows
+    both admissions, one success, one failure, the CPU core-hours they held and time queued,
+    from the ledger the controller keeps (in Consul, beside Nomad's GC). CSV and the table too."""
+    release = tmp_path / "release-blocker"
+    blocker, good, bad = unique("u-blocker"), unique("u-good"), unique("u-bad")
+    teams += [(blocker, TEAM_A), (good, TEAM_B), (bad, TEAM_B)]
+    before = _usage_of(TEAM_B)
+    submit(tmp_path, blocker, 0.65, TEAM_A, until_file=str(release))
+    wait_until(lambda: running(blocker, TEAM_A), 90, "the blocker to run")
+    submit(tmp_path, good, 0.65, TEAM_B, sleep=3)
+    wait_queued(good, TEAM_B)
+    time.sleep(2)
+    release.touch()
+    wait_until(lambda: succeeded(good, TEAM_B), 120, "the queued run to succeed", interval=1.0)
+    out = nomadtf("run", str(write_job(tmp_path, sized_job(bad, 0.2, TEAM_B, exit=3))), "--timeout", "2m", timeout=180)
+    assert out.returncode == 1, out.stderr
+
+    def booked() -> dict | None:
+        now = _usage_of(TEAM_B)
+        return now if now["succeeded"] >= before["succeeded"] + 1 and now["failed"] >= before["failed"] + 1 else None
+
+    after = wait_until(booked, 30, "both ends in the ledger", interval=2.0)
+    assert after["admitted"] == before["admitted"] + 2
+    assert after["cpu_core_hours"] > before["cpu_core_hours"]
+    assert after["queued_hours"] * 3600 >= before["queued_hours"] * 3600 + 2
+    csv_out = nomadtf("usage", "--since", "1d", "--namespace", TEAM_B, "--csv", timeout=60).stdout.splitlines()
+    assert csv_out[0].startswith("namespace,cpu_core_hours,") and csv_out[1].startswith(f"{TEAM_B},")
+    table = nomadtf("usage", "--since", "1d", timeout=60).stdout
+    assert "cpu core-h" in table and TEAM_B in table and TEAM_A in table
