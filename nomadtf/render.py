@@ -208,6 +208,11 @@ def job_meta(spec: JobSpec, run: RunInfo | None = None, target: target_mod.Targe
         wire.META_SPEC_SHA256: spec.sha256(),
         wire.META_STRATEGY: spec.strategy,
     }
+    steps = spec.context.get("steps")
+    if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0:
+        meta[wire.META_STEPS] = str(steps)
+    if spec.admission.duration_s is not None:
+        meta[wire.META_DURATION] = f"{spec.admission.duration_s:g}"
     if run:
         meta[wire.META_RUN] = run.id
         if run.model_run and run.model_run != run.id:

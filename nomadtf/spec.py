@@ -661,6 +661,7 @@ class Admission:
     gang_timeout_s: float  # a job placed only in part this long is stopped and queued again
     ready_timeout_s: float = 0.0  # a placed run whose cluster has not formed this long is queued again (0: never)
     requeue_limit: int = 3  # how often; then it fails
+    duration_s: float | None = None  # how long it is expected to take once started (start estimates)
 
     @classmethod
     def from_normalized(cls, section: dict[str, Any] | None, rendezvous_timeout_s: float = 300.0) -> Admission:
@@ -668,7 +669,8 @@ class Admission:
         properties = schema()["properties"]["admission"]["properties"]
         given = {k: v["default"] for k, v in properties.items() if "default" in v} | (section or {})
         ready = parse_seconds(given["ready_timeout"]) if "ready_timeout" in given else READY_SHARE * rendezvous_timeout_s
-        return cls(parse_seconds(given["gang_timeout"]), ready, int(given["requeue_limit"]))
+        duration = parse_seconds(given["duration"]) if "duration" in given else None
+        return cls(parse_seconds(given["gang_timeout"]), ready, int(given["requeue_limit"]), duration)
 
 
 @dataclass(frozen=True)

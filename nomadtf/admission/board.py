@@ -79,6 +79,7 @@ class BoardLine:
     needs: Resources
     short: Resources | None = None  # what the cluster lacks now (None: it fits, being admitted)
     note: str = ""  # "admitting", "waits for the runs ahead", "does not fit now", ...
+    starts_at: float | None = None  # the controller's estimate of its start (unix time; admission/estimate.py)
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -92,6 +93,7 @@ class BoardLine:
         return cls(
             str(data["ticket"]), str(data["namespace"]), int(data["priority"]), int(data["place"]), _number(data.get("since"), 0.0),
             _resources(data.get("needs")), None if short is None else _resources(short), str(data.get("note") or "")[:300],
+            None if data.get("starts_at") is None else _number(data.get("starts_at"), 0.0) or None,
         )  # fmt: skip
 
 

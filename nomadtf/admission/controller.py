@@ -44,6 +44,7 @@ import consul
 from nomadtf import capacity, wire
 from nomadtf.admission import board as boards
 from nomadtf.admission import fit, order, preemption, suspension
+from nomadtf.admission.forecast import Forecast
 from nomadtf.admission.lease import Lease
 from nomadtf.admission.order import QueuedRun
 from nomadtf.admission.sharing import Sharing
@@ -125,6 +126,7 @@ class Controller:
         self.on_event = on_event
         self.lease = Lease(client, name)
         self.sharing = Sharing(client, on_event)
+        self.forecast = Forecast(client)
         self.metrics = metrics or NoMetrics()  # admission/metrics.py's Metrics when served
         self.seen: dict[tuple[str, str], _Seen] = {}
         self.arrival: dict[tuple[str, str, str], int] = {}  # (ns, job, run) -> the index it queued at
@@ -263,6 +265,10 @@ class Controller:
             if key not in waiting_keys or not victims & (set(self.preempting) | holding):
                 del self.making_room[key]
         lines = self._walk(queued, rooms, nodes, allocs, committed, jobs)
+        asked = self.forecast.requests
+        self.forecast.update(now, jobs, allocs, nodes, queued, set(self.in_flight))
+        self.requests += self.forecast.requests - asked
+        lines = [line if line.note == "admitted" else replace(line, starts_at=self.forecast.starts.get(line.ticket)) for line in lines]
         free = capacity.total(capacity.Resources(max(r.cpu, 0), max(r.memory, 0), {k: max(v, 0) for k, v in r.devices.items()})
                               for r in rooms if r.usable)  # fmt: skip
         self._publish(lines, skipped, free)

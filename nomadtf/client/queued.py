@@ -87,6 +87,15 @@ def preemptions(api: NomadAPI, job_id: str, run_id: str) -> list[str]:
     return out
 
 
+def _duration(seconds: float) -> str:
+    """'45s', '12m', '3h05m'"""
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f}m"
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+
+
 def describe_short(short: Resources) -> str:
     """'cpu 1200 MHz, nvidia/gpu x1': only the dimensions that lack something."""
     parts = [f"cpu {short.cpu} MHz"] if short.cpu else []
@@ -126,6 +135,13 @@ class QueueStatus:
         elif line.short is not None and line.note.startswith("does not fit now"):
             parts.append("what is free is spread over nodes none of which can hold one of its allocations")
         parts.append(f"place {line.place} of {self.length} in the queue since {since}")
+        if line.starts_at:
+            left = max(0.0, line.starts_at - time.time())
+            try:
+                at = time.strftime("%H:%M:%S", time.localtime(line.starts_at))
+            except (OverflowError, ValueError, OSError):
+                at = "?"
+            parts.append(f"estimated start {at} (in {_duration(left)})")
         return "; ".join(parts)
 
 

@@ -407,3 +407,45 @@ def test_usage_shows_what_a_namespace_used_and_how_its_runs_ended_from_the_contr
     assert csv_out[0].startswith("namespace,cpu_core_hours,") and csv_out[1].startswith(f"{TEAM_B},")
     table = nomadtf("usage", "--since", "1d", timeout=60).stdout
     assert "cpu core-h" in table and TEAM_B in table and TEAM_A in table
+
+
+def test_queued_runs_are_told_an_estimated_start_from_the_running_run_s_step_rate_and_the_declared_durations(teams, tmp_path):
+    """A run that declares 60 steps (context.steps) and reports them at 2 per second holds
+    65 %; two runs of 65 % declaring `admission.duration` wait behind it. The board and
+    `status` give each an estimated start; the error against when each really started is
+    measured (docs/benchmarks.md) and bounded here."""
+    blocker, first, second = unique("eta-running"), unique("eta-first"), unique("eta-second")
+    teams += [(blocker, TEAM_A), (first, TEAM_B), (second, TEAM_B)]
+    follower = popen_run(write_job(tmp_path, preemptible_job(blocker, 0.65, TEAM_A, tmp_path / "model-eta", 50, steps=60, step_s=0.5)),
+                         "--timeout", "3m")  # fmt: skip
+    try:
+        wait_until(lambda: running(blocker, TEAM_A), 90, "the running run to run")
+        for name in (first, second):
+            spec = sized_job(name, 0.65, TEAM_B, sleep=3)
+            spec["admission"] = {"duration": "8s"}
+            out = nomadtf("run", str(write_job(tmp_path, spec)), "--detach", timeout=120)
+            assert out.returncode == 0, out.stderr
+            wait_queued(name, TEAM_B)
+        estimates: dict[str, float] = {}
+
+        def estimated() -> bool:
+            for name in (first, second):
+                line = line_of(name, TEAM_B)
+                if line is not None and line.starts_at:
+                    estimates[name] = line.starts_at  # the latest estimate before it started
+            return len(estimates) == 2
+
+        wait_until(estimated, 40, "both estimates on the board", interval=1.0)
+        status = nomadtf("status", first, "--namespace", TEAM_B, timeout=60).stdout
+        assert re.search(r"estimated start \d\d:\d\d:\d\d \(in \d+s\)", status), status
+        while not all(started_at(n, TEAM_B) for n in (first, second)):
+            estimated()
+            time.sleep(1.0)
+        errors = {name: started_at(name, TEAM_B) / 1e9 - estimates[name] for name in (first, second)}
+        print(f"estimate errors (started - estimated): first {errors[first]:+.1f}s, second {errors[second]:+.1f}s")
+        assert all(abs(e) < 15 for e in errors.values()), errors
+        _, err = follower.communicate(timeout=120)
+        assert follower.returncode == 0, err
+    finally:
+        if follower.poll() is None:
+            follower.kill()

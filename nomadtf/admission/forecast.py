@@ -1,0 +1,101 @@
+"""The leader's start estimates for the queued runs (estimate.py does the planning): what
+runs now and when it ends, from Nomad's allocations, the runs' Meta (`nomadtf.steps`,
+`nomadtf.duration`) and their progress records; refreshed every ESTIMATE_S.
+
+Usage:
+    forecast = Forecast(consul_client)
+    forecast.update(now, jobs, allocs, nodes, queued_in_order, in_flight_keys)   # each step
+    forecast.starts.get(ticket)      # unix time, or None
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import consul
+
+from nomadtf import capacity, wire
+from nomadtf.admission import estimate, fit, suspension
+from nomadtf.admission.order import QueuedRun
+from nomadtf.errors import ServerError
+
+ESTIMATE_S = 3.0
+MAX_PLANNED = 50  # the first runs in line get an estimate; further back, none
+
+
+def _number(meta: Mapping[str, Any], key: str) -> float | None:
+    try:
+        value = float(meta[key])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return value if value > 0 else None
+
+
+class Forecast:
+    def __init__(self, client: consul.Consul):
+        self.consul = client
+        self.starts: dict[str, float | None] = {}  # ticket -> estimated start
+        self.rates: dict[tuple[str, str, str], tuple[tuple[int, float], tuple[int, float]]] = {}  # run -> (first, last) report
+        self.requests = 0
+        self._at = 0.0
+
+    def update(self, now: float, jobs: Mapping[tuple[str, str], dict[str, Any]], allocs: list[dict[str, Any]], nodes: list[dict[str, Any]],
+               queued: Iterable[QueuedRun], in_flight: Iterable[tuple[str, str]]) -> None:  # fmt: skip
+        """GET .../progress per running nomadtf run that declares its steps"""
+        if now - self._at < ESTIMATE_S:
+            return
+        self._at = now
+        rooms = fit.node_rooms([n for n in nodes if fit._usable(n)], allocs)
+        free = capacity.total(capacity.Resources(max(r.cpu, 0), max(r.memory, 0), {k: max(v, 0) for k, v in r.devices.items()}) for r in rooms)
+        held: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for alloc in allocs:
+            if capacity.holds_resources(alloc):
+                held.setdefault((alloc.get("Namespace", "default"), alloc.get("JobID", "")), []).append(alloc)
+        holding = [estimate.Holding(capacity.total(capacity.alloc_resources(a) for a in own), self._end(key, jobs.get(key), own))
+                   for key, own in held.items()]  # fmt: skip
+        waiting = []
+        for run in list(queued)[:MAX_PLANNED]:
+            assert run.ask is not None
+            job = jobs.get(run.key) or {}
+            ticket = wire.queue_ticket(run.namespace, run.job_id, run.run_id)
+            if run.key in in_flight:  # admitted, not placed yet: it holds its room from now
+                holding.append(estimate.Holding(run.ask.needs, self._end(run.key, job, [])))
+                continue
+            waiting.append(estimate.Planned(ticket, run.ask.needs, _number(job.get("Meta") or {}, wire.META_DURATION)))
+        self.starts = {str(k): v for k, v in estimate.plan(free, holding, waiting, now).items()}
+        live = {(ns, job_id, str((j.get("Meta") or {}).get(wire.META_RUN, ""))) for (ns, job_id), j in jobs.items()}
+        self.rates = {k: v for k, v in self.rates.items() if k in live}
+
+    def _end(self, key: tuple[str, str], job: dict[str, Any] | None, own: list[dict[str, Any]]) -> float | None:
+        """When a running job ends (None: not known): a nomadtf run's step rate against its
+        declared steps, or its declared duration from its first allocation's creation."""
+        if job is None or suspension.state(job) not in (suspension.ADMITTED, suspension.ADMITTING):
+            return None
+        meta = job.get("Meta") or {}
+        run_id = str(meta.get(wire.META_RUN, ""))
+        steps = _number(meta, wire.META_STEPS)
+        first = last = None
+        if steps:
+            report = self._progress(key, run_id)
+            if report is not None:
+                first, _ = self.rates.get((*key, run_id), (report, report))
+                self.rates[(*key, run_id)] = (first, report)
+                last = report
+        started = min((int(a.get("CreateTime") or 0) / 1e9 for a in own), default=None) or time.time()
+        return estimate.end_of(int(steps) if steps else None, first, last, started, _number(meta, wire.META_DURATION))
+
+    def _progress(self, key: tuple[str, str], run_id: str) -> tuple[int, float] | None:
+        """(step, unix time) of the run's latest progress record.  GET .../progress"""
+        from nomadtf.discovery import ConsulDiscovery
+
+        try:
+            record = ConsulDiscovery(key[1], key[0], client=self.consul, run_id=run_id).progress() or {}
+        except (ServerError, ValueError):
+            return None
+        self.requests += 1
+        step, at = record.get("step"), record.get("time")
+        if isinstance(step, int) and not isinstance(step, bool) and isinstance(at, (int, float)):
+            return (step, float(at))
+        return None
