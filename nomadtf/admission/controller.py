@@ -57,10 +57,12 @@ MAX_ADMITS_PER_STEP = 20  # a burst is admitted over several steps: gang checks 
 PUBLISH_MIN_S = 1.0  # the board is written at most this often (it is rewritten whole)
 NEVER_RECHECK_S = 60.0  # how often a waiting run is judged "never" again
 REPUBLISH_S = 60.0  # an unchanged board is written again this often: its age says the leader lives
+FORMING_CHECK_S = 2.0  # a placed run's generation is read at most this often
 REQUEUE_BACKOFF_S = 10.0  # a run whose cluster did not form waits this long before its next try, doubled each time
 REQUEUE_BACKOFF_MAX_S = 300.0
 MAX_PREEMPT_LOOKS = 5  # the first runs in line that do not fit look for victims each step, not all
 MIN_PREEMPT_GRACE_S = 5.0  # a preempted run has at least this long (else its kill timeout) to checkpoint
+MAX_PREEMPT_GRACE_S = 60.0  # and at most this long, whatever kill timeout its own job sets
 
 
 class NoMetrics:
@@ -85,6 +87,7 @@ class InFlight:
     run: QueuedRun
     deadline: float  # monotonic
     admitted_at: float = field(default_factory=time.time)
+    checked: float = 0.0  # monotonic: when its cluster's generation was last read (forming runs)
 
 
 @dataclass
@@ -137,7 +140,9 @@ class Controller:
         self.preempting: dict[tuple[str, str], Preempting] = {}  # victim -> its preemption
         self.ended: set[tuple[str, str, str]] = set()  # runs whose end the ledger has (or that had ended when we took the lead)
         self.ended_known = False  # after the first step of a lead: an end seen now is new
-        self.making_room: dict[tuple[str, str], set[tuple[str, str]]] = {}  # waiting run -> its victims
+        self.given_back: set[tuple[str, str]] = set()  # runs given back this step: not victims again
+        self.by_job: dict[tuple[str, str], list[dict[str, Any]]] = {}  # this step's holding allocations by job
+        self.making_room: dict[tuple[str, str], list[preemption.Candidate]] = {}  # waiting run -> its victims
         self.down_since: dict[str, float] = {}  # node id -> when this replica first saw it away
         self.blocked = False  # the last walk stopped at a run that does not fit: wait on the allocations
         self.more = False  # the last walk stopped at MAX_ADMITS_PER_STEP: step again at once
@@ -169,6 +174,9 @@ class Controller:
                 except (ServerError, LostLead) as exc:
                     self.on_event(f"{self.name}: {exc}")
                     stop.wait(2.0)
+                except Exception as exc:  # noqa: BLE001 - a bug must not end admission for the whole cluster
+                    self.on_event(f"{self.name}: unexpected error, leading again in 5s: {exc.__class__.__name__}: {exc}")
+                    stop.wait(5.0)
         finally:
             self.lease.close()
 
@@ -181,6 +189,12 @@ class Controller:
         self.admitted = self._read_admitted()
         self.sharing.load(time.time())
         self.ended_known = False
+        # What a former lead of this replica planned is stale: the cluster moved on meanwhile.
+        self.in_flight.clear()
+        self.forming.clear()
+        self.preempting.clear()
+        self.making_room.clear()
+        self.not_before.clear()
         jobs_index = allocs_index = 0
         last = 0.0
         while not stop.is_set():
@@ -227,6 +241,11 @@ class Controller:
             allocs, _ = self.api.cluster_allocations(holding_only=True)
             self.requests += 1
         now = time.time()
+        self.not_before = {k: t for k, t in self.not_before.items() if t > now}  # waited out
+        self.given_back = set()
+        self.by_job = {}
+        for alloc in allocs:
+            self.by_job.setdefault((alloc.get("Namespace", "default"), alloc.get("JobID", "")), []).append(alloc)
         self.down_since = {n["ID"]: self.down_since.get(n["ID"], now) for n in nodes if n.get("Status") != "ready"}
         self._check_in_flight(jobs, allocs)
         self._check_forming(jobs)
@@ -262,7 +281,7 @@ class Controller:
         for key, victims in list(self.making_room.items()):
             # Admitted, stopped or purged; or its victims are suspended and gone and it still
             # does not fit (others took the room): it may look for victims again.
-            if key not in waiting_keys or not victims & (set(self.preempting) | holding):
+            if key not in waiting_keys or not {v.key for v in victims} & (set(self.preempting) | holding):
                 del self.making_room[key]
         lines = self._walk(queued, rooms, nodes, allocs, committed, jobs)
         asked = self.forecast.requests
@@ -386,6 +405,7 @@ class Controller:
         now = time.time()
         place = 0
         running: list[preemption.Candidate] | None = None  # read once, when a run first does not fit
+        later: list[fit.Room] | None = None  # the nodes once batch work ends: every reservation is placed in it in turn
         preempted = False  # one new preemption a step: each is seen through before the next is planned
         looked = 0  # runs that looked for victims this step
         for run in queued:
@@ -410,7 +430,7 @@ class Controller:
                 lines.append(line(f"waits {self.not_before[run_key] - now:.0f}s before its next try: its cluster did not form last time"))
                 continue
             # A run a predecessor half admitted already holds its scaled groups: only the rest must fit.
-            missing = _missing(run.ask, allocs, run.key, run.arrival)
+            missing = _missing(run.ask, self.by_job.get(run.key, []), run.key, run.arrival)
             held = committed.get(run.namespace, capacity.Resources())
             over = share.over(held, missing.needs)
             if over:
@@ -431,13 +451,13 @@ class Controller:
             short = capacity.shortfall(needs, _free_of(rooms, run.ask))
             waiting = True
             making_room = not strict_stop and run.key in self.making_room
-            if not strict_stop and not making_room and not preempted and looked < MAX_PREEMPT_LOOKS:
+            if policy.preemption and not strict_stop and not making_room and not preempted and looked < MAX_PREEMPT_LOOKS:
                 looked += 1
                 if running is None:
-                    running = self._running_runs(jobs, allocs, committed)
+                    running = self._running_runs(jobs, self.by_job, committed)
                 making_room = preempted = self._preempt_for(run, missing, rooms, running, jobs, committed)
             if making_room:
-                fit.reserve(missing, rooms, nodes, allocs)  # what its victims give back is its
+                preemption.reserve_for(missing, rooms, self.making_room[run.key])  # what its victims give back is its
                 count = len(self.making_room.get(run.key, ()))
                 lines.append(line(f"does not fit now; preempting {count} run(s) to make room: it starts once they have stopped", short))
                 continue
@@ -447,10 +467,13 @@ class Controller:
             if not policy.backfill:
                 strict_stop = True
                 lines.append(line("does not fit now", short))
-            elif now - (run.since or now) >= policy.reserve_after_s and fit.reserve(missing, rooms, nodes, allocs):
-                lines.append(line("does not fit now; it holds a reservation: nothing new starts in what it needs", short))
-            else:
-                lines.append(line("does not fit now", short))
+                continue
+            if now - (run.since or now) >= policy.reserve_after_s:
+                later = later if later is not None else fit.later_rooms(nodes, allocs)
+                if fit.reserve(missing, rooms, later):
+                    lines.append(line("does not fit now; it holds a reservation: nothing new starts in what it needs", short))
+                    continue
+            lines.append(line("does not fit now", short))
         self.blocked, self.more = waiting, admitted >= MAX_ADMITS_PER_STEP
         return lines
 
@@ -460,7 +483,7 @@ class Controller:
         out = _batch_held(allocs)
         for key, flight in self.in_flight.items():
             assert flight.run.ask is not None
-            missing = _missing(flight.run.ask, allocs, key, flight.run.arrival)
+            missing = _missing(flight.run.ask, self.by_job.get(key, []), key, flight.run.arrival)
             out[key[0]] = out.get(key[0], capacity.Resources()) + missing.needs
         return out
 
@@ -627,12 +650,16 @@ class Controller:
                     or suspension.state(job) != suspension.ADMITTED:
                 del self.forming[key]
                 continue
+            if time.monotonic() < forming.deadline and time.monotonic() - forming.checked < FORMING_CHECK_S:
+                continue
+            forming.checked = time.monotonic()
             try:
                 generation = ConsulDiscovery(run.job_id, run.namespace, client=self.consul, run_id=run.run_id).generation()[0]
             except (ServerError, ValueError):
                 continue  # cannot tell: ask again next step
             self.requests += 1
-            if int(generation.get("generation") or 0) >= 1:
+            number = generation.get("generation") if isinstance(generation, dict) else None  # the team's own key: anything
+            if isinstance(number, int) and not isinstance(number, bool) and number >= 1:
                 del self.forming[key]
                 continue
             if time.monotonic() < forming.deadline:
@@ -664,67 +691,66 @@ class Controller:
 
     # ---- preemption ------------------------------------------------------------------------------
 
-    def _running_runs(self, jobs: dict[tuple[str, str], dict[str, Any]], allocs: list[dict[str, Any]],
+    def _running_runs(self, jobs: dict[tuple[str, str], dict[str, Any]], by_job: dict[tuple[str, str], list[dict[str, Any]]],
                       committed: dict[str, capacity.Resources]) -> list[preemption.Candidate]:  # fmt: skip
         """The admitted runs placed whole and running that a waiting run might preempt (their
-        progress not read yet)."""
+        progress not read yet); none given back or asked to checkpoint this step."""
         policy = self.sharing.policy
-        held: dict[tuple[str, str], list[tuple[str, capacity.Resources]]] = {}
-        for alloc in allocs:
-            if capacity.holds_resources(alloc):
-                held.setdefault((alloc.get("Namespace", "default"), alloc.get("JobID", "")), []).append(
-                    (alloc.get("NodeID", ""), capacity.alloc_resources(alloc)))
         out = []
         for key, job in jobs.items():
-            if key not in held or key in self.in_flight or key in self.preempting or job.get("Status") == "dead":
+            own = [a for a in by_job.get(key, []) if capacity.holds_resources(a)]
+            if not own or key in self.in_flight or key in self.preempting or key in self.given_back or job.get("Status") == "dead":
                 continue
             if suspension.state(job) != suspension.ADMITTED:
                 continue
             owner = policy.of(key[0])
             borrowing = owner.nominal is not None and bool(owner.over(committed.get(key[0], capacity.Resources()), capacity.Resources(), nominal_only=True))
+            started = min(int(a.get("CreateTime") or 0) for a in own) / 1e9
             out.append(preemption.Candidate(key[0], key[1], (job.get("Meta") or {}).get(wire.META_RUN, ""),
-                                            owner.priority(order.clamp_priority(job.get("Priority"))), tuple(held[key]),
-                                            (job.get("ModifyTime") or 0) / 1e9, borrowing))  # fmt: skip
+                                            owner.priority(order.clamp_priority(job.get("Priority"))),
+                                            tuple((a.get("NodeID", ""), capacity.alloc_resources(a)) for a in own), started, borrowing))  # fmt: skip
         return out
 
     def _preempt_for(self, run: QueuedRun, missing: fit.RunAsk, rooms: list[fit.Room], running: list[preemption.Candidate],
                      jobs: dict[tuple[str, str], dict[str, Any]], committed: dict[str, capacity.Resources]) -> bool:  # fmt: skip
         """Start preempting the runs that make room for `run` (preemption.py), if any may.
 
-        GET .../progress per candidate ; POST /v1/client/allocation/:id/signal per victim allocation"""
+        GET .../progress per weighed candidate ; POST /v1/client/allocation/:id/signal per victim allocation"""
         share = self.sharing.policy.of(run.namespace)
         reclaims = share.nominal is not None and not share.over(committed.get(run.namespace, capacity.Resources()), missing.needs, nominal_only=True)
-        candidates = [c for c in running if c.key != run.key and c.key not in self.preempting and preemption.reason(run.priority, reclaims, c)]
+        eligible = [c for c in running if c.key != run.key and c.key not in self.preempting and preemption.reason(run.priority, reclaims, c)]
+        candidates = preemption.cheapest(eligible)
         if not candidates or not preemption.fits_without(missing, rooms, candidates):
             return False
         candidates = [replace(c, **self._progress_of(c.namespace, c.job_id, c.run_id)) for c in candidates]
-        victims = preemption.choose(missing, rooms, candidates)
+        victims = preemption.choose(missing, rooms, candidates, time.time())
         if not victims:
             return False
         by = f"{run.namespace}/{run.job_id} (priority {run.priority})"
         for victim in victims:
             self._ask_to_checkpoint(victim, jobs[victim.key], by, run.key)
-        self.making_room[run.key] = {v.key for v in victims}
+        self.making_room[run.key] = victims
         return True
 
     def _progress_of(self, namespace: str, job_id: str, run_id: str) -> dict[str, int | None]:
-        """{"step", "checkpoint_step"} from the run's progress record (None: none reported).
+        """{"step", "checkpoint_step"} from the run's progress record (None: none reported, or
+        not a sane number: the record is the team's own to write).
 
         GET /v1/kv/nomadtf/<ns>/<job>/<run>/progress"""
         from nomadtf.discovery import ConsulDiscovery
 
         try:
-            record = ConsulDiscovery(job_id, namespace, client=self.consul, run_id=run_id).progress() or {}
+            record = ConsulDiscovery(job_id, namespace, client=self.consul, run_id=run_id).progress()
         except (ServerError, ValueError):
-            record = {}
+            record = None
         self.requests += 1
-        def number(value: Any) -> int | None:
-            return value if isinstance(value, int) and not isinstance(value, bool) else None
-        return {"step": number(record.get("step")), "checkpoint_step": number(record.get("checkpoint_step"))}
+        step, checkpoint_step, _ = preemption.progress_numbers(record)
+        return {"step": step, "checkpoint_step": checkpoint_step}
 
     def _ask_to_checkpoint(self, victim: preemption.Candidate, job: dict[str, Any], by: str, for_key: tuple[str, str]) -> None:
         """SIGUSR1 to each of the victim's allocations (the supervisor passes it on to code that
-        catches it); it is suspended once its kill timeout has passed."""
+        catches it); it is suspended once it reports a new checkpoint, or its kill timeout
+        (at most MAX_PREEMPT_GRACE_S: the victim's own job sets it) has passed."""
         api = self._api(victim.namespace)
         for alloc in api.allocations(victim.job_id):
             if capacity.holds_resources(alloc) and alloc.get("ClientStatus") == "running":
@@ -734,35 +760,45 @@ class Controller:
                     self.on_event(f"could not ask {victim.namespace}/{victim.job_id} allocation {alloc['ID'][:8]} to checkpoint: {exc}")
                 self.requests += 1
         self.requests += 1
-        grace = max(MIN_PREEMPT_GRACE_S, _kill_timeout_s(job))
+        grace = min(MAX_PREEMPT_GRACE_S, max(MIN_PREEMPT_GRACE_S, _kill_timeout_s(job)))
         self.preempting[victim.key] = Preempting(victim, for_key, by, time.monotonic() + grace)
-        lost = f"{victim.steps_lost} step(s) since its last checkpoint" if victim.step is not None else "no progress reported"
+        lost = f"{victim.lost_s(time.time()):.0f}s of work since its last checkpoint" if victim.step else "no steps reported"
         self._note_key(victim.namespace, victim.job_id, victim.run_id,
-                       f"to be preempted for {by}: asked to checkpoint, suspended in {grace:.0f}s ({lost})")  # fmt: skip
+                       f"to be preempted for {by}: asked to checkpoint, suspended in at most {grace:.0f}s ({lost})")  # fmt: skip
 
     def _suspend_preempted(self, jobs: dict[tuple[str, str], dict[str, Any]]) -> None:
-        """Each victim whose kill timeout has passed: suspended whole and queued again."""
+        """Each victim that checkpointed or whose grace has passed: suspended whole and queued
+        again. A preemption whose waiting run no longer waits (admitted elsewhere, stopped,
+        purged) is called off: nothing is suspended for nobody."""
         for key, preempting in list(self.preempting.items()):
             job = jobs.get(key)
             if job is None or (job.get("Meta") or {}).get(wire.META_RUN) != preempting.victim.run_id or job.get("Status") == "dead":
                 del self.preempting[key]  # it ended (or was stopped) meanwhile: nothing to suspend
                 continue
+            waiting = jobs.get(preempting.for_key)
+            if waiting is None or suspension.state(waiting) != suspension.QUEUED:
+                del self.preempting[key]
+                self._note_key(*key, preempting.victim.run_id, f"preemption for {preempting.by} called off: that run no longer waits")
+                continue
             if time.monotonic() < preempting.suspend_at and not self._checkpointed_since(preempting):
                 continue
-            del self.preempting[key]
             run = self._queued_run(job)
             if run is None:
+                del self.preempting[key]
                 continue
             step = self._progress_of(*key, run.run_id)["step"]
             at = f" at step {step}" if step is not None else ""
-            self._give_back(run, job, {}, f"nomadtf admission: run {run.run_id} preempted{at} by {preempting.by}; requeued", "preempted",
-                            f"preempted{at} by {preempting.by}: suspended whole; queued again")  # fmt: skip
+            index = self._give_back(run, job, {}, f"nomadtf admission: run {run.run_id} preempted{at} by {preempting.by}; requeued", "preempted",
+                                    f"preempted{at} by {preempting.by}: suspended whole; queued again")  # fmt: skip
+            if index is None:
+                continue  # could not suspend it now: tried again next step
+            del self.preempting[key]
             self.metrics.preempted(run.namespace)
             self.sharing.record(run.namespace, "preempted", time.time())
 
     def _checkpointed_since(self, preempting: Preempting) -> bool:
         """The victim reported a checkpoint newer than the one it had when it was asked: it
-        need not be given the rest of its kill timeout."""
+        need not be given the rest of its grace."""
         victim = preempting.victim
         saved = self._progress_of(victim.namespace, victim.job_id, victim.run_id)["checkpoint_step"]
         return saved is not None and (victim.checkpoint_step is None or saved > victim.checkpoint_step)
@@ -786,6 +822,7 @@ class Controller:
         except NomadError as exc:
             self.on_event(f"could not give back {run.namespace}/{run.job_id}: {exc}")
             return None
+        self.given_back.add(run.key)
         try:
             ConsulDiscovery(run.job_id, run.namespace, client=self.consul, run_id=run.run_id).delete_run_keys()
         except ServerError as exc:
@@ -801,7 +838,7 @@ class Controller:
         """Take from `rooms` what admitted runs still wait for Nomad to place."""
         for key, flight in self.in_flight.items():
             assert flight.run.ask is not None
-            missing = _missing(flight.run.ask, allocs, key, flight.run.arrival)
+            missing = _missing(flight.run.ask, self.by_job.get(key, []), key, flight.run.arrival)
             if missing.slots:
                 fit.place(missing, rooms)
 

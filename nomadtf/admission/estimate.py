@@ -18,6 +18,7 @@ Usage:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Hashable
@@ -51,7 +52,8 @@ def end_of(steps: int | None, first: tuple[int, float] | None, last: tuple[int, 
     (step, unix time)) and the steps it declared; else its declared duration from `started`."""
     if steps and first and last and last[1] > first[1] and last[0] > first[0]:
         rate = (last[0] - first[0]) / (last[1] - first[1])
-        return last[1] + max(0, steps - last[0]) / rate
+        ends = last[1] + max(0, steps - last[0]) / rate if rate > 0 else math.inf
+        return ends if math.isfinite(ends) else None
     if duration_s is not None and started is not None:
         return started + duration_s
     return None

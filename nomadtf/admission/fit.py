@@ -195,17 +195,29 @@ def place(ask: RunAsk, rooms: list[Room], *, usable_only: bool = True, taken: li
     return True
 
 
-def reserve(ask: RunAsk, rooms: list[Room], stubs: Iterable[Mapping[str, Any]], allocs: Iterable[Mapping[str, Any]]) -> bool:
-    """Hold back in `rooms` (what is free now) what `ask` will take once the batch work on
-    its nodes ends: it is packed on the usable nodes as they would be with only long-lived
-    work left, and each slot is taken from its node's free room now, below zero where that
-    room is still in use. Nothing new then starts in what the run waits for. False: it does
-    not fit even then (nothing held back)."""
+def later_rooms(stubs: Iterable[Mapping[str, Any]], allocs: Iterable[Mapping[str, Any]]) -> list[Room]:
+    """The usable nodes as they will be once the batch work on them ends: only long-lived
+    allocations (service, system) stay. A walk builds it once and places every reservation
+    in it in turn, so that two reservations never count on the same room."""
     usable = [s for s in stubs if _usable(s)]
-    later = node_rooms(usable, allocs, keep=lambda a: capacity.holds_resources(a) and a.get("JobType") in LONG_LIVED_TYPES)
+    return node_rooms(usable, allocs, keep=lambda a: capacity.holds_resources(a) and a.get("JobType") in LONG_LIVED_TYPES)
+
+
+def reserve(ask: RunAsk, rooms: list[Room], later: list[Room]) -> bool:
+    """Hold back in `rooms` (what is free now) what `ask` will take once the batch work on
+    its nodes ends: it is packed into `later` (later_rooms, shared by the walk's reservations),
+    and each slot is taken from its node's free room now, below zero where that room is still
+    in use. Nothing new then starts in what the run waits for. False: it does not fit even
+    then (nothing held back)."""
     taken: list[tuple[str, Slot]] = []
     if not place(ask, later, taken=taken):
         return False
+    hold_back(rooms, taken)
+    return True
+
+
+def hold_back(rooms: list[Room], taken: Iterable[tuple[str, Slot]]) -> None:
+    """Take each (node id, slot) from that node's free room, below zero where it is in use."""
     by_id = {room.node_id: room for room in rooms}
     for node_id, slot in taken:
         room = by_id.get(node_id)
@@ -220,7 +232,6 @@ def reserve(ask: RunAsk, rooms: list[Room], stubs: Iterable[Mapping[str, Any]], 
                     took = min(count, max(room.devices[name], 0)) or count  # below zero once none is free
                     room.devices[name] -= took
                     count -= took
-    return True
 
 
 def never(

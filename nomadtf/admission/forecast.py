@@ -19,18 +19,21 @@ import consul
 from nomadtf import capacity, wire
 from nomadtf.admission import estimate, fit, suspension
 from nomadtf.admission.order import QueuedRun
+from nomadtf.admission.preemption import progress_numbers
 from nomadtf.errors import ServerError
 
 ESTIMATE_S = 3.0
+MAX_META_NUMBER = 1e12  # steps or seconds: beyond it, nothing a run could mean
 MAX_PLANNED = 50  # the first runs in line get an estimate; further back, none
 
 
 def _number(meta: Mapping[str, Any], key: str) -> float | None:
+    """A positive, finite number from the job's Meta (the team's own to write), else None."""
     try:
         value = float(meta[key])
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, OverflowError):
         return None
-    return value if value > 0 else None
+    return value if 0 < value < MAX_META_NUMBER else None
 
 
 class Forecast:
@@ -91,11 +94,9 @@ class Forecast:
         from nomadtf.discovery import ConsulDiscovery
 
         try:
-            record = ConsulDiscovery(key[1], key[0], client=self.consul, run_id=run_id).progress() or {}
+            record = ConsulDiscovery(key[1], key[0], client=self.consul, run_id=run_id).progress()
         except (ServerError, ValueError):
             return None
         self.requests += 1
-        step, at = record.get("step"), record.get("time")
-        if isinstance(step, int) and not isinstance(step, bool) and isinstance(at, (int, float)):
-            return (step, float(at))
-        return None
+        step, _, at = progress_numbers(record)
+        return (step, at) if step is not None and at is not None else None

@@ -12,6 +12,8 @@ the order is fair between namespaces with the defaults below.
       "reserve_after": "10m",       # a run waiting this long gets a reservation (backfill stops
                                     # taking what it needs); "0s": never backfill past a waiting run
       "backfill": true,             # runs behind a waiting one start when they fit
+      "preemption": false,          # a run may preempt running runs (priority 10 higher, or a
+                                    # reclaim of nominal quota); off unless the operator says so
       "default": {...},             # for namespaces not listed below
       "namespaces": {
         "team-a": {
@@ -53,7 +55,7 @@ DEFAULT_RESERVE_AFTER_S = 600.0
 NOMAD_MAX_PRIORITY = 100
 RESOURCE_FIELDS = ("cpu", "memory", "gpus", "devices")
 SHARE_FIELDS = ("nominal", "borrowing_limit", "max_priority", "weight")
-POLICY_FIELDS = ("half_life", "reserve_after", "backfill", "default", "namespaces")
+POLICY_FIELDS = ("half_life", "reserve_after", "backfill", "preemption", "default", "namespaces")
 GPU_DEVICE = "nvidia/gpu"
 
 
@@ -138,6 +140,7 @@ class Policy:
     half_life_s: float = DEFAULT_HALF_LIFE_S
     reserve_after_s: float = DEFAULT_RESERVE_AFTER_S
     backfill: bool = True
+    preemption: bool = False
     default: Share = field(default_factory=Share)
     namespaces: Mapping[str, Share] = field(default_factory=dict)
 
@@ -162,6 +165,7 @@ class Policy:
 
         return {
             "half_life": f"{self.half_life_s:g}s", "reserve_after": f"{self.reserve_after_s:g}s", "backfill": self.backfill,
+            "preemption": self.preemption,
             "default": share(self.default), "namespaces": {name: share(s) for name, s in sorted(self.namespaces.items())},
         }  # fmt: skip
 
@@ -182,6 +186,10 @@ def parse(text: str | bytes) -> Policy:
     if not isinstance(backfill, bool):
         problems.append("backfill: true or false")
         backfill = True
+    preemption = raw.get("preemption", False)
+    if not isinstance(preemption, bool):
+        problems.append("preemption: true or false")
+        preemption = False
     default = _share(raw.get("default", {}), "default", problems)
     namespaces: dict[str, Share] = {}
     listed = raw.get("namespaces", {})
@@ -192,7 +200,7 @@ def parse(text: str | bytes) -> Policy:
         namespaces[name] = _share(value, f"namespaces.{name}", problems)
     if problems:
         raise PolicyError(problems)
-    return Policy(half_life, reserve_after, backfill, default, namespaces)
+    return Policy(half_life, reserve_after, backfill, preemption, default, namespaces)
 
 
 def _unknown(raw: Mapping[str, Any], known: tuple[str, ...], where: str, problems: list[str]) -> None:

@@ -6,11 +6,18 @@ A waiting run may preempt a running run when
 - its namespace reclaims its nominal quota: the waiting run fits in its namespace's nominal
   quota, and the running run's namespace holds more than its own (it borrows).
 
+(the second never against a run of higher priority: the victim would sort ahead of the
+reclaiming run once requeued, take the room back and be preempted again, in a loop).
+
 The victims are whole runs (never one allocation of a distributed job): the fewest that make
-room, chosen to lose the fewest steps (steps since each one's last checkpoint, from its
-progress record), then the lowest priority, then the most recently admitted. One victim
-that makes room on its own is taken before any pair; beyond that the search is greedy in
-that order, then drops every victim the rest can do without.
+room, chosen to lose the least work, then the lowest priority, then the most recently
+started. The work a run loses is the time it has run (from Nomad's own record of its
+allocations) times the share of its reported steps since its last reported checkpoint
+(`nomadtf.progress`); a run that reports no steps counts as losing all of it. So a team
+that misreports its steps can make its run look at worst like one that never checkpoints,
+never cheaper to keep than it is. One victim that makes room on its own is taken before any
+pair; beyond that the search is greedy in that order, then drops every victim the rest can
+do without. At most MAX_CANDIDATES are weighed.
 
 Usage:
     victims = choose(ask, rooms, [c for c in candidates if reason(waiting, c)])   # None: no room
@@ -19,6 +26,7 @@ Usage:
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -26,6 +34,22 @@ from nomadtf.admission import fit
 from nomadtf.capacity import Resources
 
 PRIORITY_GAP = 10
+MAX_CANDIDATES = 20  # the cheapest by priority and age; their progress is read, the rest not weighed
+MAX_STEP = 10**12
+
+
+def progress_numbers(record: object) -> tuple[int | None, int | None, float | None]:
+    """(step, checkpoint_step, time) of a progress record a team's own tasks write: each
+    None unless it is a sane number (a whole number from 0 to MAX_STEP; a finite time)."""
+    if not isinstance(record, dict):
+        return None, None, None
+
+    def whole(value: object) -> int | None:
+        return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_STEP else None
+
+    at = record.get("time")
+    good_time = isinstance(at, (int, float)) and not isinstance(at, bool) and math.isfinite(at) and 0 < at < 1e11
+    return whole(record.get("step")), whole(record.get("checkpoint_step")), float(at) if good_time else None
 
 
 @dataclass(frozen=True)
@@ -37,7 +61,7 @@ class Candidate:
     run_id: str
     priority: int  # capped at its namespace's ceiling
     held: tuple[tuple[str, Resources], ...]  # (node id, what one allocation holds there)
-    admitted_at: float = 0.0
+    started: float = 0.0  # unix time of its first allocation (Nomad's record)
     borrowing: bool = False  # its namespace holds more than its nominal quota
     step: int | None = None  # its latest reported step
     checkpoint_step: int | None = None  # its last reported checkpoint
@@ -46,12 +70,12 @@ class Candidate:
     def key(self) -> tuple[str, str]:
         return (self.namespace, self.job_id)
 
-    @property
-    def steps_lost(self) -> int:
-        """Steps since its last checkpoint (all of them without one; 0 when it reports none)."""
-        if self.step is None:
-            return 0
-        return max(0, self.step - (self.checkpoint_step or 0))
+    def lost_s(self, now: float) -> float:
+        """The seconds of work a preemption would lose (see the module's rule)."""
+        running = max(0.0, now - self.started) if self.started else 0.0
+        if not self.step:
+            return running
+        return running * min(1.0, max(0, self.step - (self.checkpoint_step or 0)) / self.step)
 
 
 def reason(priority: int, reclaims: bool, candidate: Candidate) -> str:
@@ -59,17 +83,35 @@ def reason(priority: int, reclaims: bool, candidate: Candidate) -> str:
     may preempt `candidate`; "" when it may not."""
     if candidate.priority <= priority - PRIORITY_GAP:
         return f"priority {priority} over {candidate.priority}"
-    if reclaims and candidate.borrowing:
+    if reclaims and candidate.borrowing and candidate.priority <= priority:
         return "its namespace reclaims its nominal quota"
     return ""
 
 
-def _cost(candidate: Candidate) -> tuple[int, int, float, str, str]:
-    return (candidate.steps_lost, candidate.priority, -candidate.admitted_at, candidate.namespace, candidate.job_id)
+def cheapest(candidates: Iterable[Candidate]) -> list[Candidate]:
+    """The MAX_CANDIDATES likeliest victims before their progress is read: lowest priority,
+    most recently started."""
+    return sorted(candidates, key=lambda c: (c.priority, -c.started, c.namespace, c.job_id))[:MAX_CANDIDATES]
+
+
+def reserve_for(ask: fit.RunAsk, rooms: list[fit.Room], victims: Iterable[Candidate]) -> None:
+    """Hold back in `rooms`, on the nodes its victims give back, what the preempting run will
+    take there: backfill does not take the room it preempted for."""
+    victims = list(victims)
+    theirs = {node_id for victim in victims for node_id, _ in victim.held}
+    trial = sorted(_without(rooms, victims), key=lambda room: room.node_id not in theirs)  # first fit: their nodes first
+    taken: list[tuple[str, fit.Slot]] = []
+    if fit.place(ask, trial, taken=taken):
+        fit.hold_back(rooms, taken)
 
 
 def fits_without(ask: fit.RunAsk, rooms: list[fit.Room], victims: Iterable[Candidate]) -> bool:
     """Whether `ask` fits `rooms` once `victims` gave back what they hold (rooms unchanged)."""
+    return fit.place(ask, _without(rooms, victims))
+
+
+def _without(rooms: list[fit.Room], victims: Iterable[Candidate]) -> list[fit.Room]:
+    """A copy of `rooms` with what `victims` hold given back."""
     trial = copy.deepcopy(rooms)
     by_id = {room.node_id: room for room in trial}
     for victim in victims:
@@ -82,12 +124,16 @@ def fits_without(ask: fit.RunAsk, rooms: list[fit.Room], victims: Iterable[Candi
             for name, count in held.devices.items():
                 room.devices[name] = room.devices.get(name, 0) + count
             room.jobs.pop(victim.key, None)
-    return fit.place(ask, trial)
+    return trial
 
 
-def choose(ask: fit.RunAsk, rooms: list[fit.Room], candidates: Iterable[Candidate]) -> list[Candidate] | None:
+def choose(ask: fit.RunAsk, rooms: list[fit.Room], candidates: Iterable[Candidate], now: float) -> list[Candidate] | None:
     """The victims that make room for `ask` (see the module's rule); None when even all of
     `candidates` would not."""
+
+    def _cost(candidate: Candidate) -> tuple[float, int, float, str, str]:
+        return (round(candidate.lost_s(now), 3), candidate.priority, -candidate.started, candidate.namespace, candidate.job_id)
+
     ordered = sorted(candidates, key=_cost)
     for single in ordered:
         if fits_without(ask, rooms, [single]):

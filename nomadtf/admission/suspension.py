@@ -42,6 +42,7 @@ META_GANG_TIMEOUT = "nomadtf.gang_timeout"  # seconds the whole run has to be pl
 META_READY_TIMEOUT = "nomadtf.ready_timeout"  # seconds its cluster has to form once placed (absent or 0: not watched)
 META_REQUEUE_LIMIT = "nomadtf.requeue_limit"  # how often it may be requeued for not forming before it is refused
 DEFAULT_REQUEUE_LIMIT = 3
+MAX_REQUEUE_LIMIT = 9  # the tries are counted in the placeholder's scaling events, of which Nomad keeps 20
 SUSPENDED = "suspended"
 MAX_GROUP_COUNT = 1000  # more allocations than any nomadtf run has a use for: a typo or a trick
 
@@ -136,8 +137,9 @@ class Suspension:
             limit = int(meta.get(META_REQUEUE_LIMIT) or DEFAULT_REQUEUE_LIMIT)
         except ValueError as exc:
             raise Malformed(f"Meta {META_READY_TIMEOUT} or {META_REQUEUE_LIMIT} is not a number") from exc
-        if not math.isfinite(ready) or ready < 0 or not 0 <= limit <= 100:
-            raise Malformed(f"Meta {META_READY_TIMEOUT} is not a number of seconds, or {META_REQUEUE_LIMIT} not from 0 to 100")
+        # At most 9: Nomad keeps a group's last 20 scaling events, and each try leaves two.
+        if not math.isfinite(ready) or ready < 0 or not 0 <= limit <= MAX_REQUEUE_LIMIT:
+            raise Malformed(f"Meta {META_READY_TIMEOUT} is not a number of seconds, or {META_REQUEUE_LIMIT} not from 0 to {MAX_REQUEUE_LIMIT}")
         # Bounded: no run holds the controller's reservation longer than ten minutes.
         return cls(dict(counts), min(max(gang, 1.0), 600.0), min(ready, 86400.0), limit)
 

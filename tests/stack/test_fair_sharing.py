@@ -317,6 +317,7 @@ def test_a_priority_90_run_preempts_a_priority_30_run_which_checkpoints_first_an
     teams += [(low, TEAM_A), (high, TEAM_B)]
     model_dir = tmp_path / "model-low"
     spec_low = preemptible_job(low, 0.65, TEAM_A, model_dir, 30, steps=40, step_s=0.5, checkpoint_every=1000)
+    set_policy(tmp_path, {"preemption": True})  # off unless the operator turns it on
     follower = popen_run(write_job(tmp_path, spec_low), "--timeout", "4m")
     try:
         wait_until(lambda: running(low, TEAM_A), 90, "the low-priority run to run")
@@ -340,6 +341,7 @@ def test_a_priority_90_run_preempts_a_priority_30_run_which_checkpoints_first_an
     finally:
         if follower.poll() is None:
             follower.kill()
+        clear_policy()
 
 
 def _log(model_dir: Path) -> str:
@@ -356,7 +358,8 @@ def test_a_namespace_borrowing_idle_capacity_gives_it_back_by_preemption_when_th
     teams += [(borrower, TEAM_A), (owner, TEAM_B)]
     model_dir = tmp_path / "model-borrower"
     try:
-        set_policy(tmp_path, {"namespaces": {TEAM_A: {"nominal": {"cpu": int(cpu * 0.30)}}, TEAM_B: {"nominal": {"cpu": int(cpu * 0.70)}}}})
+        set_policy(tmp_path, {"preemption": True,
+                              "namespaces": {TEAM_A: {"nominal": {"cpu": int(cpu * 0.30)}}, TEAM_B: {"nominal": {"cpu": int(cpu * 0.70)}}}})  # fmt: skip
         follower = popen_run(write_job(tmp_path, preemptible_job(borrower, 0.65, TEAM_A, model_dir, 50, steps=30, step_s=0.5)), "--timeout", "4m")
         wait_until(lambda: running(borrower, TEAM_A) and "chief started at step 0" in _log(model_dir), 90, "team-a's run to borrow")
         out = nomadtf("run", str(write_job(tmp_path, sized_job(owner, 0.65, TEAM_B, sleep=2))), "--timeout", "3m", timeout=240)

@@ -401,7 +401,8 @@ def test_a_run_its_submitter_resumes_out_of_turn_is_suspended_again_and_waits_it
     try:
         # In line: a large run at the head (it waits for the blocker), a small one behind it.
         go = tmp_path / "jumper-go"  # the jumper's tasks wait for it: one placed out of turn cannot finish before it is seen
-        for job_id, share, context in ((head, 0.65, {"sleep": 1}), (name, 0.3, {"until_file": str(go)})):
+        # 40 %: it does not fit beside the blocker either (no backfill past the head).
+        for job_id, share, context in ((head, 0.65, {"sleep": 1}), (name, 0.4, {"until_file": str(go)})):
             out = nomadtf("run", str(write_job(tmp_path, share_job(job_id, share, **context))), "--detach", timeout=60)
             assert out.returncode == 0, out.stderr
             job = wait_queued(job_id)

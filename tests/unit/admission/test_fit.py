@@ -288,7 +288,7 @@ def test_a_reservation_holds_back_what_the_run_waits_for_on_the_node_it_will_use
     rooms = fit.node_rooms(nodes, allocs)
     waiting = ask(group("chief", 1, 3500))
     assert not fit.place(waiting, copy.deepcopy(rooms))  # n1 has 1000 free now, n2 3000
-    assert fit.reserve(waiting, rooms, nodes, allocs)
+    assert fit.reserve(waiting, rooms, fit.later_rooms(nodes, allocs))
     # Once the batch run ends n1 has 4000: the run is packed there, and n1's room now is
     # held below zero; n2 (where the service job stays) keeps what it has for backfill.
     assert free(rooms) == {"n1": (1000 - 3500, 7000 - 500), "n2": (3000, 7000)}
@@ -299,7 +299,7 @@ def test_a_reservation_holds_back_what_the_run_waits_for_on_the_node_it_will_use
 def test_a_run_that_cannot_fit_even_when_batch_work_ends_reserves_nothing():
     nodes = [node("n1", 2000, 8000)]
     rooms = fit.node_rooms(nodes, [])
-    assert not fit.reserve(ask(group("chief", 1, 3000)), rooms, nodes, [])
+    assert not fit.reserve(ask(group("chief", 1, 3000)), rooms, fit.later_rooms(nodes, []))
     assert free(rooms) == {"n1": (2000, 8000)}
 
 
@@ -307,6 +307,19 @@ def test_a_reservation_takes_gpus_below_zero_when_none_is_free_now():
     nodes = [node("n1", 8000, 16000, gpus=2)]
     allocs = [alloc("n1", 1000, 1000, gpus=2, job="trainer")]
     rooms = fit.node_rooms(nodes, allocs)
-    assert fit.reserve(ask(group("chief", 1, 1000, gpus=1)), rooms, nodes, allocs)
+    assert fit.reserve(ask(group("chief", 1, 1000, gpus=1)), rooms, fit.later_rooms(nodes, allocs))
     assert rooms[0].devices == {GPU: -1}
     assert not fit.place(ask(group("other", 1, 100, gpus=1), job_id="other"), rooms)
+
+
+def test_two_reservations_never_count_on_the_same_room():
+    """Each is placed in the same picture of the nodes once batch work ends, in turn: the
+    second goes to the node the first left, and backfill finds neither room free."""
+    nodes = [node("n1", 4000, 8000), node("n2", 4000, 8000)]
+    allocs = [alloc("n1", 3500, 1000, job="long-1"), alloc("n2", 3500, 1000, job="long-2")]
+    rooms = fit.node_rooms(nodes, allocs)
+    later = fit.later_rooms(nodes, allocs)
+    assert fit.reserve(ask(group("r1", 1, 3000), job_id="r1"), rooms, later)
+    assert fit.reserve(ask(group("r2", 1, 3000), job_id="r2"), rooms, later)
+    assert sorted(r.cpu for r in rooms) == [500 - 3000, 500 - 3000]
+    assert not fit.place(ask(group("small", 1, 400), job_id="small"), rooms)

@@ -26,11 +26,12 @@ def test_no_policy_limits_nothing_and_caps_no_priority():
 
 def test_a_full_policy_parses_with_units_and_defaults_for_namespaces_not_listed():
     parsed = parse({
-        "half_life": "2h", "reserve_after": "90s", "backfill": False, "default": {"max_priority": 50},
+        "half_life": "2h", "reserve_after": "90s", "backfill": False, "preemption": True, "default": {"max_priority": 50},
         "namespaces": {"team-a": {"nominal": {"cpu": 8000, "memory": 16384, "gpus": 2, "devices": {GPU: 1}},
                                   "borrowing_limit": {"cpu": 4000, "gpus": 1}, "max_priority": 70, "weight": 2}},
     })  # fmt: skip
-    assert (parsed.half_life_s, parsed.reserve_after_s, parsed.backfill) == (7200.0, 90.0, False)
+    assert (parsed.half_life_s, parsed.reserve_after_s, parsed.backfill, parsed.preemption) == (7200.0, 90.0, False, True)
+    assert policy.Policy().preemption is False  # off unless the operator says so
     team_a = parsed.of("team-a")
     assert team_a.nominal == policy.Limit(8000, 16384, {"nvidia/gpu": 2, GPU: 1})
     # The ceiling adds borrowing where both give a dimension; memory and the model's GPUs,
