@@ -9,7 +9,8 @@ orders the suspended runs fairly between namespaces (`order.py`, under the opera
 exact job version's groups to their wanted counts; it preempts running runs for a run of
 much higher priority or a namespace reclaiming its quota (`preemption.py`). It never
 registers or edits a job body. What a waiting run is told comes from the board the leader
-publishes (`board.py`); operators scrape its Prometheus metrics (`metrics.py`) and read
+publishes (`board.py`), with each queued run's estimated start (`forecast.py` reads what
+runs, `estimate.py` plans the queue); operators scrape its Prometheus metrics (`metrics.py`) and read
 its ledger of each namespace's use (`ledger.py`, `nomadtf usage`).
 `deploy.py` is the controller's own Nomad service job.
 

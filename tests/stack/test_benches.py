@@ -79,3 +79,15 @@ def test_bench_admission_times_admissions_and_releases_and_counts_requests_per_a
         assert measured(by_endpoint) and len(by_endpoint) == 3 * 9, out  # requests (KB, ms) of 9 endpoints
     timed, missed, out_of_order, beside, board_kb, _others = figures(out, "10 queued:")
     assert (timed, missed, out_of_order, beside) == (20, 0, 0, 0) and measured([board_kb]), out
+
+
+@pytest.mark.timeout(420)
+def test_bench_sharing_measures_fairness_utilisation_and_the_largest_runs_wait(stack):
+    out = bench("bench_sharing.py", "--runs", "25", timeout=360)
+    (jain,) = figures(out, "Jain's index over the busy period:")[:1]
+    (utilisation,) = figures(out, "utilisation while runs wait:")[:1]
+    assert 0 < jain <= 1 and 0 < utilisation <= 100, out
+    assert figures(out, "largest runs' wait:"), out
+    for team in range(1, 6):
+        row = figures(out, f"bench-share-{team} ")
+        assert measured(row) and len(row) == 5, out  # runs, size %, mean wait, core-s, held/fair
