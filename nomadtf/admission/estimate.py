@@ -85,13 +85,16 @@ def plan(free_now: Resources, holding: Iterable[Holding], waiting: Sequence[Plan
         for t in times:  # the free capacity on [times[i], times[i + 1])
             level = [a + b for a, b in zip(level, events.get(t, [0.0] * len(DIMENSIONS)), strict=True)]
             levels.append(level)
-        found = None
-        for i, start in enumerate(times):
-            end = start + run.duration_s if run.duration_s is not None else float("inf")
-            if all(all(levels[j][k] >= need[k] - 1e-9 for k in range(len(DIMENSIONS)))
-                   for j in range(i, len(times)) if times[j] < end):  # fmt: skip
-                found = start
+        found, i = None, 0
+        while i < len(times):  # the earliest start whose whole duration fits; a segment too short skips every start before it
+            end = times[i] + run.duration_s if run.duration_s is not None else float("inf")
+            j = i
+            while j < len(times) and times[j] < end and all(levels[j][k] >= need[k] - 1e-9 for k in range(len(DIMENSIONS))):
+                j += 1
+            if j == len(times) or times[j] >= end:
+                found = times[i]
                 break
+            i = j + 1
         out[run.key] = found
         if found is not None:
             change(found, [-x for x in need])
