@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import consul
@@ -57,7 +57,7 @@ MAX_ADMITS_PER_STEP = 20  # a burst is admitted over several steps: gang checks 
 PUBLISH_MIN_S = 1.0  # the board is written at most this often (it is rewritten whole)
 NEVER_RECHECK_S = 60.0  # how often a waiting run is judged "never" again
 REPUBLISH_S = 60.0  # an unchanged board is written again this often: its age says the leader lives
-FORMING_CHECK_S = 2.0  # a placed run's generation is read at most this often
+FORMING_CHECK_S = 2.0  # a placed run's generation, or a preempted run's checkpoint, is read at most this often
 REQUEUE_BACKOFF_S = 10.0  # a run whose cluster did not form waits this long before its next try, doubled each time
 REQUEUE_BACKOFF_MAX_S = 300.0
 MAX_PREEMPT_LOOKS = 5  # the first runs in line that do not fit look for victims each step, not all
@@ -86,7 +86,6 @@ class InFlight:
 
     run: QueuedRun
     deadline: float  # monotonic
-    admitted_at: float = field(default_factory=time.time)
     checked: float = 0.0  # monotonic: when its cluster's generation was last read (forming runs)
 
 
@@ -98,6 +97,7 @@ class Preempting:
     for_key: tuple[str, str]  # the waiting run it makes room for
     by: str  # "team-b/big (priority 90)"
     suspend_at: float  # monotonic
+    checked: float = 0.0  # monotonic: when its progress was last read
 
 
 @dataclass
@@ -252,9 +252,10 @@ class Controller:
         self._suspend_preempted(jobs)
         rooms = fit.node_rooms(nodes, allocs)
         self._reserve_in_flight(rooms, allocs)
-        committed = self._committed(allocs)
+        held = _batch_held(allocs)
+        committed = self._committed(held)
         asked = self.sharing.requests
-        self.sharing.step(_batch_held(allocs), now)
+        self.sharing.step(held, now)
         self.requests += self.sharing.requests - asked
         total = capacity.total(capacity._node_resources(n) for n in nodes if fit.may_return(n, now, self.down_since))
         queued = []
@@ -477,10 +478,10 @@ class Controller:
         self.blocked, self.more = waiting, admitted >= MAX_ADMITS_PER_STEP
         return lines
 
-    def _committed(self, allocs: list[dict[str, Any]]) -> dict[str, capacity.Resources]:
-        """What each namespace's batch allocations hold, and what its admitted runs still
-        wait for Nomad to place: its quota's use."""
-        out = _batch_held(allocs)
+    def _committed(self, held: dict[str, capacity.Resources]) -> dict[str, capacity.Resources]:
+        """What each namespace's batch allocations hold (`held`), and what its admitted runs
+        still wait for Nomad to place: its quota's use."""
+        out = dict(held)
         for key, flight in self.in_flight.items():
             assert flight.run.ask is not None
             missing = _missing(flight.run.ask, self.by_job.get(key, []), key, flight.run.arrival)
@@ -799,6 +800,9 @@ class Controller:
     def _checkpointed_since(self, preempting: Preempting) -> bool:
         """The victim reported a checkpoint newer than the one it had when it was asked: it
         need not be given the rest of its grace."""
+        if time.monotonic() - preempting.checked < FORMING_CHECK_S:
+            return False
+        preempting.checked = time.monotonic()
         victim = preempting.victim
         saved = self._progress_of(victim.namespace, victim.job_id, victim.run_id)["checkpoint_step"]
         return saved is not None and (victim.checkpoint_step is None or saved > victim.checkpoint_step)

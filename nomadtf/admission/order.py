@@ -21,7 +21,6 @@ runs, team-a's score is at least 0.65 and team-b's 0: b1 is next, then a2, a3.
 
 Usage:
     runs = fair_order(queued, policy, average_share, held, total)   # admission order
-    place_of(runs, key)             # (2, 5): second of five
 """
 
 from __future__ import annotations
@@ -108,11 +107,3 @@ def fair_order(
         if not lines[namespace]:
             del lines[namespace]
     return out
-
-
-def place_of(runs: list[QueuedRun], key: tuple[str, str]) -> tuple[int, int]:
-    """(place, length) in `runs` (already ordered); (0, length) when not there."""
-    for place, run in enumerate(runs, start=1):
-        if run.key == key:
-            return place, len(runs)
-    return 0, len(runs)

@@ -800,3 +800,53 @@ def test_a_submitter_that_may_not_read_nodes_queues_rather_than_failing(secure_c
     finally:
         api.delete(f"{nomad_url}/v1/job/{hog}", params={"purge": "true"}, timeout=10)
         nomadtf("stop", job, "--namespace", NAMESPACE_B, "--purge", env=secure_cluster.env(), timeout=60)
+
+
+def test_the_printed_controller_policy_may_ask_another_team_s_run_to_checkpoint_and_a_team_may_not(secure_cluster):
+    """Preemption's checkpoint request under ACLs: a token made from exactly `nomadtf acl
+    policies`' controller Nomad policy signals a running allocation of team-a's (its task's
+    SIGUSR1 handler runs), and team-b's submitter token is refused the same call."""
+    from nomadtf.errors import NomadError
+    from nomadtf.nomad import NomadAPI, NomadSettings
+
+    api, found = secure_cluster.api().session(), secure_cluster.api().urls
+    nomad_url = found["nomad"]
+    for namespace in (NAMESPACE_A, NAMESPACE_B):
+        ensure_namespace(api, nomad_url, namespace)
+    name = unique("signalled")
+    task = {"Name": "t", "Driver": "raw_exec", "Resources": {"CPU": 50, "MemoryMB": 32},
+            "Config": {"command": "/bin/sh", "args": ["-c", "trap 'echo checkpoint-asked' USR1; while true; do sleep 0.2; done"]}}  # fmt: skip
+    job = {"Job": {"ID": name, "Namespace": NAMESPACE_A, "Type": "batch", "Datacenters": ["*"],
+                   "TaskGroups": [{"Name": "g", "Count": 1, "Tasks": [task]}]}}  # fmt: skip
+    api.post(f"{nomad_url}/v1/jobs", params={"namespace": NAMESPACE_A}, json=job, timeout=10).raise_for_status()
+    try:
+        def running_alloc() -> dict | None:
+            allocs = api.get(f"{nomad_url}/v1/job/{name}/allocations", params={"namespace": NAMESPACE_A}, timeout=10).json()
+            return next((a for a in allocs if a["ClientStatus"] == "running"), None)
+
+        alloc = wait_until(running_alloc, 60, "team-a's allocation to run")
+        time.sleep(1)  # the shell has set its trap
+        env = secure_cluster.env()
+        controller = {**env, "NOMAD_TOKEN": _nomad_client_token(secure_cluster, "nomadtf-test-controller", acl.nomad_controller_policy())}
+        NomadAPI(NomadSettings.from_env(controller, namespace=NAMESPACE_A)).signal_allocation(alloc["ID"], "SIGUSR1")
+
+        def logged() -> bool:
+            resp = api.get(f"{nomad_url}/v1/client/fs/logs/{alloc['ID']}", params={"task": "t", "type": "stdout", "plain": "true",
+                                                                                    "namespace": NAMESPACE_A}, timeout=10)  # fmt: skip
+            return "checkpoint-asked" in resp.text
+
+        wait_until(logged, 20, "the task's SIGUSR1 handler to run")
+        team_b = submitter_env(secure_cluster, NAMESPACE_B)
+        with pytest.raises(NomadError):
+            NomadAPI(NomadSettings.from_env(team_b, namespace=NAMESPACE_A)).signal_allocation(alloc["ID"], "SIGUSR1")
+    finally:
+        api.delete(f"{nomad_url}/v1/job/{name}", params={"purge": "true", "namespace": NAMESPACE_A}, timeout=10)
+
+
+def _nomad_client_token(cluster, name: str, rules: str) -> str:
+    """A client token with exactly `rules` (POST /v1/acl/policy/:name, /v1/acl/token)."""
+    api, found = cluster.api().session(), cluster.api().urls
+    api.post(f"{found['nomad']}/v1/acl/policy/{name}", json={"Name": name, "Rules": rules}, timeout=10).raise_for_status()
+    token = api.post(f"{found['nomad']}/v1/acl/token", json={"Type": "client", "Policies": [name]}, timeout=10)
+    token.raise_for_status()
+    return token.json()["SecretID"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nomadtf.admission.order import QueuedRun, clamp_priority, ordered, place_of
+from nomadtf.admission.order import QueuedRun, clamp_priority, ordered
 
 
 def run(job_id: str, priority: int = 50, arrival: int = 100, namespace: str = "team-a") -> QueuedRun:
@@ -30,18 +30,6 @@ def test_ordering_does_not_depend_on_the_order_runs_were_read_in():
     runs = [run("a", 70, 5), run("b", 70, 3), run("c", 20, 1), run("d", 90, 9)]
     assert ordered(runs) == ordered(list(reversed(runs))) == ordered(runs[2:] + runs[:2])
     assert [r.job_id for r in ordered(runs)] == ["d", "b", "a", "c"]
-
-
-def test_place_of_is_one_based_and_counts_the_whole_queue():
-    runs = ordered([run("a", arrival=1), run("b", arrival=2), run("c", arrival=3)])
-    assert place_of(runs, ("team-a", "a")) == (1, 3)
-    assert place_of(runs, ("team-a", "c")) == (3, 3)
-
-
-def test_place_of_a_run_not_queued_is_zero():
-    runs = [run("a")]
-    assert place_of(runs, ("team-b", "a")) == (0, 1)  # same job name, another namespace
-    assert place_of([], ("team-a", "a")) == (0, 0)
 
 
 # ---- the fair order between namespaces (order.fair_order) ---------------------------------
