@@ -28,6 +28,8 @@ SINGLETON_ROLES = ("chief", "evaluator", "tensorboard")
 # Side roles: never waited for, never restart or fail training; the job's outcome does not
 # depend on them (their failures are warnings).
 SOFT_ROLES = ("evaluator", "tensorboard")
+# Roles whose count may change while a run runs (`nomadtf scale`, an elastic count).
+SCALABLE_ROLES = ("worker",)
 STRATEGIES = ("parameter_server", "multi_worker_mirrored", "legacy_server")
 
 MOVED = "moved"

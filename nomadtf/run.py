@@ -42,6 +42,7 @@ from nomadtf.follow import (
 )
 from nomadtf.nomad import NomadAPI
 from nomadtf.profile import offline_check_fill
+from nomadtf.roles import SCALABLE_ROLES
 from nomadtf.spec import JobSpec, RunInfo, expand_task_vars, load_options, parse_spec
 from nomadtf.target import Target
 
@@ -224,7 +225,8 @@ class Run:
         admission = self.spec.admission
         # The tasks' rendezvous waits out an environment build too: so does the controller.
         ready_s = admission.ready_timeout_s + (self.spec.environment.timeout_s if self.spec.environment and admission.ready_timeout_s else 0.0)
-        body = suspension.suspend(job, admission.gang_timeout_s, ready_s, admission.requeue_limit) if suspended else job
+        minimum = {role: least for role, (least, _) in self.spec.elastic.items()}
+        body = suspension.suspend(job, admission.gang_timeout_s, ready_s, admission.requeue_limit, minimum) if suspended else job
         try:
             registered = self.api.register(body, modify_index=modify_index)
             self.registered = (run_id, suspended, int(registered.get("JobModifyIndex") or 0))
@@ -347,7 +349,6 @@ class Run:
         on_event(f"stopped {self.job_id}")
 
 
-SCALABLE_ROLES = ("worker",)
 
 
 def parse_scale(targets: list[str]) -> dict[str, int]:

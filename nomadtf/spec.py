@@ -181,6 +181,9 @@ def normalize(data: dict[str, Any]) -> dict[str, Any]:
     if problems:
         raise SpecError(problems)
     document = fill_defaults(data, schema(), schema())
+    problems = elastic_count_problems(document)
+    if problems:
+        raise SpecError(problems)
     problems = cross_field_problems(document)
     if problems:
         raise SpecError(problems)
@@ -327,6 +330,9 @@ def _explain(error: jsonschema.ValidationError, data: dict[str, Any]) -> list[st
         ]
         if len(fitting) == 1:
             return [line for sub in fitting[0] for line in _explain(sub, data)]
+        kinds = [sub.validator_value for subs in branches.values() for sub in subs if sub.validator == "type" and not sub.relative_path]
+        if not fitting and not _holds_secrets(where):
+            return [f"{where}: {error.instance!r} is not of type {' or '.join(map(repr, kinds))}"]
     if error.validator == "required":
         return [f"{where}: {error.message}"]
     if error.validator == "pattern" and "$defs/duration" in str(error.schema_path) or (
@@ -364,6 +370,22 @@ def fill_defaults(value: Any, node: dict[str, Any], root: dict[str, Any]) -> Any
             if option.get("type") == "object":
                 return fill_defaults(value, option, root)
     return copy.deepcopy(value)
+
+
+def elastic_count_problems(document: dict[str, Any]) -> list[str]:
+    """An elastic count (`{"min": m, "max": n}`) becomes `count: n` and `count_min: m` in
+    `document` (in place), so everything after reads a number; the problems with it."""
+    problems = []
+    for role, cfg in document["roles"].items():
+        count = cfg.get("count")
+        if not isinstance(count, dict):
+            continue
+        if role not in role_table.SCALABLE_ROLES:
+            problems.append(f"roles.{role}.count: only {', '.join(role_table.SCALABLE_ROLES)} may be elastic; give {role} a number")
+        elif count["min"] > count["max"]:
+            problems.append(f"roles.{role}.count: min ({count['min']}) is more than max ({count['max']}); swap them")
+        cfg["count"], cfg["count_min"] = count["max"], count["min"]
+    return problems
 
 
 def cross_field_problems(document: dict[str, Any]) -> list[str]:
@@ -534,7 +556,7 @@ class Entrypoint:
 class Role:
     """One role of job.json `roles` that runs (count > 0)."""
 
-    count: int  # as submitted; in a task `JobSpec.counts` follows `nomadtf scale`
+    count: int  # as submitted (an elastic role's max); in a task `JobSpec.counts` follows `nomadtf scale`
     cpu: int  # MHz
     memory: int  # MB
     memory_max: int | None  # None: no oversubscription
@@ -546,10 +568,12 @@ class Role:
     distinct_hosts: bool
     node_class: str | None
     env: dict[str, str]
+    count_min: int | None = None  # elastic: the fewest tasks it is admitted with or shrunk to
 
     @classmethod
     def from_normalized(cls, cfg: dict[str, Any]) -> Role:
         return cls(
+            count_min=cfg.get("count_min"),
             count=cfg["count"],
             cpu=cfg["cpu"],
             memory=cfg["memory"],
@@ -732,6 +756,11 @@ class JobSpec:
     def gpus(self) -> dict[str, dict[str, Any] | None]:
         """role -> its GPU request (None: no GPU), for the roles that run."""
         return {role: cfg.gpus for role, cfg in self.roles.items()}
+
+    @property
+    def elastic(self) -> dict[str, tuple[int, int]]:
+        """role -> (min, max) for the roles with an elastic count."""
+        return {role: (cfg.count_min, cfg.count) for role, cfg in self.roles.items() if cfg.count_min is not None}
 
     def sha256(self) -> str:
         """A stable digest of the normalised job.json; the job's Meta carries it."""

@@ -7,7 +7,8 @@ orders the suspended runs fairly between namespaces (`order.py`, under the opera
 `policy.py`, with each namespace's remembered `usage.py`, both kept current by
 `sharing.py`), checks that the whole run fits (`fit.py`) and admits it by scaling that
 exact job version's groups to their wanted counts; it preempts running runs for a run of
-much higher priority or a namespace reclaiming its quota (`preemption.py`). It never
+much higher priority or a namespace reclaiming its quota (`preemption.py`), and sizes,
+grows and shrinks elastic runs (`elastic.py`). It never
 registers or edits a job body. What a waiting run is told comes from the board the leader
 publishes (`board.py`), with each queued run's estimated start (`forecast.py` reads what
 runs, `estimate.py` plans the queue); operators scrape its Prometheus metrics (`metrics.py`) and read

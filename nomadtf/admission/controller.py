@@ -43,7 +43,7 @@ import consul
 
 from nomadtf import capacity, wire
 from nomadtf.admission import board as boards
-from nomadtf.admission import fit, order, preemption, suspension
+from nomadtf.admission import elastic, fit, order, preemption, suspension
 from nomadtf.admission.forecast import Forecast
 from nomadtf.admission.lease import Lease
 from nomadtf.admission.order import QueuedRun
@@ -143,6 +143,7 @@ class Controller:
         self.given_back: set[tuple[str, str]] = set()  # runs given back this step: not victims again
         self.by_job: dict[tuple[str, str], list[dict[str, Any]]] = {}  # this step's holding allocations by job
         self.making_room: dict[tuple[str, str], list[preemption.Candidate]] = {}  # waiting run -> its victims
+        self.growing: dict[tuple[str, str], elastic.Growing] = {}  # elastic runs growing at a checkpoint
         self.down_since: dict[str, float] = {}  # node id -> when this replica first saw it away
         self.blocked = False  # the last walk stopped at a run that does not fit: wait on the allocations
         self.more = False  # the last walk stopped at MAX_ADMITS_PER_STEP: step again at once
@@ -194,6 +195,7 @@ class Controller:
         self.forming.clear()
         self.preempting.clear()
         self.making_room.clear()
+        self.growing.clear()
         self.not_before.clear()
         jobs_index = allocs_index = 0
         last = 0.0
@@ -282,9 +284,10 @@ class Controller:
         for key, victims in list(self.making_room.items()):
             # Admitted, stopped or purged; or its victims are suspended and gone and it still
             # does not fit (others took the room): it may look for victims again.
-            if key not in waiting_keys or not {v.key for v in victims} & (set(self.preempting) | holding):
+            if key not in waiting_keys or not {v.key for v in victims if v.key in self.preempting or not v.shrink_to and v.key in holding}:
                 del self.making_room[key]
         lines = self._walk(queued, rooms, nodes, allocs, committed, jobs)
+        self._grow(jobs, rooms, committed)
         asked = self.forecast.requests
         self.forecast.update(now, jobs, allocs, nodes, queued, set(self.in_flight))
         self.requests += self.forecast.requests - asked
@@ -389,7 +392,7 @@ class Controller:
         return QueuedRun(
             namespace, job_id, run_id, priority, arrival, (job.get("SubmitTime") or 0) / 1e9,
             modify_index, wanted.counts, wanted.gang_timeout_s, fit.RunAsk.of(suspension.wanted_job(job, wanted.counts)),
-            wanted.ready_timeout_s, wanted.requeue_limit,
+            wanted.ready_timeout_s, wanted.requeue_limit, wanted.minimum,
         )  # fmt: skip
 
     # ---- the walk in order -----------------------------------------------------------------------
@@ -421,6 +424,8 @@ class Controller:
                 self._refuse(run, f"it can never fit: {why}")
                 continue
             place += 1
+            if run.minimum and not self.by_job.get(run.key):
+                run = _sized(run, rooms, committed.get(run.namespace, capacity.Resources()), share)
             needs = run.ask.needs
             line = functools.partial(_board_line, run, place)
             if admitted >= MAX_ADMITS_PER_STEP:
@@ -442,7 +447,7 @@ class Controller:
                 try:
                     self.after_fit(run)
                     self._admit(run)
-                except NomadError as exc:  # stopped, purged or re-registered meanwhile: next step reads it again
+                except ServerError as exc:  # stopped, purged or re-registered meanwhile: next step reads it again
                     self.on_event(f"could not admit {run.namespace}/{run.job_id} run {run.run_id}: {exc}")
                     continue
                 admitted += 1
@@ -515,7 +520,10 @@ class Controller:
         self.requests += 1
         current = suspension.group_counts(job)
         waited = max(0.0, time.time() - run.since) if run.since else 0.0
-        message = f"nomadtf admission: admitted run {run.run_id} after {waited:.0f}s in the queue"
+        size = f" at {elastic.sizes(run.counts, run.minimum)}" if run.minimum else ""
+        message = f"nomadtf admission: admitted run {run.run_id}{size} after {waited:.0f}s in the queue"
+        if run.minimum:  # its tasks form at these counts, not at the most its job.json allows
+            self._set_counts(run.namespace, run.job_id, run.run_id, {group: run.counts[group] for group in run.minimum})
         index = run.job_modify_index
         for group, count in sorted(run.counts.items()):
             if current.get(group) != count:
@@ -525,7 +533,7 @@ class Controller:
         self.metrics.admitted(run.namespace, waited)
         self.sharing.record(run.namespace, "admitted", time.time())
         self.sharing.record(run.namespace, "queued_s", time.time(), waited)
-        self._note(run, f"admitted after {waited:.0f}s in the queue")
+        self._note(run, f"admitted{size} after {waited:.0f}s in the queue")
 
     def _refuse(self, run: QueuedRun, why: str) -> None:
         """Give up on a run: its placeholder to 0 with the reason (the job ends)."""
@@ -690,6 +698,105 @@ class Controller:
         return sum(1 for e in events if (e.get("Meta") or {}).get(suspension.META_ADMISSION) == "not-ready"
                    and (e.get("Meta") or {}).get(wire.META_RUN) == run.run_id and e.get("Count") == 1)  # fmt: skip
 
+    # ---- elastic runs: grown at a checkpoint while nobody waits ------------------------------------
+
+    def _grow(self, jobs: dict[tuple[str, str], dict[str, Any]], rooms: list[fit.Room], committed: dict[str, capacity.Resources]) -> None:
+        """Carry each growth on (checkpointed or its grace passed: resized; resized: placed, or
+        back to its size before), then, while no run waits, start at most one: the elastic run
+        below its most with room for more asks to checkpoint. A run that starts waiting calls
+        every growth not yet resized off: growth never takes what a queued run could use."""
+        for key, growing in list(self.growing.items()):
+            job = jobs.get(key)
+            run = self._queued_run(job) if job is not None and (job.get("Meta") or {}).get(wire.META_RUN) == growing.run_id else None
+            if run is None or job is None or job.get("Status") == "dead" or suspension.state(job) != suspension.ADMITTED or key in self.preempting:
+                del self.growing[key]
+                continue
+            if growing.placed_by:
+                placed = _holding_by_group(self.by_job.get(key, []), key, run.arrival)
+                if all(placed.get(group, 0) >= count for group, count in growing.to.items()):
+                    del self.growing[key]
+                elif time.monotonic() > growing.placed_by:
+                    said = f"its growth was not placed within {run.gang_timeout_s:g}s: back to {elastic.sizes(growing.before, run.minimum)}"
+                    if self._resize(run, job, growing.before, f"nomadtf admission: run {run.run_id}: {said}", "shrunk"):
+                        del self.growing[key]
+                        self._note(run, said)
+                continue
+            if self.blocked or self.more:
+                del self.growing[key]
+                self._note(run, "growth called off: a run waits in the queue")
+                continue
+            if time.monotonic() < growing.grow_at and not self._checkpointed_since(growing, *key, run.run_id, growing.checkpoint_step):
+                continue
+            assert run.ask is not None
+            extra = run.ask.with_counts(elastic.extra(growing.before, growing.to))
+            over = self.sharing.policy.of(run.namespace).over(committed.get(run.namespace, capacity.Resources()), extra.needs)
+            if over or not fit.place(extra, rooms):
+                del self.growing[key]
+                self._note(run, f"growth called off: {'; '.join(over) or 'its room was taken meanwhile'}")
+                continue
+            said = f"grown to {elastic.sizes(growing.to, run.minimum)}"
+            if self._resize(run, job, growing.to, f"nomadtf admission: run {run.run_id} {said}", "grown"):
+                growing.placed_by = time.monotonic() + run.gang_timeout_s
+                committed[run.namespace] = committed.get(run.namespace, capacity.Resources()) + extra.needs
+                self._note(run, said)
+        if not (self.blocked or self.more):
+            self._start_growth(jobs, rooms, committed)
+
+    def _start_growth(self, jobs: dict[tuple[str, str], dict[str, Any]], rooms: list[fit.Room], committed: dict[str, capacity.Resources]) -> None:
+        """The first elastic run, placed whole and formed, below its most, with room for more:
+        asked to checkpoint; it grows at the checkpoint (or once its grace has passed)."""
+        busy = set(self.growing) | set(self.preempting) | set(self.in_flight) | set(self.forming) | self.given_back
+        for key, job in sorted(jobs.items()):
+            if key in busy or job.get("Status") == "dead" or suspension.state(job) != suspension.ADMITTED:
+                continue
+            try:
+                run = self._queued_run(job)
+            except suspension.Malformed:
+                continue
+            if run is None or not run.minimum or run.ask is None:
+                continue
+            counts = suspension.group_counts(job)
+            now = {group: counts.get(group, 0) for group in run.minimum}
+            placed = _holding_by_group(self.by_job.get(key, []), key, run.arrival)
+            if all(now[g] >= run.counts[g] for g in now) or any(placed.get(g, 0) < n for g, n in counts.items() if g in run.counts):
+                continue  # at its most, or not placed whole (placing, or some tasks ended): nothing to grow
+            grown = _growth(run, now, rooms, committed.get(run.namespace, capacity.Resources()), self.sharing.policy.of(run.namespace))
+            if grown is None:
+                continue
+            self._signal_checkpoint(run.namespace, run.job_id)
+            grace = _grace_s(job)
+            saved = self._progress_of(run.namespace, run.job_id, run.run_id)["checkpoint_step"]
+            self.growing[key] = elastic.Growing(run.run_id, now, grown, saved, time.monotonic() + grace)
+            self._note(run, f"room for {elastic.sizes(grown, run.minimum)}: asked to checkpoint; it grows then (in at most {grace:.0f}s)")
+            return
+
+    def _resize(self, run: QueuedRun, job: dict[str, Any], counts: dict[str, int], message: str, verdict: str) -> bool:
+        """An admitted elastic run to `counts`: its tasks learn them from Consul first (a
+        shrinking cluster is whole at once, a growing one waits for its new members), then
+        Nomad changes the groups. False when a call failed (tried again next step).
+
+        PUT .../cluster/counts ; POST /v1/job/:id/scale per changed group"""
+        current = suspension.group_counts(job)
+        try:
+            self._set_counts(run.namespace, run.job_id, run.run_id, counts)
+            index = int(job.get("JobModifyIndex") or 0)
+            for group, count in sorted(counts.items()):
+                if current.get(group) != count:
+                    index = self._scale(run, group, count, index, message, verdict)
+        except ServerError as exc:
+            self.on_event(f"could not resize {run.namespace}/{run.job_id}: {exc}")
+            return False
+        return True
+
+    def _set_counts(self, namespace: str, job_id: str, run_id: str, counts: dict[str, int]) -> None:
+        """PUT .../cluster/counts ; the generation touched (discovery.set_counts)"""
+        from nomadtf.discovery import ConsulDiscovery
+
+        if not self.lease.still_leads():
+            raise LostLead(f"{self.name} lost the lead while resizing {namespace}/{job_id}")
+        ConsulDiscovery(job_id, namespace, client=self.consul, run_id=run_id).set_counts(counts)
+        self.requests += 5
+
     # ---- preemption ------------------------------------------------------------------------------
 
     def _running_runs(self, jobs: dict[tuple[str, str], dict[str, Any]], by_job: dict[tuple[str, str], list[dict[str, Any]]],
@@ -720,11 +827,16 @@ class Controller:
         share = self.sharing.policy.of(run.namespace)
         reclaims = share.nominal is not None and not share.over(committed.get(run.namespace, capacity.Resources()), missing.needs, nominal_only=True)
         eligible = [c for c in running if c.key != run.key and c.key not in self.preempting and preemption.reason(run.priority, reclaims, c)]
-        candidates = preemption.cheapest(eligible)
-        if not candidates or not preemption.fits_without(missing, rooms, candidates):
-            return False
-        candidates = [replace(c, **self._progress_of(c.namespace, c.job_id, c.run_id)) for c in candidates]
-        victims = preemption.choose(missing, rooms, candidates, time.time())
+        # Elastic runs shrunk to their minimums first: only if that is not room enough is any run suspended whole.
+        shrinks = [shrink for c in eligible if (shrink := self._as_shrink(c, jobs[c.key])) is not None]
+        victims = None
+        for candidates in (preemption.cheapest(shrinks), preemption.cheapest(eligible)):
+            if not candidates or not preemption.fits_without(missing, rooms, candidates):
+                continue
+            candidates = [replace(c, **self._progress_of(c.namespace, c.job_id, c.run_id)) for c in candidates]
+            victims = preemption.choose(missing, rooms, candidates, time.time())
+            if victims:
+                break
         if not victims:
             return False
         by = f"{run.namespace}/{run.job_id} (priority {run.priority})"
@@ -732,6 +844,17 @@ class Controller:
             self._ask_to_checkpoint(victim, jobs[victim.key], by, run.key)
         self.making_room[run.key] = victims
         return True
+
+    def _as_shrink(self, candidate: preemption.Candidate, job: dict[str, Any]) -> preemption.Candidate | None:
+        """`candidate` as an elastic run shrunk to its minimums (None: not elastic, or at them)."""
+        try:
+            wanted = suspension.Suspension.of(job)
+        except suspension.Malformed:
+            return None
+        if wanted is None or not wanted.minimum:
+            return None
+        counts = {group: count for group, count in suspension.group_counts(job).items() if group in wanted.counts}
+        return preemption.as_shrink(candidate, self.by_job.get(candidate.key, []), counts, wanted.minimum)
 
     def _progress_of(self, namespace: str, job_id: str, run_id: str) -> dict[str, int | None]:
         """{"step", "checkpoint_step"} from the run's progress record (None: none reported, or
@@ -750,22 +873,30 @@ class Controller:
 
     def _ask_to_checkpoint(self, victim: preemption.Candidate, job: dict[str, Any], by: str, for_key: tuple[str, str]) -> None:
         """SIGUSR1 to each of the victim's allocations (the supervisor passes it on to code that
-        catches it); it is suspended once it reports a new checkpoint, or its kill timeout
-        (at most MAX_PREEMPT_GRACE_S: the victim's own job sets it) has passed."""
-        api = self._api(victim.namespace)
-        for alloc in api.allocations(victim.job_id):
+        catches it); it is suspended (or, elastic, shrunk) once it reports a new checkpoint, or
+        its kill timeout (at most MAX_PREEMPT_GRACE_S: the victim's own job sets it) has passed."""
+        self._signal_checkpoint(victim.namespace, victim.job_id)
+        grace = _grace_s(job)
+        self.preempting[victim.key] = Preempting(victim, for_key, by, time.monotonic() + grace)
+        self.growing.pop(victim.key, None)
+        lost = f"{victim.lost_s(time.time()):.0f}s of work since its last checkpoint" if victim.step else "no steps reported"
+        what = f"shrunk to {', '.join(f'{g}={n}' for g, n in victim.shrink_to)}" if victim.shrink_to else "suspended"
+        self._note_key(victim.namespace, victim.job_id, victim.run_id,
+                       f"to be preempted for {by}: asked to checkpoint, {what} in at most {grace:.0f}s ({lost})")  # fmt: skip
+
+    def _signal_checkpoint(self, namespace: str, job_id: str) -> None:
+        """SIGUSR1 to each running allocation of the job.
+
+        GET /v1/job/:id/allocations ; POST /v1/client/allocation/:id/signal per allocation"""
+        api = self._api(namespace)
+        for alloc in api.allocations(job_id):
             if capacity.holds_resources(alloc) and alloc.get("ClientStatus") == "running":
                 try:
                     api.signal_allocation(alloc["ID"], "SIGUSR1")
                 except ServerError as exc:
-                    self.on_event(f"could not ask {victim.namespace}/{victim.job_id} allocation {alloc['ID'][:8]} to checkpoint: {exc}")
+                    self.on_event(f"could not ask {namespace}/{job_id} allocation {alloc['ID'][:8]} to checkpoint: {exc}")
                 self.requests += 1
         self.requests += 1
-        grace = min(MAX_PREEMPT_GRACE_S, max(MIN_PREEMPT_GRACE_S, _kill_timeout_s(job)))
-        self.preempting[victim.key] = Preempting(victim, for_key, by, time.monotonic() + grace)
-        lost = f"{victim.lost_s(time.time()):.0f}s of work since its last checkpoint" if victim.step else "no steps reported"
-        self._note_key(victim.namespace, victim.job_id, victim.run_id,
-                       f"to be preempted for {by}: asked to checkpoint, suspended in at most {grace:.0f}s ({lost})")  # fmt: skip
 
     def _suspend_preempted(self, jobs: dict[tuple[str, str], dict[str, Any]]) -> None:
         """Each victim that checkpointed or whose grace has passed: suspended whole and queued
@@ -781,7 +912,8 @@ class Controller:
                 del self.preempting[key]
                 self._note_key(*key, preempting.victim.run_id, f"preemption for {preempting.by} called off: that run no longer waits")
                 continue
-            if time.monotonic() < preempting.suspend_at and not self._checkpointed_since(preempting):
+            if time.monotonic() < preempting.suspend_at and not self._checkpointed_since(
+                    preempting, *key, preempting.victim.run_id, preempting.victim.checkpoint_step):
                 continue
             run = self._queued_run(job)
             if run is None:
@@ -789,6 +921,14 @@ class Controller:
                 continue
             step = self._progress_of(*key, run.run_id)["step"]
             at = f" at step {step}" if step is not None else ""
+            if preempting.victim.shrink_to:
+                counts = dict(preempting.victim.shrink_to)
+                said = f"shrunk to {elastic.sizes(counts, run.minimum)}{at} for {preempting.by}"
+                if self._resize(run, job, counts, f"nomadtf admission: run {run.run_id} {said}", "shrunk"):
+                    del self.preempting[key]
+                    self.metrics.preempted(run.namespace)
+                    self._note(run, said)
+                continue
             index = self._give_back(run, job, {}, f"nomadtf admission: run {run.run_id} preempted{at} by {preempting.by}; requeued", "preempted",
                                     f"preempted{at} by {preempting.by}: suspended whole; queued again")  # fmt: skip
             if index is None:
@@ -797,15 +937,14 @@ class Controller:
             self.metrics.preempted(run.namespace)
             self.sharing.record(run.namespace, "preempted", time.time())
 
-    def _checkpointed_since(self, preempting: Preempting) -> bool:
-        """The victim reported a checkpoint newer than the one it had when it was asked: it
-        need not be given the rest of its grace."""
-        if time.monotonic() - preempting.checked < FORMING_CHECK_S:
+    def _checkpointed_since(self, asked: Preempting | elastic.Growing, namespace: str, job_id: str, run_id: str, before: int | None) -> bool:
+        """The run reported a checkpoint newer than `before`, the one it had when it was
+        asked: it need not be given the rest of its grace. Read at most every FORMING_CHECK_S."""
+        if time.monotonic() - asked.checked < FORMING_CHECK_S:
             return False
-        preempting.checked = time.monotonic()
-        victim = preempting.victim
-        saved = self._progress_of(victim.namespace, victim.job_id, victim.run_id)["checkpoint_step"]
-        return saved is not None and (victim.checkpoint_step is None or saved > victim.checkpoint_step)
+        asked.checked = time.monotonic()
+        saved = self._progress_of(namespace, job_id, run_id)["checkpoint_step"]
+        return saved is not None and (before is None or saved > before)
 
     def _give_back(self, run: QueuedRun, job: dict[str, Any], placed: dict[str, int], message: str = "", verdict: str = "requeued",
                    note: str = "") -> int | None:  # fmt: skip
@@ -907,6 +1046,11 @@ def _free_of(rooms: list[fit.Room], ask: fit.RunAsk) -> capacity.Resources:
     return capacity.Resources(sum(max(r.cpu, 0) for r in mine), sum(max(r.memory, 0) for r in mine), devices)
 
 
+def _grace_s(job: dict[str, Any]) -> float:
+    """How long a run asked to checkpoint has before it is suspended, shrunk or grown anyway."""
+    return min(MAX_PREEMPT_GRACE_S, max(MIN_PREEMPT_GRACE_S, _kill_timeout_s(job)))
+
+
 def _kill_timeout_s(job: dict[str, Any]) -> float:
     """The longest KillTimeout of the job's tasks, in seconds (Nomad's default: 5 s)."""
     timeouts = [int(task.get("KillTimeout") or 5_000_000_000) for group in job.get("TaskGroups") or [] for task in group.get("Tasks") or []]
@@ -928,3 +1072,30 @@ def _batch_held(allocs: list[dict[str, Any]]) -> dict[str, capacity.Resources]:
             namespace = alloc.get("Namespace", "default")
             out[namespace] = out.get(namespace, capacity.Resources()) + capacity.alloc_resources(alloc)
     return out
+
+
+def _sized(run: QueuedRun, rooms: list[fit.Room], held: capacity.Resources, share: Any) -> QueuedRun:
+    """An elastic run at the largest counts its quota and `rooms` take now (elastic.largest),
+    else at its minimums: it waits for, reserves and preempts for those."""
+    assert run.ask is not None
+    ask = run.ask
+
+    def fits(counts: dict[str, int]) -> bool:
+        smaller = ask.with_counts(counts)
+        return not share.over(held, smaller.needs) and fit.fits(smaller, rooms)
+
+    counts = elastic.largest(run.counts, run.minimum, fits) or {**run.counts, **run.minimum}
+    return replace(run, counts=counts, ask=ask.with_counts(counts))
+
+
+def _growth(run: QueuedRun, now: dict[str, int], rooms: list[fit.Room], held: capacity.Resources, share: Any) -> dict[str, int] | None:
+    """The largest counts above `now` (at most the run's most) whose added allocations its
+    quota and `rooms` take now; None when not even one more does."""
+    assert run.ask is not None
+    ask = run.ask
+
+    def fits(grown: dict[str, int]) -> bool:
+        extra = ask.with_counts(elastic.extra(now, grown))
+        return not share.over(held, extra.needs) and fit.fits(extra, rooms)
+
+    return elastic.largest({group: run.counts[group] for group in now}, now, fits, above_bottom=True)

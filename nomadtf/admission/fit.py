@@ -23,9 +23,10 @@ Usage:
 
 from __future__ import annotations
 
+import copy
 import fnmatch
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nomadtf import capacity
@@ -75,6 +76,17 @@ class RunAsk:
     @property
     def needs(self) -> Resources:
         return capacity.total(s.resources for s in self.slots)
+
+    def with_counts(self, counts: Mapping[str, int]) -> RunAsk:
+        """The same run with at most `counts` allocations of each group (an elastic run's
+        smaller sizes)."""
+        seen: dict[str, int] = {}
+        slots = []
+        for slot in self.slots:
+            seen[slot.group] = seen.get(slot.group, 0) + 1
+            if seen[slot.group] <= counts.get(slot.group, 0):
+                slots.append(slot)
+        return replace(self, slots=tuple(slots))
 
     @classmethod
     def of(cls, job: Mapping[str, Any]) -> RunAsk:
@@ -193,6 +205,11 @@ def place(ask: RunAsk, rooms: list[Room], *, usable_only: bool = True, taken: li
     if taken is not None:
         taken.extend(placed)
     return True
+
+
+def fits(ask: RunAsk, rooms: list[Room]) -> bool:
+    """Whether `place` would take `ask`; `rooms` are left as they are."""
+    return place(ask, copy.deepcopy(rooms))
 
 
 def later_rooms(stubs: Iterable[Mapping[str, Any]], allocs: Iterable[Mapping[str, Any]]) -> list[Room]:

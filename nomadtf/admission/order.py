@@ -61,6 +61,7 @@ class QueuedRun:
     ask: RunAsk | None = None
     ready_timeout_s: float = 0.0  # its cluster has this long to form once placed (0: not watched)
     requeue_limit: int = 3
+    minimum: dict[str, int] = field(default_factory=dict)  # elastic groups: the fewest tasks (counts: as admitted, at most the most)
 
     @property
     def key(self) -> tuple[str, str]:

@@ -19,6 +19,11 @@ never cheaper to keep than it is. One victim that makes room on its own is taken
 pair; beyond that the search is greedy in that order, then drops every victim the rest can
 do without. At most MAX_CANDIDATES are weighed.
 
+An elastic run above its minimums (`count: {"min", "max"}`) is first offered shrunk: as a
+candidate it gives back only its elastic groups' allocations beyond their minimums (Nomad
+stops the highest-numbered first). The controller tries those alone before any run is
+suspended whole.
+
 Usage:
     victims = choose(ask, rooms, [c for c in candidates if reason(waiting, c)])   # None: no room
 """
@@ -27,9 +32,12 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
 
+from nomadtf import capacity
 from nomadtf.admission import fit
 from nomadtf.capacity import Resources
 
@@ -65,6 +73,7 @@ class Candidate:
     borrowing: bool = False  # its namespace holds more than its nominal quota
     step: int | None = None  # its latest reported step
     checkpoint_step: int | None = None  # its last reported checkpoint
+    shrink_to: tuple[tuple[str, int], ...] = ()  # set: shrunk to these group counts, not suspended (held: what it gives back)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -76,6 +85,26 @@ class Candidate:
         if not self.step:
             return running
         return running * min(1.0, max(0, self.step - (self.checkpoint_step or 0)) / self.step)
+
+
+_ALLOC_INDEX = re.compile(r"\[(\d+)\]$")
+
+
+def as_shrink(candidate: Candidate, allocs: Iterable[Mapping[str, Any]], counts: Mapping[str, int],
+              minimum: Mapping[str, int]) -> Candidate | None:  # fmt: skip
+    """`candidate` shrunk to its minimums instead of suspended whole: it gives back only its
+    elastic groups' allocations numbered at or above their minimums. None: none to give."""
+    target = {group: minimum.get(group, count) for group, count in counts.items()}
+    if target == dict(counts):
+        return None  # at its minimums already
+    surplus = []
+    for alloc in allocs:
+        group, found = alloc.get("TaskGroup", ""), _ALLOC_INDEX.search(str(alloc.get("Name", "")))
+        if group in minimum and found and int(found.group(1)) >= target.get(group, 0) and capacity.holds_resources(alloc):
+            surplus.append((str(alloc.get("NodeID", "")), capacity.alloc_resources(alloc)))
+    if not surplus:
+        return None
+    return replace(candidate, held=tuple(surplus), shrink_to=tuple(sorted(target.items())))
 
 
 def reason(priority: int, reclaims: bool, candidate: Candidate) -> str:

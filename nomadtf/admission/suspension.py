@@ -31,7 +31,7 @@ import copy
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 PLACEHOLDER_GROUP = "queued"
@@ -41,6 +41,7 @@ META_COUNTS = "nomadtf.counts"  # JSON {"chief": 1, "worker": 2}: the counts the
 META_GANG_TIMEOUT = "nomadtf.gang_timeout"  # seconds the whole run has to be placed once admitted
 META_READY_TIMEOUT = "nomadtf.ready_timeout"  # seconds its cluster has to form once placed (absent or 0: not watched)
 META_REQUEUE_LIMIT = "nomadtf.requeue_limit"  # how often it may be requeued for not forming before it is refused
+META_ELASTIC = "nomadtf.elastic"  # JSON {"worker": 1}: the fewest tasks of each elastic group (its count is the most)
 DEFAULT_REQUEUE_LIMIT = 3
 MAX_REQUEUE_LIMIT = 9  # the tries are counted in the placeholder's scaling events, of which Nomad keeps 20
 SUSPENDED = "suspended"
@@ -78,10 +79,10 @@ def placeholder_group() -> dict[str, Any]:
 
 
 def suspend(job: Mapping[str, Any], gang_timeout_s: float, ready_timeout_s: float = 0.0,
-            requeue_limit: int = DEFAULT_REQUEUE_LIMIT) -> dict[str, Any]:  # fmt: skip
+            requeue_limit: int = DEFAULT_REQUEUE_LIMIT, elastic: Mapping[str, int] | None = None) -> dict[str, Any]:  # fmt: skip
     """`job` (the body of POST /v1/jobs) registered suspended: a copy, every group at 0,
     the wanted counts, the gang timeout (and the ready timeout with its requeue limit, when
-    given) in Meta, the placeholder group added."""
+    given; the elastic groups' minimums, when any) in Meta, the placeholder group added."""
     body = copy.deepcopy(dict(job))
     inner = body["Job"]
     counts = {group["Name"]: int(group.get("Count", 1)) for group in inner["TaskGroups"]}
@@ -92,6 +93,8 @@ def suspend(job: Mapping[str, Any], gang_timeout_s: float, ready_timeout_s: floa
     meta.update({META_ADMISSION: SUSPENDED, META_COUNTS: json.dumps(counts, sort_keys=True), META_GANG_TIMEOUT: f"{gang_timeout_s:g}"})
     if ready_timeout_s > 0:
         meta.update({META_READY_TIMEOUT: f"{ready_timeout_s:g}", META_REQUEUE_LIMIT: str(int(requeue_limit))})
+    if elastic:
+        meta[META_ELASTIC] = json.dumps(dict(elastic), sort_keys=True)
     inner["Meta"] = meta
     return body
 
@@ -104,6 +107,7 @@ class Suspension:
     gang_timeout_s: float
     ready_timeout_s: float = 0.0  # 0: whether its cluster forms is not watched
     requeue_limit: int = DEFAULT_REQUEUE_LIMIT
+    minimum: dict[str, int] = field(default_factory=dict)  # elastic groups: the fewest tasks (counts: the most)
 
     @classmethod
     def of(cls, job: Mapping[str, Any]) -> Suspension | None:
@@ -140,8 +144,42 @@ class Suspension:
         # At most 9: Nomad keeps a group's last 20 scaling events, and each try leaves two.
         if not math.isfinite(ready) or ready < 0 or not 0 <= limit <= MAX_REQUEUE_LIMIT:
             raise Malformed(f"Meta {META_READY_TIMEOUT} is not a number of seconds, or {META_REQUEUE_LIMIT} not from 0 to {MAX_REQUEUE_LIMIT}")
+        minimum = _minimum(meta.get(META_ELASTIC), counts)
         # Bounded: no run holds the controller's reservation longer than ten minutes.
-        return cls(dict(counts), min(max(gang, 1.0), 600.0), min(ready, 86400.0), limit)
+        return cls(dict(counts), min(max(gang, 1.0), 600.0), min(ready, 86400.0), limit, minimum)
+
+
+def _minimum(raw: Any, counts: Mapping[str, int]) -> dict[str, int]:
+    """The elastic groups' minimums (Meta nomadtf.elastic), each from 1 to its group's count."""
+    if not raw:
+        return {}
+    try:
+        minimum = json.loads(raw)
+    except ValueError as exc:
+        raise Malformed(f"Meta {META_ELASTIC} is not JSON") from exc
+    if not isinstance(minimum, dict):
+        raise Malformed(f"Meta {META_ELASTIC} is not an object of group minimums")
+    for name, least in minimum.items():
+        if name not in counts or not isinstance(least, int) or isinstance(least, bool) or not 1 <= least <= counts[name]:
+            raise Malformed(f"Meta {META_ELASTIC}: {str(name)[:40]!r} is not a group of the run with a minimum from 1 to its count")
+    return dict(minimum)
+
+
+def shrinkable(counts: Mapping[str, int], minimum: Mapping[str, int]) -> int:
+    """How many tasks an elastic run may give up from `counts` (0: none)."""
+    return sum(max(0, count - minimum.get(group, count)) for group, count in counts.items())
+
+
+def shrunk(counts: Mapping[str, int], minimum: Mapping[str, int], by: int) -> dict[str, int]:
+    """`counts` with `by` tasks fewer, taken from the elastic groups in turn (the largest
+    first), never below their minimums."""
+    out = dict(counts)
+    for _ in range(by):
+        room = [(out[g] - minimum[g], g) for g in sorted(minimum) if out.get(g, 0) > minimum[g]]
+        if not room:
+            break
+        out[max(room)[1]] -= 1
+    return out
 
 
 def group_counts(job: Mapping[str, Any]) -> dict[str, int]:

@@ -78,7 +78,7 @@ BAD_INPUTS = {
     ),
     "wrong type": (
         set_in("roles.worker.count", "two"),
-        ["roles.worker.count: 'two' is not of type 'integer'"],
+        ["roles.worker.count: 'two' is not of type 'integer' or 'object'"],
     ),
     "negative count": (
         set_in("roles.ps.count", -1),
