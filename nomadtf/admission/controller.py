@@ -63,6 +63,7 @@ REQUEUE_BACKOFF_MAX_S = 300.0
 MAX_PREEMPT_LOOKS = 5  # the first runs in line that do not fit look for victims each step, not all
 MIN_PREEMPT_GRACE_S = 5.0  # a preempted run has at least this long (else its kill timeout) to checkpoint
 MAX_PREEMPT_GRACE_S = 60.0  # and at most this long, whatever kill timeout its own job sets
+RESIZE_SETTLE_S = 30.0  # an elastic run resized this recently does not grow again: each resize restarts its cluster
 
 
 class NoMetrics:
@@ -144,6 +145,7 @@ class Controller:
         self.by_job: dict[tuple[str, str], list[dict[str, Any]]] = {}  # this step's holding allocations by job
         self.making_room: dict[tuple[str, str], list[preemption.Candidate]] = {}  # waiting run -> its victims
         self.growing: dict[tuple[str, str], elastic.Growing] = {}  # elastic runs growing at a checkpoint
+        self.resized_at: dict[tuple[str, str], float] = {}  # monotonic: when an elastic run was last resized
         self.down_since: dict[str, float] = {}  # node id -> when this replica first saw it away
         self.blocked = False  # the last walk stopped at a run that does not fit: wait on the allocations
         self.more = False  # the last walk stopped at MAX_ADMITS_PER_STEP: step again at once
@@ -284,7 +286,7 @@ class Controller:
         for key, victims in list(self.making_room.items()):
             # Admitted, stopped or purged; or its victims are suspended and gone and it still
             # does not fit (others took the room): it may look for victims again.
-            if key not in waiting_keys or not {v.key for v in victims if v.key in self.preempting or not v.shrink_to and v.key in holding}:
+            if key not in waiting_keys or not [v for v in victims if self._in_play(v, holding)]:
                 del self.making_room[key]
         lines = self._walk(queued, rooms, nodes, allocs, committed, jobs)
         self._grow(jobs, rooms, committed)
@@ -524,6 +526,7 @@ class Controller:
         message = f"nomadtf admission: admitted run {run.run_id}{size} after {waited:.0f}s in the queue"
         if run.minimum:  # its tasks form at these counts, not at the most its job.json allows
             self._set_counts(run.namespace, run.job_id, run.run_id, {group: run.counts[group] for group in run.minimum})
+            self.resized_at[run.key] = time.monotonic()  # it forms before it may grow
         index = run.job_modify_index
         for group, count in sorted(run.counts.items()):
             if current.get(group) != count:
@@ -745,7 +748,9 @@ class Controller:
     def _start_growth(self, jobs: dict[tuple[str, str], dict[str, Any]], rooms: list[fit.Room], committed: dict[str, capacity.Resources]) -> None:
         """The first elastic run, placed whole and formed, below its most, with room for more:
         asked to checkpoint; it grows at the checkpoint (or once its grace has passed)."""
-        busy = set(self.growing) | set(self.preempting) | set(self.in_flight) | set(self.forming) | self.given_back
+        settled = time.monotonic() - RESIZE_SETTLE_S
+        self.resized_at = {key: at for key, at in self.resized_at.items() if at > settled}
+        busy = set(self.growing) | set(self.preempting) | set(self.in_flight) | set(self.forming) | self.given_back | set(self.resized_at)
         for key, job in sorted(jobs.items()):
             if key in busy or job.get("Status") == "dead" or suspension.state(job) != suspension.ADMITTED:
                 continue
@@ -786,6 +791,7 @@ class Controller:
         except ServerError as exc:
             self.on_event(f"could not resize {run.namespace}/{run.job_id}: {exc}")
             return False
+        self.resized_at[run.key] = time.monotonic()
         return True
 
     def _set_counts(self, namespace: str, job_id: str, run_id: str, counts: dict[str, int]) -> None:
@@ -844,6 +850,16 @@ class Controller:
             self._ask_to_checkpoint(victim, jobs[victim.key], by, run.key)
         self.making_room[run.key] = victims
         return True
+
+    def _in_play(self, victim: preemption.Candidate, holding: set[tuple[str, str]]) -> bool:
+        """A victim still making room: asked to checkpoint, or suspended and still holding
+        (its allocations stopping), or shrunk and its tasks beyond the new counts still
+        holding."""
+        if victim.key in self.preempting:
+            return True
+        if not victim.shrink_to:
+            return victim.key in holding
+        return bool(preemption.beyond(self.by_job.get(victim.key, []), dict(victim.shrink_to)))
 
     def _as_shrink(self, candidate: preemption.Candidate, job: dict[str, Any]) -> preemption.Candidate | None:
         """`candidate` as an elastic run shrunk to its minimums (None: not elastic, or at them)."""

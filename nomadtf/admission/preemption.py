@@ -94,17 +94,24 @@ def as_shrink(candidate: Candidate, allocs: Iterable[Mapping[str, Any]], counts:
               minimum: Mapping[str, int]) -> Candidate | None:  # fmt: skip
     """`candidate` shrunk to its minimums instead of suspended whole: it gives back only its
     elastic groups' allocations numbered at or above their minimums. None: none to give."""
-    target = {group: minimum.get(group, count) for group, count in counts.items()}
-    if target == dict(counts):
+    target = {group: min(count, minimum[group]) for group, count in counts.items() if group in minimum}
+    if all(counts[group] <= least for group, least in target.items()):
         return None  # at its minimums already
-    surplus = []
-    for alloc in allocs:
-        group, found = alloc.get("TaskGroup", ""), _ALLOC_INDEX.search(str(alloc.get("Name", "")))
-        if group in minimum and found and int(found.group(1)) >= target.get(group, 0) and capacity.holds_resources(alloc):
-            surplus.append((str(alloc.get("NodeID", "")), capacity.alloc_resources(alloc)))
+    surplus = [(str(a.get("NodeID", "")), capacity.alloc_resources(a)) for a in beyond(allocs, target)]
     if not surplus:
         return None
     return replace(candidate, held=tuple(surplus), shrink_to=tuple(sorted(target.items())))
+
+
+def beyond(allocs: Iterable[Mapping[str, Any]], counts: Mapping[str, int]) -> list[Mapping[str, Any]]:
+    """The allocations still holding room in `counts`' groups numbered at or above those
+    counts: what a group scaled down to them gives back (Nomad stops the highest first)."""
+    out = []
+    for alloc in allocs:
+        group, found = alloc.get("TaskGroup", ""), _ALLOC_INDEX.search(str(alloc.get("Name", "")))
+        if group in counts and found and int(found.group(1)) >= counts[group] and capacity.holds_resources(alloc):
+            out.append(alloc)
+    return out
 
 
 def reason(priority: int, reclaims: bool, candidate: Candidate) -> str:

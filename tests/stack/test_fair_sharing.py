@@ -24,7 +24,14 @@ from nomadtf.admission import policy as policies
 from nomadtf.admission import suspension
 from nomadtf.client.queued import read_board
 from tests.helpers import REPO, nomad, nomadtf, probe_job, unique, wait_until, write_job
-from tests.stack.test_queueing import cluster_cpu, ensure_namespace, job_of, popen_run, wait_queued
+from tests.stack.test_queueing import (
+    cluster_cpu,
+    ensure_namespace,
+    job_of,
+    popen_run,
+    scale_events,
+    wait_queued,
+)
 
 pytestmark = pytest.mark.stack
 
@@ -452,3 +459,52 @@ def test_queued_runs_are_told_an_estimated_start_from_the_running_run_s_step_rat
     finally:
         if follower.poll() is None:
             follower.kill()
+
+
+def _workers(name: str, namespace: str) -> tuple[int, int]:
+    """(the worker group's Count in Nomad, its running allocations)."""
+    job = job_of(name, namespace) or {}
+    count = next((g["Count"] for g in job.get("TaskGroups") or [] if g["Name"] == "worker"), 0)
+    allocs = nomad(f"job/{name}/allocations", namespace=namespace)
+    return count, sum(a["TaskGroup"] == "worker" and a["ClientStatus"] == "running" for a in allocs)
+
+
+def test_an_elastic_run_starts_at_its_minimum_grows_when_capacity_frees_and_shrinks_for_a_preemption(teams, tmp_path):
+    """job.json `count: {"min": 1, "max": 3}` for workers of 20 % each. Another team holds
+    65 %: the elastic run is admitted at one worker, not held back for three. Once that run
+    ends and nobody waits, it is asked to checkpoint and grows to three. A priority-90 run
+    needing 45 % then arrives with preemption on: the elastic run is shrunk back to one
+    worker (at a checkpoint), not suspended whole; both succeed."""
+    cpu = cluster_cpu()
+    release = tmp_path / "release-blocker"
+    blocker, grows, high = unique("el-blocker"), unique("el-grows"), unique("el-high")
+    teams += [(blocker, TEAM_B), (grows, TEAM_A), (high, TEAM_B)]
+    model_dir = tmp_path / "model-elastic"
+    spec = preemptible_job(grows, 0.2, TEAM_A, model_dir, 30, steps=150, step_s=0.5, checkpoint_every=1000)
+    spec["roles"]["chief"]["cpu"] = 50
+    spec["roles"]["worker"].update(cpu=int(cpu * 0.2), count={"min": 1, "max": 3})
+    try:
+        set_policy(tmp_path, {"preemption": True})
+        submit(tmp_path, blocker, 0.65, TEAM_B, until_file=str(release))
+        wait_until(lambda: running(blocker, TEAM_B), 90, "the blocker to run")
+        out = nomadtf("run", str(write_job(tmp_path, spec)), "--detach", timeout=120)
+        assert out.returncode == 0, out.stderr
+        wait_until(lambda: _workers(grows, TEAM_A) == (1, 1), 60, "the elastic run to start at its minimum")
+        assert "chief started at step 0" in wait_until(lambda: _log(model_dir) or None, 60, "the elastic run's code to start")
+        release.touch()
+        wait_until(lambda: _workers(grows, TEAM_A) == (3, 3), 90, "the elastic run to grow to three workers", interval=1.0)
+        assert "chief asked to checkpoint" in _log(model_dir), _log(model_dir)  # it grew at a checkpoint
+        events = scale_events(grows, TEAM_A)
+        assert any("grown to worker=3" in (e.get("Message") or "") for e in events["worker"]), events["worker"]
+
+        out = nomadtf("run", str(write_job(tmp_path, sized_job(high, 0.45, TEAM_B, sleep=3) | {"priority": 90})), "--timeout", "3m", timeout=240)
+        assert out.returncode == 0, out.stderr
+        events = scale_events(grows, TEAM_A)
+        # Shrunk once (not again while its stopping workers still held the room), never suspended.
+        assert sum("shrunk to worker=1" in (e.get("Message") or "") for e in events["worker"]) == 1, events["worker"]
+        assert not any((e.get("Meta") or {}).get(suspension.META_ADMISSION) == "preempted" for e in events[suspension.PLACEHOLDER_GROUP])
+        wait_until(lambda: succeeded(grows, TEAM_A), 240, "the elastic run to succeed", interval=2.0)
+        assert "chief finished" in _log(model_dir)
+    finally:
+        release.touch()
+        clear_policy()
