@@ -57,7 +57,8 @@ MAX_ADMITS_PER_STEP = 20  # a burst is admitted over several steps: gang checks 
 PUBLISH_MIN_S = 1.0  # the board is written at most this often (it is rewritten whole)
 NEVER_RECHECK_S = 60.0  # how often a waiting run is judged "never" again
 REPUBLISH_S = 60.0  # an unchanged board is written again this often: its age says the leader lives
-FORMING_CHECK_S = 2.0  # a placed run's generation, or a preempted run's checkpoint, is read at most this often
+FORMING_CHECK_S = 2.0  # a placed run's generation is read at most this often
+CHECKPOINT_CHECK_S = 1.0  # the progress of a run asked to checkpoint, this often: each step it runs on after saving is lost
 REQUEUE_BACKOFF_S = 10.0  # a run whose cluster did not form waits this long before its next try, doubled each time
 REQUEUE_BACKOFF_MAX_S = 300.0
 MAX_PREEMPT_LOOKS = 5  # the first runs in line that do not fit look for victims each step, not all
@@ -223,6 +224,8 @@ class Controller:
         """Until the next thing due: a gang deadline, a held-back board, or STEP_WAIT_S."""
         due = [f.deadline for f in [*self.in_flight.values(), *self.forming.values()]] + ([self._publish_due] if self._publish_due else [])
         due += [time.monotonic() + t - time.time() for t in self.not_before.values()]
+        if self.preempting or any(not g.placed_by for g in self.growing.values()):
+            due.append(time.monotonic() + CHECKPOINT_CHECK_S)  # a checkpoint awaited
         if not due:
             return STEP_WAIT_S
         return max(0.5, min(STEP_WAIT_S, min(due) - time.monotonic()))
@@ -955,8 +958,8 @@ class Controller:
 
     def _checkpointed_since(self, asked: Preempting | elastic.Growing, namespace: str, job_id: str, run_id: str, before: int | None) -> bool:
         """The run reported a checkpoint newer than `before`, the one it had when it was
-        asked: it need not be given the rest of its grace. Read at most every FORMING_CHECK_S."""
-        if time.monotonic() - asked.checked < FORMING_CHECK_S:
+        asked: it need not be given the rest of its grace. Read at most every CHECKPOINT_CHECK_S."""
+        if time.monotonic() - asked.checked < CHECKPOINT_CHECK_S:
             return False
         asked.checked = time.monotonic()
         saved = self._progress_of(namespace, job_id, run_id)["checkpoint_step"]

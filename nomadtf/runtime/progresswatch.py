@@ -17,7 +17,7 @@ from nomadtf.progress import read as read_progress
 from nomadtf.runtime.membership import Identity
 from nomadtf.runtime.policy import HangClock
 
-TICK_S = 1.0  # the local progress file is read this often (no Consul read)
+TICK_S = 0.5  # the local progress file is read this often (no Consul read)
 PUBLISH_S = 2.0  # and published at most this often
 
 
@@ -34,6 +34,7 @@ class ProgressWatch:
         self.discovery = discovery
         self.me = me  # whose report it is (its index is the one we hold when it is published)
         self.last: dict | None = None
+        self.published: dict | None = None  # the report Consul has
         self.published_at = 0.0
 
     @property
@@ -53,10 +54,15 @@ class ProgressWatch:
         if progress and progress != self.last:
             self.hang.observe(progress.get("step"), now)
             self.last = progress
-            if now - self.published_at >= PUBLISH_S:
-                self.published_at = now
-                try:
-                    self.discovery.publish_progress({**progress, "role": self.me.role, "index": self.me.index})
-                except ServerError:
-                    pass  # progress is best effort
+        # A new checkpoint goes out at once: a preemption or a growth waits on it, and every
+        # step run after it until the stop is lost. Otherwise at most every PUBLISH_S, and a
+        # change held back is sent at the next tick due (not dropped).
+        new_checkpoint = bool(progress) and progress.get("checkpoint_step") != (self.published or {}).get("checkpoint_step")
+        if progress and progress != self.published and (new_checkpoint or now - self.published_at >= PUBLISH_S):
+            self.published_at = now
+            try:
+                self.discovery.publish_progress({**progress, "role": self.me.role, "index": self.me.index})
+                self.published = progress
+            except ServerError:
+                pass  # progress is best effort
         return self.hang.hung(now)

@@ -46,11 +46,26 @@ def test_a_new_step_is_published_tagged_with_whose_it_is_and_at_most_every_publi
     _report(watch.path, 2)
     watch.tick(now=102.0 + progresswatch.PUBLISH_S / 2)  # too soon: read, not published
     assert len(discovery.published) == 1
-    watch.tick(now=102.0 + progresswatch.PUBLISH_S)  # the same report again: nothing new to say
-    assert len(discovery.published) == 1
+    watch.tick(now=102.0 + progresswatch.PUBLISH_S)  # the one held back goes out when due, not dropped
+    assert [p["step"] for p in discovery.published] == [1, 2]
+    watch.tick(now=110.0)  # the same report again: nothing new to say
+    assert len(discovery.published) == 2
     _report(watch.path, 3)
-    watch.tick(now=110.0)
-    assert [p["step"] for p in discovery.published] == [1, 3]
+    watch.tick(now=111.0)
+    assert [p["step"] for p in discovery.published] == [1, 2, 3]
+
+
+def test_a_new_checkpoint_is_published_at_once_not_held_back(tmp_path):
+    """A preemption or a growth waits on it: each step the code runs on after saving is lost."""
+    discovery = Discovery()
+    watch = _watch(tmp_path, discovery)
+    watch.restart(now=100.0)
+    _report(watch.path, 7)
+    watch.tick(now=101.0)
+    code = "from nomadtf import progress; progress.report(step=8); progress.checkpointed(8)"
+    subprocess.run([sys.executable, "-c", code], env={"NOMADTF_PROGRESS_FILE": str(watch.path), "PYTHONPATH": ":".join(sys.path)}, check=True)
+    watch.tick(now=101.1)  # well within PUBLISH_S
+    assert [(p["step"], p.get("checkpoint_step")) for p in discovery.published] == [(7, None), (8, 8)]
 
 
 def test_no_new_step_for_the_hang_timeout_is_a_hang_and_a_restart_forgives_it(tmp_path):
