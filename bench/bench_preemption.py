@@ -121,7 +121,7 @@ def main() -> int:
     for on_request, label in ((True, "code that saves on the request"), (False, "code that ignores it        ")):
         lost = [r[0] for r in results[on_request]]
         waited = [r[1] for r in results[on_request]]
-        print(f"  {label}: steps lost mean {statistics.mean(lost):.1f} max {max(lost)}; room made in mean {statistics.mean(waited):.1f} s")
+        print(f"{label}: steps lost mean {statistics.mean(lost):.1f} max {max(lost)}; room made in mean {statistics.mean(waited):.1f} s")
     return 0
 
 

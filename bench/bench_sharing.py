@@ -26,8 +26,7 @@ times) and submission, on 0.5 s slices from the first submission to the last end
   (`reserve_after` plus the longest run it may wait behind);
 - each team's runs, mean wait and CPU-seconds.
 
-Steps lost to preemption with and without the checkpoint request are not measured here (see
-tests/stack/test_fair_sharing.py for the request itself).
+Steps lost to preemption with and without the checkpoint request: bench/bench_preemption.py.
 
 Needs the local single-node stack without ACLs with its admission controller:
 `nomadtf dev up && eval "$(nomadtf dev env)"`, then

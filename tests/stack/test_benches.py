@@ -81,6 +81,14 @@ def test_bench_admission_times_admissions_and_releases_and_counts_requests_per_a
     assert (timed, missed, out_of_order, beside) == (20, 0, 0, 0) and measured([board_kb]), out
 
 
+@pytest.mark.timeout(300)
+def test_bench_preemption_measures_steps_lost_with_and_without_the_checkpoint_request(stack):
+    out = bench("bench_preemption.py", "--rounds", "1", "--checkpoint-every", "40", timeout=280)
+    for label in ("code that saves on the request:", "code that ignores it"):
+        lost, worst, waited = figures(out, label)[:3]
+        assert lost == worst >= 0 and waited > 0, out
+
+
 @pytest.mark.timeout(420)
 def test_bench_sharing_measures_fairness_utilisation_and_the_largest_runs_wait(stack):
     out = bench("bench_sharing.py", "--runs", "25", timeout=360)
