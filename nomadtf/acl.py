@@ -38,6 +38,7 @@ Usage:
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +83,45 @@ def owner(spec: JobSpec) -> str:
 def consul_token_path(spec: JobSpec, mount: str = "consul") -> str:
     """Where the tasks read their Consul token: the job's role of a Consul secrets engine."""
     return f"{mount}/creds/{policy_name(spec)}"
+
+
+# One exact Vault path segment: no glob (`*` matches a suffix, `+` a segment), no `.` or `..`.
+_PATH_SEGMENT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
+NEVER_GRANTED = ("root",)
+
+
+def _path_problem(path: str) -> str:
+    parts = path.split("/")
+    if len(parts) < 2 or any(part in ("", ".", "..") for part in parts):
+        return "is not one exact path (an empty, '.' or '..' segment)"
+    if not all(_PATH_SEGMENT.fullmatch(part) for part in parts):
+        return "is not one exact path (Vault reads '*' and '+' as globs over many; letters, digits, '_', '-' and '.' only)"
+    return ""
+
+
+def grant_problems(spec: JobSpec, allowed_policies: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """What `acl apply` (and `acl policies`) refuses to grant, one line per field naming the
+    fix; [] when everything it would write is the job's own: exact paths for the Consul token
+    and each secret (a glob or `..` would become read on other teams' paths), and Vault
+    policies beyond the job's own only from the operator's allowlist (the cluster profile's
+    `vault_policy_allowlist`, or `--allow-policy`). Pure."""
+    problems = []
+    path = spec.discovery.consul_token_path
+    if path and (why := _path_problem(path)):
+        problems.append(f"discovery.consul_token_path: {path!r} {why}; name the job's own, e.g. {consul_token_path(spec)}")
+    for index, ref in enumerate(spec.secrets):
+        if why := _path_problem(ref["path"]):
+            problems.append(f"secrets[{index}].path: {ref['path']!r} {why}; name the secret's own path, e.g. secret/<team>/<name>")
+    own = policy_name(spec)
+    for name in spec.vault.policies:
+        if name == own:
+            continue
+        if name in NEVER_GRANTED:
+            problems.append(f"vault.policies: {name!r} is never granted to a job's tasks; remove it")
+        elif name not in allowed_policies:
+            problems.append(f"vault.policies: {name!r} is not on the operator's allowlist; the operator adds it to the cluster profile's "
+                            f"vault_policy_allowlist, or passes --allow-policy {name}")  # fmt: skip
+    return problems
 
 
 def _q(text: str) -> str:
@@ -176,10 +216,6 @@ def consul_tasks_rules(spec: JobSpec) -> dict[str, Any]:
     }
 
 
-def _vault_read_path(path: str) -> str:
-    return f"path {_q(path)} {{\n  capabilities = [\"read\"]\n}}\n"
-
-
 def vault_tasks_policy(
     spec: JobSpec, token_path: str = "", kv_v2_mounts: tuple[str, ...] = ("secret",), consul_token: bool = True
 ) -> str:
@@ -187,20 +223,38 @@ def vault_tasks_policy(
     else its engine role's; none when `consul_token` is False: a Consul without ACLs needs no
     token) and on every secret the job names (KV v2 paths get their `data/` segment). The
     first line, a comment, names the job (`owner`)."""
+    blocks = [f"# {owner(spec)}\n"]
+    for path, capability in vault_grants(spec, token_path, kv_v2_mounts, consul_token):
+        block = f"path {_q(path)} {{\n  capabilities = [\"{capability}\"]\n}}\n"
+        if block not in blocks:
+            blocks.append(block)
+    return blocks[0] + "\n".join(blocks[1:])
+
+
+def vault_grants(spec: JobSpec, token_path: str = "", kv_v2_mounts: tuple[str, ...] = ("secret",),
+                 consul_token: bool = True) -> list[tuple[str, str]]:  # fmt: skip
+    """(Vault API path, capability) for everything the job's Vault policy grants (vault_tasks_policy)."""
     def api_path(path: str) -> str:
         mount, _, rest = path.partition("/")
         return f"{mount}/data/{rest}" if mount in kv_v2_mounts else path
 
-    blocks = [f"# {owner(spec)}\n"]
     token_path = token_path or spec.discovery.consul_token_path or consul_token_path(spec)
-    for path in [token_path] * consul_token + [ref["path"] for ref in spec.secrets]:
-        block = _vault_read_path(api_path(path))
-        if block not in blocks:
-            blocks.append(block)
+    grants = list(dict.fromkeys((api_path(path), "read") for path in [token_path] * consul_token + [ref["path"] for ref in spec.secrets]))
     if consul_token and token_path.split("/", 1)[0] not in kv_v2_mounts:
         # A task revokes its own Consul token's lease when it ends (and no other lease).
-        blocks.append(f"path {_q('sys/leases/revoke/' + token_path + '/*')} {{\n  capabilities = [\"update\"]\n}}\n")
-    return blocks[0] + "\n".join(blocks[1:])
+        grants.append((f"sys/leases/revoke/{token_path}/*", "update"))
+    return grants
+
+
+def grant_lines(spec: JobSpec, token_path: str, jwt_role: bool) -> list[str]:
+    """What `acl apply` wrote, one grant a line, for the operator to read."""
+    lines = [f"Vault {capability} on {path}" for path, capability in vault_grants(spec, token_path, consul_token=bool(token_path))]
+    if token_path:
+        for kind, rules in consul_tasks_rules(spec).items():
+            lines += [f"Consul {kind} {name or '(any)'}: {rule['policy']}" for name, rule in rules.items()]
+    if jwt_role:
+        lines.append(f"Vault JWT role: policies {', '.join(jwt_role_policies(spec))} to {spec.namespace}/{spec.name}'s workload identities")
+    return lines
 
 
 def jwt_role_policies(spec: JobSpec) -> list[str]:

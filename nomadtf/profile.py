@@ -18,7 +18,8 @@ The profile (every field optional):
       "vault_address": "https://vault.service:8200",     # vault.address
       "vault_ca_file": "/etc/nomadtf/ca.pem",            # vault.ca_file
       "consul_token_source": "engine",                   # discovery.consul_token_path by `acl apply`'s convention
-      "job_vault_policy": true                           # add the job's own Vault policy to vault.policies
+      "job_vault_policy": true,                          # add the job's own Vault policy to vault.policies
+      "vault_policy_allowlist": ["team-a-datasets"]      # Vault policies beyond its own a job may list (`acl apply`)
     }
 
 Naming is nomadtf's: a job's Consul policy, Vault policy, Consul engine role and Vault JWT
@@ -63,6 +64,7 @@ class ClusterProfile:
     vault_ca_file: str | None = None
     consul_token_source: str | None = None
     job_vault_policy: bool = False
+    vault_policy_allowlist: tuple[str, ...] = ()
     source: str = ""  # where it was read: said in notes and errors, never stored
 
     @classmethod
@@ -79,6 +81,10 @@ class ClusterProfile:
                 problems.append(f"cluster profile ({source}): unknown key {key!r}" + (f"; did you mean {guess[0]!r}?" if guess else f"; allowed: {', '.join(known)}"))
         for key in known:
             value = data.get(key)
+            if key == "vault_policy_allowlist":
+                if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) and v for v in value)):
+                    problems.append(f"cluster profile ({source}): {key} must be a list of Vault policy names")
+                continue
             wanted = bool if key == "job_vault_policy" else str
             if value is not None and (not isinstance(value, wanted) or (wanted is str and not value)):
                 problems.append(f"cluster profile ({source}): {key} must be a {'boolean' if wanted is bool else 'non-empty string'}")
@@ -88,10 +94,16 @@ class ClusterProfile:
             raise SpecError(problems)
         if data.get("nomad_version"):
             target_mod.NomadVersion.parse(data["nomad_version"])
-        return cls(**{k: data[k] for k in known if k in data}, source=source)
+        values = {k: data[k] for k in known if k in data}
+        if "vault_policy_allowlist" in values:
+            values["vault_policy_allowlist"] = tuple(values["vault_policy_allowlist"] or ())
+        return cls(**values, source=source)
 
     def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if k != "source" and v not in (None, False)}
+        out = {k: v for k, v in asdict(self).items() if k != "source" and v not in (None, False, ())}
+        if "vault_policy_allowlist" in out:
+            out["vault_policy_allowlist"] = list(out["vault_policy_allowlist"])
+        return out
 
 
 def consul_token_path(source: str, namespace: str, job: str) -> str:

@@ -84,7 +84,9 @@ def secured(spec: dict, cluster: ClusterStack, tmp_path: Path) -> dict:
     spec.setdefault("discovery", {}).update(consul_address="https://127.0.0.1:8501", consul_ca_file=ca)
     spec.setdefault("vault", {}).update(address=cluster.api().vault_url, ca_file=ca)
     path = write_job(tmp_path, spec)
-    applied = nomadtf("acl", "apply", str(path), env=cluster.env(), timeout=60)
+    # The operator allows the Vault policies the test's job lists beside its own.
+    allowed = [arg for policy in spec["vault"].get("policies", []) for arg in ("--allow-policy", policy)]
+    applied = nomadtf("acl", "apply", str(path), *allowed, env=cluster.env(), timeout=60)
     assert applied.returncode == 0, applied.stderr
     printed = json.loads(applied.stdout.split("add to job.json:", 1)[1])
     spec["discovery"]["consul_token_path"] = printed["discovery"]["consul_token_path"]

@@ -27,16 +27,29 @@ JwksUrl = Annotated[
 Issuer = Annotated[Optional[str], typer.Option("--issuer", help="The Nomad servers' oidc_issuer, if set: Vault binds the identities' iss to it")]
 
 
-def _acl_spec(job_file: Path, var: list[str] | None, facts: ClusterFacts) -> JobSpec:
+AllowPolicy = Annotated[
+    Optional[list[str]],
+    typer.Option("--allow-policy", help="A Vault policy beyond the job's own it may list in vault.policies (repeat; adds to the profile's vault_policy_allowlist)"),
+]
+
+
+def _acl_spec(job_file: Path, var: list[str] | None, facts: ClusterFacts, allow: list[str] | None = None, check: bool = True) -> JobSpec:
     """The job's spec for `nomadtf acl`, filled from the cluster profile: before `acl
     apply`, job.json may not list the Vault policy it creates yet, so it is added to the raw
-    options before validation."""
-    from nomadtf import wire
+    options before validation. Refused (exit 2, nothing written) when it asks for more than
+    its own (acl.grant_problems)."""
+    from nomadtf import acl, wire
+    from nomadtf.errors import SpecError
     from nomadtf.spec import load_options, parse_spec, with_vault_policies
 
     raw = facts.fill(load_options(job_file, var or []))
     policy = wire.acl_name(raw["namespace"], raw.get("name", ""))  # acl.policy_name, before there is a JobSpec
-    return parse_spec(with_vault_policies(raw, [policy]))
+    spec = parse_spec(with_vault_policies(raw, [policy]))
+    allowed = [*(facts.profile.vault_policy_allowlist if facts.profile else ()), *(allow or [])]
+    problems = acl.grant_problems(spec, allowed) if check else []
+    if problems:
+        raise SpecError(problems)
+    return spec
 
 
 def _identity(spec: JobSpec, facts: ClusterFacts) -> bool:
@@ -64,6 +77,7 @@ def acl_policies(
     jwt_mount: JwtMount = "jwt-nomad",
     jwks_url: JwksUrl = None,
     issuer: Issuer = None,
+    allow_policy: AllowPolicy = None,
 ) -> None:
     """Print the four policies of a job: Nomad and Consul for whoever submits it, Consul and
     Vault for its tasks; for Nomad 1.7+ also the job's Vault JWT auth role, the auth method's
@@ -73,7 +87,7 @@ def acl_policies(
     facts = cluster_facts.offline(nomad_version)
     for note in facts.notes:
         err(note)
-    spec = _acl_spec(job_file, var, facts)
+    spec = _acl_spec(job_file, var, facts, allow_policy)
     policies = acl.job_policies(spec)
     namespace = spec.namespace
     identity = _identity(spec, facts)
@@ -117,6 +131,7 @@ def acl_apply(
     ] = False,
     jwks_url: JwksUrl = None,
     issuer: Issuer = None,
+    allow_policy: AllowPolicy = None,
 ) -> None:
     """Operator: create the job's task policies and its tasks' Consul token source (needs
     CONSUL_HTTP_TOKEN with acl write and a VAULT_TOKEN that may write policies); for Nomad
@@ -126,7 +141,7 @@ def acl_apply(
     facts = cluster_facts.for_operator(nomad_version)
     for note in facts.notes:
         err(note)
-    spec = _acl_spec(job_file, var, facts)
+    spec = _acl_spec(job_file, var, facts, allow_policy)
     facts.require_target_for(spec)  # 1.6 or 1.7+ decides whether the job's JWT role is written
     jwt = None
     if _identity(spec, facts):
@@ -142,6 +157,9 @@ def acl_apply(
     if applied.jwt_role:
         granted = ", ".join(acl.jwt_role_policies(spec))
         err(f"Vault JWT auth role {applied.jwt_role} written: this job's identities get {granted}")
+    err("granted, and nothing else:")
+    for line in acl.grant_lines(spec, applied.token_path, bool(applied.jwt_role)):
+        err(f"  {line}")
     typer.echo("add to job.json:")
     settings: dict = {"discovery": {"consul_token_path": applied.token_path}} if applied.token_path else {}
     if not applied.jwt_role:
@@ -155,7 +173,7 @@ def acl_revoke(job_file: JobFile, var: Vars = None, nomad_version: NomadVersion 
     from nomadtf import acl_setup, cluster_facts
 
     facts = cluster_facts.for_operator(nomad_version)
-    spec = _acl_spec(job_file, var, facts)
+    spec = _acl_spec(job_file, var, facts, check=False)  # what an older apply granted goes whatever it was
     facts.require_target_for(spec)
     acl_setup.revoke(spec, jwt=acl_setup.JwtSetup(jwt_mount) if _identity(spec, facts) else None)
     err("removed the job's policies and Consul token source")

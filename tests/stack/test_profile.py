@@ -49,7 +49,7 @@ def _run_example(tmp_path, env: dict, profile: dict, through_consul: bool) -> tu
         env = {**env, "NOMADTF_CLUSTER_PROFILE": str(path)}
     name = unique("profile-secrets")
     job_vars = ["--var", f"name={name}"]
-    applied = nomadtf("acl", "apply", str(EXAMPLE), *job_vars, env=env, timeout=60)
+    applied = nomadtf("acl", "apply", str(EXAMPLE), *job_vars, "--allow-policy", "nomadtf-digits-read", env=env, timeout=60)
     assert applied.returncode == 0, applied.stdout + applied.stderr
     # Smaller CPU asks than the example's 2300 MHz: the shared stacks run other tests' jobs.
     small = [arg for role in ("chief", "worker", "ps") for arg in ("--var", f"roles.{role}.cpu=200")]

@@ -22,7 +22,7 @@ import psutil
 import pytest
 import requests
 
-from nomadtf import acl
+from nomadtf import acl, wire
 from nomadtf.devstack import bootstrap, security, wiring
 from nomadtf.spec import parse_spec
 from tests.cluster_access import secured
@@ -490,6 +490,33 @@ def test_acl_apply_for_two_jobs_whose_names_joined_alike_keeps_each_to_its_own(s
     finally:
         api.delete(f"{found['vault']}/v1/sys/policies/acl/{names[1]}", timeout=10)
         nomadtf("acl", "revoke", str(tmp_path / "0" / "team-x.json"), env=env, timeout=60)
+
+
+def test_acl_apply_refuses_a_glob_or_an_unlisted_policy_writes_nothing_and_prints_what_it_grants(secure_cluster, tmp_path):
+    """`discovery.consul_token_path: "+/*"` would become read on every Vault path and a job's
+    `vault.policies` any policy at all: `acl apply` refuses both (exit 2) before it writes
+    anything; allowed by the operator, it writes and lists each grant."""
+    api, found = secure_cluster.api().session(), secure_cluster.api().urls
+    ca = str(secure_cluster.secure_state.ca_file)
+    env = secure_cluster.env()
+    name = unique("grants")
+    base = {**probe_job(name), "vault": {"address": found["vault"], "ca_file": ca},
+            "secrets": [{"path": f"secret/nomadtf-grants/{name}", "key": "value", "env": "GRANTS_SECRET"}]}  # fmt: skip
+    own = wire.acl_name("default", name)
+    try:
+        for extra, said in (({"discovery": {"consul_token_path": "+/*"}}, "discovery.consul_token_path: '+/*' is not one exact path"),
+                            ({"vault": {**base["vault"], "policies": ["nomadtf-digits-read"]}}, "vault.policies: 'nomadtf-digits-read' is not on the operator's allowlist")):  # fmt: skip
+            refused = nomadtf("acl", "apply", str(write_job(tmp_path, {**base, **extra})), env=env, timeout=60)
+            assert refused.returncode == 2 and said in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
+            assert api.get(f"{found['vault']}/v1/sys/policies/acl/{own}", timeout=10).status_code == 404  # nothing written
+            assert own not in {p["Name"] for p in api.get(f"{found['consul']}/v1/acl/policies", timeout=10).json()}
+        allowed = nomadtf("acl", "apply", str(write_job(tmp_path, {**base, "vault": {**base["vault"], "policies": ["nomadtf-digits-read"]}})),
+                          "--allow-policy", "nomadtf-digits-read", env=env, timeout=60)  # fmt: skip
+        assert allowed.returncode == 0, allowed.stderr
+        granted = allowed.stderr.split("granted, and nothing else:", 1)[1]
+        assert f"Vault read on secret/data/nomadtf-grants/{name}" in granted and f"Consul key_prefix nomadtf/default/{name}/: write" in granted, granted
+    finally:
+        nomadtf("acl", "revoke", str(write_job(tmp_path, base)), env=env, timeout=60)
 
 
 # ---- a shared cluster: the admission controller under ACLs (issues #22, #31) ----------------

@@ -231,7 +231,7 @@ def test_acl_apply_from_the_command_line_writes_the_role_a_jobs_identity_logs_in
         "vault": {"policies": [extra]},
     })
     env = {"VAULT_ADDR": stack_mod.VAULT_ADDR, "VAULT_TOKEN": stack.root_token(), "NOMAD_CACERT": "", "NOMADTF_CLUSTER_PROFILE": ""}
-    apply = ["acl", "apply", str(job), "--nomad-version", "2.0.5", "--jwt-mount", mount]
+    apply = ["acl", "apply", str(job), "--nomad-version", "2.0.5", "--jwt-mount", mount, "--allow-policy", extra]
     try:
         missing = nomadtf(*apply, env=env, timeout=60)
         assert missing.returncode == 1, missing.stdout + missing.stderr

@@ -54,6 +54,7 @@ def test_acl_policies_for_2_0_5_prints_the_role_the_auth_method_and_the_agents_v
     env = {"NOMAD_ADDR": "https://nomad.example:4646", "VAULT_ADDR": "https://vault.example:8200"}
     out = nomadtf(
         "acl", "policies", str(EXAMPLES / "secrets" / "job.json"), "--nomad-version", "2.0.5", "--issuer", "https://nomad.example",
+        "--allow-policy", "nomadtf-digits-read",
         env=env, timeout=60,
     )
     assert out.returncode == 0, out.stderr
@@ -74,9 +75,11 @@ def test_acl_policies_for_2_0_5_prints_the_role_the_auth_method_and_the_agents_v
     vault_policy = sections[next(t for t in sections if t.startswith("Vault policy for the job's tasks"))]
     assert 'path "secret/data/nomadtf/digits"' in vault_policy
     # Without --issuer the method binds no issuer; for 1.6 there is no role at all.
-    plain = nomadtf("acl", "policies", str(EXAMPLES / "secrets" / "job.json"), "--nomad-version", "2.0.5", env=env, timeout=60)
+    plain = nomadtf("acl", "policies", str(EXAMPLES / "secrets" / "job.json"), "--nomad-version", "2.0.5", "--allow-policy", "nomadtf-digits-read",
+                    env=env, timeout=60)
     assert '"bound_issuer"' not in plain.stdout
-    old = nomadtf("acl", "policies", str(EXAMPLES / "secrets" / "job.json"), "--nomad-version", "1.6.1", env=env, timeout=60)
+    old = nomadtf("acl", "policies", str(EXAMPLES / "secrets" / "job.json"), "--nomad-version", "1.6.1", "--allow-policy", "nomadtf-digits-read",
+                  env=env, timeout=60)
     assert old.returncode == 0 and "JWT auth role" not in old.stdout and "list it in vault.policies" in old.stdout
 
 
@@ -129,3 +132,38 @@ def test_the_controller_alone_writes_the_admission_lead_and_board():
     rules = acl.consul_controller_rules()
     assert rules["key"][wire.KV_ADMISSION_LEADER] == {"policy": "write"} and rules["key"][wire.KV_ADMISSION_BOARD] == {"policy": "write"}
     assert rules["session_prefix"] == {"": {"policy": "write"}}  # the lead is a session's lock
+
+
+def _granted(**extra) -> JobSpec:
+    """A job with its own Vault policy listed (as `acl apply` adds it) and `extra`."""
+    own = wire.acl_name("default", "g")
+    vault = {"policies": [own, *extra.pop("vault", {}).get("policies", [])]}
+    return parse_spec({"name": "g", "strategy": "multi_worker_mirrored", "roles": {"worker": {"count": 1}},
+                       "entrypoint": {"script": "t.py"}, "vault": vault, **extra})  # fmt: skip
+
+
+def test_acl_apply_grants_only_exact_paths_and_the_job_s_own_or_allowed_policies():
+    """A glob or `..` in a path would become read on every team's paths; a policy job.json
+    names would be attached to the job's tasks: both refused unless the operator allows."""
+    assert acl.grant_problems(_granted(discovery={"consul_token_path": "consul/creds/nomadtf-default-g"})) == []
+    for path in ("+/*", "consul/creds/*", "secret/../sys/x", "consul//creds", "consul/creds/a&b"):
+        problems = acl.grant_problems(_granted(discovery={"consul_token_path": path}))
+        assert problems and problems[0].startswith(f"discovery.consul_token_path: {path!r} is not one exact path"), problems
+    problems = acl.grant_problems(_granted(secrets=[{"path": "secret/../team-b/s3", "key": "k", "env": "K"}],
+                                           vault={"policies": ["team-b-datasets"]}))  # fmt: skip
+    assert problems[0].startswith("secrets[0].path: 'secret/../team-b/s3' is not one exact path")
+    assert "vault.policies: 'team-b-datasets' is not on the operator's allowlist" in problems[1]
+    assert "--allow-policy team-b-datasets" in problems[1]
+    assert acl.grant_problems(_granted(vault={"policies": ["team-b-datasets"]}), ["team-b-datasets"]) == []
+    assert "never granted" in acl.grant_problems(_granted(vault={"policies": ["root"]}), ["root"])[0]
+
+
+def test_acl_apply_refuses_a_glob_before_it_asks_any_server(tmp_path):
+    job = tmp_path / "g.json"
+    job.write_text(json.dumps({"name": "g", "strategy": "multi_worker_mirrored", "roles": {"worker": {"count": 1}},
+                               "entrypoint": {"script": "t.py"}, "discovery": {"consul_token_path": "+/*"}}))  # fmt: skip
+    # No server answers at these addresses: the refusal comes first, and nothing is written.
+    env = {"NOMAD_ADDR": "http://127.0.0.1:9", "CONSUL_HTTP_ADDR": "127.0.0.1:9", "VAULT_ADDR": "http://127.0.0.1:9", "NOMADTF_CLUSTER_PROFILE": ""}
+    out = nomadtf("acl", "apply", str(job), "--nomad-version", "1.6.1", env=env, timeout=60)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "discovery.consul_token_path: '+/*' is not one exact path" in out.stderr and "Traceback" not in out.stderr

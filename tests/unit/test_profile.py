@@ -179,3 +179,12 @@ def test_a_consul_that_does_not_answer_gives_no_profile_and_a_note(monkeypatch):
     monkeypatch.delenv("NOMADTF_CLUSTER_PROFILE", raising=False)
     profile, notes = cluster_facts.read_profile()
     assert profile is None and "cannot reach Consul" in notes[0]
+
+
+def test_the_profile_keeps_the_operator_s_vault_policy_allowlist_and_refuses_anything_but_names():
+    profile = ClusterProfile.from_json({"vault_policy_allowlist": ["team-a-datasets"]}, "test")
+    assert profile.vault_policy_allowlist == ("team-a-datasets",)
+    assert profile.to_json() == {"vault_policy_allowlist": ["team-a-datasets"]}
+    for bad in ("team-a-datasets", [""], [1]):
+        with pytest.raises(SpecError, match="vault_policy_allowlist must be a list of Vault policy names"):
+            ClusterProfile.from_json({"vault_policy_allowlist": bad}, "test")
