@@ -44,7 +44,7 @@ OFFLINE: dict[str, set[int]] = {
     r"nomadtf render examples/\S+( --var \S+| --tf-config| --nomad-version \S+)*": {0},
     r"nomadtf validate examples/\S+": {0},  # with Nomad out of reach: the schema and the cross-field rules
     r"nomadtf convert-dcos examples/dcos/options.json( --out \S+)?": {0},
-    r"nomadtf acl policies examples/\S+( --nomad-version \S+)?": {0},
+    r"nomadtf acl policies examples/\S+( --nomad-version \S+)?( --allow-policy \S+)?": {0},
     r"nomadtf dev config (server|client)( --\S+( [^-]\S*)?)*": {0},
 }
 ON_STACK: dict[str, set[int]] = {
