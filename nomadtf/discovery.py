@@ -28,7 +28,7 @@ from nomadtf import wire
 from nomadtf.errors import ConsulError, ServerError, UnreachableError
 from nomadtf.tfconfig import RENDEZVOUS_ROLES, Member
 
-SESSION_TTL_S = 15
+SESSION_TTL_S = wire.TASK_SESSION_TTL_S
 T = TypeVar("T")
 
 

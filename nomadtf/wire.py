@@ -55,6 +55,11 @@ NAMESPACE_PATTERN = "^[a-zA-Z0-9-]{1,128}$"
 ENV_NOMAD_NAMESPACE = "NOMAD_NAMESPACE"
 DNS_LABEL_MAX = 63
 
+# A task's Consul session (its slot lock) lapses this long after its last renewal; a task
+# cut off from its Nomad servers is stopped by its own client after as long, so the
+# replacement's code (which must first take the slot) never runs beside it.
+TASK_SESSION_TTL_S = 15
+
 SERVICE_TAG = "nomadtf"
 TAG_ROLE = "role"
 TAG_ALLOC = "alloc"

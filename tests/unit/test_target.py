@@ -145,12 +145,18 @@ def test_template_mode_asks_for_consul_on_1_10_and_not_before():
 
 
 def test_groups_get_the_disconnect_block_from_1_8_and_never_the_fields_it_replaced():
-    for version, expected in (("1.7.7", False), ("1.8.0", True), ("2.0.5", True)):
+    """Either way a client cut off from its servers stops the tasks itself after the task
+    session's TTL (fencing: the replacement cannot run its code before then)."""
+    stop_ns = wire.TASK_SESSION_TTL_S * 10**9
+    for version, expected in (("1.6.1", False), ("1.7.7", False), ("1.8.0", True), ("2.0.5", True)):
         for group in groups(render_job(example_spec("digits"), target=resolve(version, "test"))).values():
             assert ("Disconnect" in group) is expected
-            assert not {"MaxClientDisconnect", "StopAfterClientDisconnect", "PreventRescheduleOnLost"} & group.keys()
+            assert not {"MaxClientDisconnect", "PreventRescheduleOnLost"} & group.keys()
             if expected:
-                assert group["Disconnect"] == {"LostAfter": 0, "Replace": True, "Reconcile": "best_score"}
+                assert "StopAfterClientDisconnect" not in group
+                assert group["Disconnect"] == {"LostAfter": 0, "Replace": True, "Reconcile": "best_score", "StopOnClientAfter": stop_ns}
+            else:
+                assert group["StopAfterClientDisconnect"] == stop_ns
 
 
 @pytest.mark.parametrize("name", [*JOB_EXAMPLES, "dcos"])
