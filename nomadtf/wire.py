@@ -55,10 +55,13 @@ NAMESPACE_PATTERN = "^[a-zA-Z0-9-]{1,128}$"
 ENV_NOMAD_NAMESPACE = "NOMAD_NAMESPACE"
 DNS_LABEL_MAX = 63
 
-# A task's Consul session (its slot lock) lapses this long after its last renewal; a task
-# cut off from its Nomad servers is stopped by its own client after as long, so the
-# replacement's code (which must first take the slot) never runs beside it.
+# A task's Consul session (its slot lock) lapses this long after its last renewal.
 TASK_SESSION_TTL_S = 15
+# A client cut off from its servers stops a job's tasks itself this long after its last
+# heartbeat: when the servers, with Nomad's default heartbeat settings (a heartbeat every
+# 10-20 s, 10 s of grace), have given the node up and place replacements. Any shorter and a
+# healthy client's tasks could be stopped between two heartbeats.
+CLIENT_DISCONNECT_STOP_S = 30
 
 SERVICE_TAG = "nomadtf"
 TAG_ROLE = "role"

@@ -30,6 +30,7 @@ def service_job(
     datacenters: tuple[str, ...] = ("*",),
     clients: int = 0,
     tokens: bool = False,
+    node_pool: str = "",
 ) -> dict[str, Any]:
     """The Nomad service job of the admission controller (the body of POST /v1/jobs). Pure.
 
@@ -40,7 +41,8 @@ def service_job(
     `tokens`: the replicas read their Nomad and Consul tokens from the Nomad variable
     SERVICE_TOKENS_VAR (`deploy --tokens` writes it), rendered into their environment by a
     template: a job's tasks may read their own job's variables through their workload
-    identity, so no token is written into the job itself."""
+    identity, so no token is written into the job itself.
+    `node_pool`: the operator's pool where no team's code runs (docs/operations/threat-model.md)."""
     environment = dict(env or {})
     if python is None:
         import nomadtf
@@ -97,6 +99,7 @@ def service_job(
             "Priority": 90,
             "Meta": {wire.META_SERVICE: "admission"},
             "TaskGroups": [group],
+            **({"NodePool": node_pool} if node_pool else {}),
         }
     }
 
@@ -114,6 +117,7 @@ def deploy(
     tokens: bool = False,
     environ: Mapping[str, str] | None = None,
     on_event: Callable[[str], None] = lambda line: None,
+    node_pool: str = "",
 ) -> dict[str, Any]:
     """Register the controller's service job in `api`'s namespace (with `api`'s token: an
     operator's); with `tokens`, first write the controller's own tokens to SERVICE_TOKENS_VAR:
@@ -126,7 +130,7 @@ def deploy(
 
     environ = dict(environ or {})
     # Not countable with this token (0): the replicas are spread, not bound apart.
-    clients = len(readable_nodes(api, {"Datacenters": ["*"]})[0])
+    clients = len(readable_nodes(api, {"Datacenters": ["*"], **({"NodePool": node_pool} if node_pool else {})})[0])
     if tokens:
         missing = [name for name in CONTROLLER_TOKEN_ENV.values() if not environ.get(name)]
         if missing:
@@ -136,7 +140,8 @@ def deploy(
             )
         api.put_variable(SERVICE_TOKENS_VAR, {key: environ[name] for key, name in CONTROLLER_TOKEN_ENV.items()})
         on_event(f"wrote the replicas' tokens to the Nomad variable {SERVICE_TOKENS_VAR} in namespace {api.namespace}")
-    job = service_job(count, python, service_env(environ), namespace=api.namespace, clients=clients, tokens=tokens)
+    job = service_job(count, python, service_env(environ), namespace=api.namespace, clients=clients, tokens=tokens, node_pool=node_pool)
     registered = api.register(job)
-    on_event(f"deployed {wire.ADMISSION_SERVICE_JOB} ({count} replicas) in namespace {api.namespace} (evaluation {registered['EvalID'][:8]})")
+    pool = f", node pool {node_pool}" if node_pool else ""
+    on_event(f"deployed {wire.ADMISSION_SERVICE_JOB} ({count} replicas) in namespace {api.namespace}{pool} (evaluation {registered['EvalID'][:8]})")
     return registered

@@ -58,6 +58,7 @@ def deploy(
     python: Annotated[Optional[str], typer.Option("--python", help="Interpreter on the clients with nomadtf installed; default: this one, with this checkout's code")] = None,
     tokens: Annotated[bool, typer.Option("--tokens", help="ACL cluster: hand the replicas NOMADTF_CONTROLLER_NOMAD_TOKEN and NOMADTF_CONTROLLER_CONSUL_TOKEN (made from the controller's policies in `nomadtf acl policies`) through a Nomad variable")] = False,
     namespace: Namespace = None,
+    node_pool: Annotated[str, typer.Option("--node-pool", help="The node pool of the operator's own clients, where no team's code runs: the replicas' tokens go only there (docs/operations/threat-model.md)")] = "",
 ) -> None:
     """Run the admission controller in the cluster as a Nomad service job (nomadtf-admission);
     it reaches Nomad and Consul at the addresses this shell uses. Replicas go to different
@@ -66,7 +67,7 @@ def deploy(
     from nomadtf.admission.deploy import deploy as deploy_controller
     from nomadtf.nomad import NomadAPI
 
-    deploy_controller(NomadAPI.from_env(namespace=namespace), count, python, tokens, os.environ, on_event=stamp)
+    deploy_controller(NomadAPI.from_env(namespace=namespace), count, python, tokens, os.environ, on_event=stamp, node_pool=node_pool)
 
 
 @admission_app.command()

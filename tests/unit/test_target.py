@@ -145,9 +145,10 @@ def test_template_mode_asks_for_consul_on_1_10_and_not_before():
 
 
 def test_groups_get_the_disconnect_block_from_1_8_and_never_the_fields_it_replaced():
-    """Either way a client cut off from its servers stops the tasks itself after the task
-    session's TTL (fencing: the replacement cannot run its code before then)."""
-    stop_ns = wire.TASK_SESSION_TTL_S * 10**9
+    """Either way a client cut off from its servers stops the tasks itself once the servers
+    have given it up, never sooner than a healthy client's heartbeats may be apart."""
+    stop_ns = wire.CLIENT_DISCONNECT_STOP_S * 10**9
+    assert wire.CLIENT_DISCONNECT_STOP_S >= 20 + 10  # two minimum heartbeat TTLs (10 s each) plus the grace
     for version, expected in (("1.6.1", False), ("1.7.7", False), ("1.8.0", True), ("2.0.5", True)):
         for group in groups(render_job(example_spec("digits"), target=resolve(version, "test"))).values():
             assert ("Disconnect" in group) is expected

@@ -155,3 +155,8 @@ def test_deploy_without_tokens_writes_no_variable():
     deploy_mod.deploy(api, 2, "/p", environ={**ADDRESSES, **SECRETS, **CONTROLLER_TOKENS})
     (job,) = api.registered
     assert api.variables == {} and _group(job)["Spreads"]  # no client counted: spread, not bound apart
+
+
+def test_a_node_pool_keeps_the_replicas_on_the_operator_s_clients():
+    assert service_job(node_pool="ops")["Job"]["NodePool"] == "ops"
+    assert "NodePool" not in service_job()["Job"]  # Nomad's default pool
