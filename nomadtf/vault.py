@@ -18,11 +18,12 @@ Usage:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,22 @@ def vault_tls() -> dict[str, Any]:
     return {"verify": verify, "cert": cert}
 
 
+def take_token_file(environ: Mapping[str, str], keep: bool = False) -> str:
+    """The Vault token Nomad wrote to the task's secrets/vault_token ("" when none), and the
+    file removed unless `keep` (vault.token_for_code): read before any child starts, it then
+    exists only in this undumpable process. Nomad derives and writes a new one if the task
+    restarts."""
+    path = Path(environ.get("NOMAD_SECRETS_DIR", "secrets")) / "vault_token"
+    try:
+        token = path.read_text().strip()
+    except OSError:
+        return ""
+    if not keep:
+        with contextlib.suppress(OSError):
+            path.unlink()
+    return token
+
+
 def login(vault_cfg: dict[str, Any], budget_s: float = DEFAULT_BUDGET_S) -> hvac.Client:
     """A client with a token: Nomad's VAULT_TOKEN, or our own AppRole / JWT login. A login
     Vault refuses fails at once naming the role; an unreachable Vault is retried for
@@ -83,9 +100,9 @@ def login(vault_cfg: dict[str, Any], budget_s: float = DEFAULT_BUDGET_S) -> hvac
     auth = vault_cfg.get("auth", "nomad")
     mount = vault_cfg.get("mount") or auth
     if auth == "nomad":
-        token = os.environ.get("VAULT_TOKEN")
+        token = os.environ.get("VAULT_TOKEN") or take_token_file(os.environ, keep=bool(vault_cfg.get("token_for_code")))
         if not token:
-            raise VaultError("no VAULT_TOKEN in the task; the job needs a vault block (vault.policies)")
+            raise VaultError("no Vault token in the task (secrets/vault_token or VAULT_TOKEN); the job needs a vault block (vault.policies)")
         client.token = token
         return client
     if auth == "approle":

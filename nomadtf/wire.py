@@ -57,11 +57,6 @@ DNS_LABEL_MAX = 63
 
 # A task's Consul session (its slot lock) lapses this long after its last renewal.
 TASK_SESSION_TTL_S = 15
-# A client cut off from its servers stops a job's tasks itself this long after its last
-# heartbeat: when the servers, with Nomad's default heartbeat settings (a heartbeat every
-# 10-20 s, 10 s of grace), have given the node up and place replacements. Any shorter and a
-# healthy client's tasks could be stopped between two heartbeats.
-CLIENT_DISCONNECT_STOP_S = 30
 
 SERVICE_TAG = "nomadtf"
 TAG_ROLE = "role"

@@ -10,6 +10,7 @@ Like `nomadtf.cli`, it is a process boundary: every NomadtfError becomes one lin
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -63,6 +64,11 @@ def _supervise(role: str) -> int:
         from nomadtf import vault as vault_api  # hvac only when the job reads Vault
 
         vault = vault_api.VaultSession(spec.vault.document, on_error=log.warning, budget_s=deadline.server_retry_s())  # one login per task
+        if spec.vault.auth == "nomad":
+            # Now, before any child starts: Nomad's token file is read and removed
+            # (vault.take_token_file). No token at all fails where it always did, later.
+            with contextlib.suppress(ServerError):
+                vault.client  # noqa: B018
     try:
         if spec.discovery.consul_token_path:
             try:

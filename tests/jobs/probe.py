@@ -28,6 +28,12 @@ print(f"role={os.environ['NOMADTF_ROLE']} index={os.environ['NOMADTF_INDEX']} jo
 print("context=" + json.dumps(context, sort_keys=True), flush=True)
 print("model_dir=" + os.environ["NOMADTF_MODEL_DIR"], flush=True)
 print("vault_token_visible=" + str("VAULT_TOKEN" in os.environ), flush=True)
+print("vault_token_file=" + str(os.path.exists(os.path.join(os.environ.get("NOMAD_SECRETS_DIR", "/secrets"), "vault_token"))), flush=True)
+try:
+    with open("/proc/1/environ", "rb") as _fh:
+        print("pid1_vault_token=" + str(b"VAULT_TOKEN=" in _fh.read()), flush=True)
+except OSError as _exc:
+    print(f"pid1_vault_token=unreadable ({_exc.__class__.__name__})", flush=True)
 for name in ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "TF_FORCE_GPU_ALLOW_GROWTH"):
     print(f"env {name}={os.environ.get(name, '<unset>')}", flush=True)
 if "PROBE_SECRET" in os.environ:

@@ -359,6 +359,11 @@ def test_secrets_reach_the_code_s_container_only_and_no_image_inspect_or_log(sta
         for attrs in watch.seen.values():
             assert canary_env not in json.dumps(attrs) and canary_file not in json.dumps(attrs)
         assert canary_env not in logs + out.stdout + out.stderr and canary_file not in logs
+        # The task's Vault token is in no container's configuration, not in PID 1's
+        # environment, and its file was removed before the code started (issue #33).
+        for attrs in watch.seen.values():
+            assert not [e for e in (attrs.get("Config") or {}).get("Env") or [] if e.startswith("VAULT_TOKEN=")], attrs["Name"]
+        assert "vault_token_file=False" in logs and "pid1_vault_token=False" in logs and "vault_token_visible=False" in logs, logs
         history = json.dumps([layer for layer in docker_client.api.history(task_image)])
         assert canary_env not in history and canary_file not in history
     finally:

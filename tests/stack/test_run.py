@@ -137,7 +137,7 @@ def test_secrets_reach_the_code_and_nowhere_else(stack, tmp_path):
         logs = all_logs(job_id)
         assert "secret_env_sha256=" + hashlib.sha256(value_env.encode()).hexdigest() in logs
         assert f"secret_file_sha256={hashlib.sha256(value_file.encode()).hexdigest()} mode=0o600" in logs
-        assert "vault_token_visible=False" in logs
+        assert "vault_token_visible=False" in logs and "vault_token_file=False" in logs  # read and removed by the supervisor
         stored = json.dumps(nomad(f"job/{job_id}"))
         for value in (value_env, value_file):
             assert value not in stored

@@ -325,7 +325,7 @@ def test_with_a_consul_token_from_vault_every_task_gets_a_vault_token_without_a_
     job = render_job(spec)["Job"]
     for group in job["TaskGroups"]:
         task = group["Tasks"][0]
-        assert task["Vault"] == {"Policies": ["nomadtf-default-tok"], "Env": True, "DisableFile": True, "ChangeMode": "noop"}
+        assert task["Vault"] == {"Policies": ["nomadtf-default-tok"], "Env": False, "DisableFile": False, "ChangeMode": "noop"}
         assert task["Env"]["CONSUL_CACERT"] == "/etc/ca.pem" and task["Env"]["VAULT_CACERT"] == "/etc/ca.pem"
         assert "consul/creds" not in json.dumps(task["Env"])  # the path travels in the spec file, not as a token
     # Without it (and without secrets) no task gets a Vault token at all.

@@ -118,7 +118,7 @@ def test_vault_tasks_log_in_with_their_identity_and_the_jobs_role_not_policies()
     job = render_job(spec, target=V205)
     role = wire.acl_name("default", "digits-secrets")
     chief = task(job, "chief")  # under parameter_server only the chief runs the code that reads them
-    assert chief["Vault"] == {"Role": role, "Env": True, "DisableFile": True, "ChangeMode": "noop"}
+    assert chief["Vault"] == {"Role": role, "Env": False, "DisableFile": False, "ChangeMode": "noop"}
     assert chief["Identities"] == [
         {"Name": "vault_default", "Audience": ["vault.io"], "TTL": 3600 * 10**9, "ChangeMode": "noop", "Env": False, "File": False}
     ]
@@ -145,19 +145,13 @@ def test_template_mode_asks_for_consul_on_1_10_and_not_before():
 
 
 def test_groups_get_the_disconnect_block_from_1_8_and_never_the_fields_it_replaced():
-    """Either way a client cut off from its servers stops the tasks itself once the servers
-    have given it up, never sooner than a healthy client's heartbeats may be apart."""
-    stop_ns = wire.CLIENT_DISCONNECT_STOP_S * 10**9
-    assert wire.CLIENT_DISCONNECT_STOP_S >= 20 + 10  # two minimum heartbeat TTLs (10 s each) plus the grace
     for version, expected in (("1.6.1", False), ("1.7.7", False), ("1.8.0", True), ("2.0.5", True)):
         for group in groups(render_job(example_spec("digits"), target=resolve(version, "test"))).values():
             assert ("Disconnect" in group) is expected
-            assert not {"MaxClientDisconnect", "PreventRescheduleOnLost"} & group.keys()
+            # Never stop_after_client_disconnect: Nomad 1.6.1's client deadlocks on it (the template says how).
+            assert not {"MaxClientDisconnect", "StopAfterClientDisconnect", "PreventRescheduleOnLost"} & group.keys()
             if expected:
-                assert "StopAfterClientDisconnect" not in group
-                assert group["Disconnect"] == {"LostAfter": 0, "Replace": True, "Reconcile": "best_score", "StopOnClientAfter": stop_ns}
-            else:
-                assert group["StopAfterClientDisconnect"] == stop_ns
+                assert group["Disconnect"] == {"LostAfter": 0, "Replace": True, "Reconcile": "best_score"}
 
 
 @pytest.mark.parametrize("name", [*JOB_EXAMPLES, "dcos"])

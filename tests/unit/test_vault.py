@@ -57,3 +57,17 @@ def test_tls_and_mistakes_are_not_retried():
     with pytest.raises(hvac.exceptions.Forbidden):
         vault._transient_retry(CLIENT, call, "reading secret/a", budget_s=10)
     assert len(calls) == 1
+
+
+def test_nomad_s_token_file_is_read_and_removed_before_any_code_can_read_it(tmp_path):
+    """The token reaches the supervisor as secrets/vault_token, never in the environment
+    (so never in a container's configuration); unless the job hands it to its code
+    (vault.token_for_code), the file is gone once read."""
+    from nomadtf.vault import take_token_file
+
+    (tmp_path / "vault_token").write_text("s.nomad-token\n")
+    assert take_token_file({"NOMAD_SECRETS_DIR": str(tmp_path)}, keep=True) == "s.nomad-token"
+    assert (tmp_path / "vault_token").exists()
+    assert take_token_file({"NOMAD_SECRETS_DIR": str(tmp_path)}) == "s.nomad-token"
+    assert not (tmp_path / "vault_token").exists()
+    assert take_token_file({"NOMAD_SECRETS_DIR": str(tmp_path)}) == ""  # none (any more): the login says so
