@@ -21,7 +21,10 @@ Any number of replicas run `nomadtf admission serve`; one leads (lease.py). The 
 4. watches every admitted run until Nomad placed all of it; a run still placed in part
    after its gang timeout is given back (placeholder up, groups to 0, its Consul keys
    cleared) and queued again at its old place — whoever follows it, or nobody;
-5. publishes the board (board.py) when what it says changed.
+5. sizes elastic runs (elastic.py): admitted at the largest counts that fit, grown at a
+   checkpoint while no run waits, shrunk to their minimums before any run is preempted
+   whole (preemption.py);
+6. publishes the board (board.py) when what it says changed.
 
 Nothing a submitter writes is acted on beyond its own job in its own namespace: the
 controller reads jobs from Nomad, where the submitter's token could only write its own
