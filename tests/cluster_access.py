@@ -38,6 +38,15 @@ def nomad_purge(cluster: ClusterStack, job_id: str, namespace: str = "default") 
     api.session().delete(f"{api.nomad_url}/v1/job/{job_id}", params={"purge": "true", "namespace": namespace}, timeout=10)
 
 
+def nomad_token(cluster: ClusterStack, name: str, rules: str) -> str:
+    """A client token with exactly `rules`, as an operator makes one (POST /v1/acl/policy/:name, /v1/acl/token)."""
+    api, found = cluster.api().session(), cluster.api().urls
+    api.post(f"{found['nomad']}/v1/acl/policy/{name}", json={"Name": name, "Rules": rules}, timeout=10).raise_for_status()
+    token = api.post(f"{found['nomad']}/v1/acl/token", json={"Type": "client", "Policies": [name]}, timeout=10)
+    token.raise_for_status()
+    return token.json()["SecretID"]
+
+
 def consul_get(cluster: ClusterStack, path: str, **params):
     """GET <cluster Consul server>/v1/<path> (the response, unchecked)"""
     api = cluster.api()

@@ -716,7 +716,10 @@ class Controller:
         every growth not yet resized off: growth never takes what a queued run could use."""
         for key, growing in list(self.growing.items()):
             job = jobs.get(key)
-            run = self._queued_run(job) if job is not None and (job.get("Meta") or {}).get(wire.META_RUN) == growing.run_id else None
+            try:
+                run = self._queued_run(job) if job is not None and (job.get("Meta") or {}).get(wire.META_RUN) == growing.run_id else None
+            except suspension.Malformed:
+                run = None  # its Meta changed under us: the growth is off
             if run is None or job is None or job.get("Status") == "dead" or suspension.state(job) != suspension.ADMITTED or key in self.preempting:
                 del self.growing[key]
                 continue

@@ -20,6 +20,7 @@ import requests
 
 from nomadtf import wire
 from nomadtf.devstack import stack as stack_mod
+from tests.cluster_access import nomad_token
 from tests.helpers import EXAMPLES, nomadtf, unique
 
 pytestmark = pytest.mark.stack
@@ -132,15 +133,6 @@ def test_a_profile_that_is_not_json_is_refused_naming_where_it_is(stack, tmp_pat
     assert discovery.read_cluster_profile(consul) is None
 
 
-def _nomad_token(cluster, name: str, rules: str) -> str:
-    """A client token with exactly `rules` (the operator creates them; POST /v1/acl/policy/:name, /v1/acl/token)."""
-    api, found = cluster.api().session(), cluster.api().urls
-    api.post(f"{found['nomad']}/v1/acl/policy/{name}", json={"Name": name, "Rules": rules}, timeout=10).raise_for_status()
-    token = api.post(f"{found['nomad']}/v1/acl/token", json={"Type": "client", "Policies": [name]}, timeout=10)
-    token.raise_for_status()
-    return token.json()["SecretID"]
-
-
 def test_a_submitter_without_agent_read_gets_the_servers_version_and_without_node_read_is_told_how_to_name_it(secure_cluster, tmp_path):
     """Nomad v1.6.1 on the secure several-client stack: a token that may not read the agent
     still learns the servers' version from their gossip tags (GET /v1/agent/members,
@@ -153,8 +145,8 @@ def test_a_submitter_without_agent_read_gets_the_servers_version_and_without_nod
     from tests.helpers import probe_job, write_job
 
     namespace_only = 'namespace "default" {\n  capabilities = ["read-job", "submit-job", "list-jobs"]\n}\n'
-    with_nodes = _nomad_token(secure_cluster, "nomadtf-test-no-agent-read", namespace_only + 'node {\n  policy = "read"\n}\n')
-    without_nodes = _nomad_token(secure_cluster, "nomadtf-test-namespace-only", namespace_only)
+    with_nodes = nomad_token(secure_cluster, "nomadtf-test-no-agent-read", namespace_only + 'node {\n  policy = "read"\n}\n')
+    without_nodes = nomad_token(secure_cluster, "nomadtf-test-namespace-only", namespace_only)
 
     def api_with(token: str) -> NomadAPI:
         return NomadAPI(NomadSettings.from_env({**secure_cluster.env(), "NOMAD_TOKEN": token}))

@@ -25,7 +25,7 @@ import requests
 from nomadtf import acl, wire
 from nomadtf.devstack import bootstrap, security, wiring
 from nomadtf.spec import parse_spec
-from tests.cluster_access import secured
+from tests.cluster_access import nomad_token, secured
 from tests.helpers import EXAMPLES, nomadtf, probe_job, unique, wait_until, write_job
 
 pytestmark = [pytest.mark.stack]
@@ -854,7 +854,7 @@ def test_the_printed_controller_policy_may_ask_another_team_s_run_to_checkpoint_
         alloc = wait_until(running_alloc, 60, "team-a's allocation to run")
         time.sleep(1)  # the shell has set its trap
         env = secure_cluster.env()
-        controller = {**env, "NOMAD_TOKEN": _nomad_client_token(secure_cluster, "nomadtf-test-controller", acl.nomad_controller_policy())}
+        controller = {**env, "NOMAD_TOKEN": nomad_token(secure_cluster, "nomadtf-test-controller", acl.nomad_controller_policy())}
         NomadAPI(NomadSettings.from_env(controller, namespace=NAMESPACE_A)).signal_allocation(alloc["ID"], "SIGUSR1")
 
         def logged() -> bool:
@@ -868,12 +868,3 @@ def test_the_printed_controller_policy_may_ask_another_team_s_run_to_checkpoint_
             NomadAPI(NomadSettings.from_env(team_b, namespace=NAMESPACE_A)).signal_allocation(alloc["ID"], "SIGUSR1")
     finally:
         api.delete(f"{nomad_url}/v1/job/{name}", params={"purge": "true", "namespace": NAMESPACE_A}, timeout=10)
-
-
-def _nomad_client_token(cluster, name: str, rules: str) -> str:
-    """A client token with exactly `rules` (POST /v1/acl/policy/:name, /v1/acl/token)."""
-    api, found = cluster.api().session(), cluster.api().urls
-    api.post(f"{found['nomad']}/v1/acl/policy/{name}", json={"Name": name, "Rules": rules}, timeout=10).raise_for_status()
-    token = api.post(f"{found['nomad']}/v1/acl/token", json={"Type": "client", "Policies": [name]}, timeout=10)
-    token.raise_for_status()
-    return token.json()["SecretID"]
