@@ -142,9 +142,13 @@ def nomad_submitter_policy(namespace: str) -> str:
     server's version, so the job is rendered for the Nomad it goes to) and node read."""
     caps = ", ".join(_q(c) for c in NOMAD_SUBMITTER_CAPABILITIES)
     # node read: GET /v1/nodes?resources=true, how admission tells "never" from "not now".
+    # host_volume: a docker task mounts its namespace's checkpoint folder read-write and the
+    # CA directory read-only, and no other team's folder (render.docker_host_mounts).
     return (
         f"namespace {_q(namespace)} {{\n  capabilities = [{caps}]\n}}\n"
         "agent {\n  policy = \"read\"\n}\nnode {\n  policy = \"read\"\n}\n"
+        f"host_volume {_q(wire.checkpoint_volume(namespace))} {{\n  policy = \"write\"\n}}\n"
+        f"host_volume {_q(wire.CA_VOLUME)} {{\n  policy = \"read\"\n}}\n"
     )
 
 

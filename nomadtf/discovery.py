@@ -126,6 +126,11 @@ class ConsulDiscovery:
         self.consul = client or consul_client()
         self._kv = (namespace, job_id)
         self.session: str | None = None
+        # Monotonic time at which the last renewal (or the creation) of our session that
+        # Consul accepted was sent: Consul lets the session lapse no sooner than one TTL
+        # after it (the supervisor fences on it, policy.must_fence). Written by the renewer
+        # thread, read by the supervisor's (one float: no lock needed).
+        self.renewed_at: float | None = None
         self._session_name = ""
         self._renewer: threading.Thread | None = None
         self._stop = threading.Event()
@@ -231,6 +236,11 @@ class ConsulDiscovery:
         PUT /v1/session/create
         """
         self._session_name = name
+        sent = time.monotonic()
+        # No lock delay: Consul applies it on every end of a session, our own destroy
+        # included, so a supervisor that Nomad restarts could not take its own index back
+        # (it would take another free one), nor a clean handover happen, for that long. The
+        # margin a lapsed task needs is the fence's instead (policy.must_fence).
         self.session = consul_call(
             "creating a session",
             self.consul.session.create,
@@ -239,6 +249,7 @@ class ConsulDiscovery:
             behavior="delete",
             lock_delay=0,
         )
+        self.renewed_at = sent
         if self._renewer is None:
             self._stop.clear()
             self._renewer = threading.Thread(target=self._renew_loop, name="consul-session", daemon=True)
@@ -247,13 +258,31 @@ class ConsulDiscovery:
 
     def _renew_loop(self) -> None:
         while not self._stop.wait(SESSION_TTL_S / 3):
-            session = self.session
-            if not session:
-                continue
             try:
-                self.consul.session.renew(session)  # PUT /v1/session/renew/:id
-            except Exception:  # noqa: BLE001 - Consul restarting or the session is gone: the supervisor re-claims
+                self.renew_session()
+            except Exception:  # noqa: BLE001 - Consul away: renewed_at says for how long (the supervisor fences)
                 continue
+
+    def renew_session(self) -> bool:
+        """Renew our session once: True when Consul did (`renewed_at` moves), False when it
+        has no such session any more (it lapsed, or Consul restarted and forgot it: the
+        supervisor claims its index again). Raises ServerError when Consul cannot be reached.
+
+        PUT /v1/session/renew/:id
+        """
+        session = self.session
+        if not session:
+            return False
+        sent = time.monotonic()
+        try:
+            consul_call("renewing our session", self.consul.session.renew, session)
+        except ConsulError as exc:
+            if isinstance(exc.__cause__, consul.NotFound):
+                return False
+            raise
+        if session == self.session:  # not replaced meanwhile (reopen_session): its time is the new one's
+            self.renewed_at = sent
+        return True
 
     def renewer_threads(self) -> int:
         """How many renewer threads this object runs (0 or 1); for tests."""

@@ -15,7 +15,9 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import posixpath
 import re
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ from nomadtf import target as target_mod
 from nomadtf.durations import parse_ns
 from nomadtf.errors import RenderError, SpecError
 from nomadtf.roles import ROLES
-from nomadtf.spec import JobSpec, Role, RunInfo, spec_file_text
+from nomadtf.spec import JobSpec, Role, RunInfo, namespace_folder, spec_file_text
 from nomadtf.tfconfig import runs_user_code
 
 TEMPLATE_FILES = ("job.json.j2", "group.json.j2", "cluster.ctmpl.j2")
@@ -133,7 +135,9 @@ def _compiled_template_set(templates_dir: str) -> jinja2.Environment:
     )
     templates.globals["runs_user_code"] = runs_user_code
     templates.globals["needs_vault_token"] = needs_vault_token
-    templates.globals["docker_volumes"] = docker_volumes
+    templates.globals["docker_host_mounts"] = docker_host_mounts
+    templates.filters["volume_requests"] = lambda mounts: {m.volume: m.request() for m in mounts}
+    templates.filters["volume_mounts"] = lambda mounts: [m.mount() for m in mounts]
     templates.globals["driver_constraints"] = driver_constraints
     # Sorted keys make the output byte-identical for the same input.
     templates.policies["json.dumps_kwargs"] = {"sort_keys": True, "default": _undefined_json}
@@ -153,25 +157,42 @@ def task_env(spec: JobSpec, role: str) -> dict[str, str]:
     return env
 
 
-def model_dir_root(model_dir: str) -> str:
-    """The directory of `model_dir` that no task variable names: what a docker task mounts
-    from its client so that the job's tasks share checkpoints (/tmp/nomadtf for the default
-    /tmp/nomadtf/${NOMAD_NAMESPACE}/${NOMAD_JOB_ID}/${NOMADTF_RUN_ID})."""
-    fixed = model_dir.split("$", 1)[0]
-    root = fixed if "$" not in model_dir else fixed.rsplit("/", 1)[0]
-    return root.rstrip("/") or "/"
+@dataclass(frozen=True)
+class HostMount:
+    """A Nomad host volume a docker task mounts: the operator declares `volume` in the
+    client's config (`host_volume "<volume>" { path = ... }`) and Nomad's ACLs say which
+    namespace may mount it (`host_volume` policy), so no job needs the docker plugin's
+    `volumes.enabled`, which would let any job bind-mount any host path."""
+
+    volume: str
+    destination: str
+    read_only: bool
+
+    def request(self) -> dict[str, Any]:
+        """The group's `volume` block."""
+        return {"Name": self.volume, "Type": "host", "Source": self.volume, "ReadOnly": self.read_only}
+
+    def mount(self) -> dict[str, Any]:
+        """The task's `volume_mount` block."""
+        return {"Volume": self.volume, "Destination": self.destination, "ReadOnly": self.read_only, "PropagationMode": "private"}
 
 
-def docker_volumes(spec: JobSpec) -> list[str]:
-    """The docker driver's bind mounts of a task: model_dir's root at the same path, the CA
-    files the task is told to trust (CONSUL_CACERT, VAULT_CACERT name paths on the client:
-    read-only, at the same path, so a container talks TLS as a raw_exec task does), then
-    job.json's driver.volumes. A model_dir URL (gs://…) is TensorFlow's to write: nothing
-    to mount (spec validation refuses any other model_dir that is not an absolute path)."""
-    root = model_dir_root(spec.model_dir)
-    shared = [] if "://" in spec.model_dir else [f"{root}:{root}"]
-    cas = dict.fromkeys(ca for ca in (spec.discovery.consul_ca_file, spec.vault.ca_file) if ca)
-    return [*shared, *(f"{ca}:{ca}:ro" for ca in cas), *spec.driver.volumes]
+def docker_host_mounts(spec: JobSpec) -> list[HostMount]:
+    """What a docker task mounts from its client: its namespace's checkpoint folder at the
+    same path (`nomadtf-<namespace>`, read-write: this namespace's jobs' checkpoints and no
+    other team's), and the directory of the CA files the task is told to trust
+    (`nomadtf-ca`, read-only; CONSUL_CACERT and VAULT_CACERT name paths in it). A model_dir
+    URL (gs://…) is TensorFlow's to write: nothing to mount. Spec validation made sure the
+    folder and the one CA directory exist (spec.docker_path_problems)."""
+    mounts = []
+    if "://" not in spec.model_dir:
+        folder = namespace_folder(spec.model_dir, spec.namespace)
+        if folder is None:
+            raise RenderError(f"model_dir: {spec.model_dir!r} is outside the namespace's folder (validate the spec first)")
+        mounts.append(HostMount(wire.checkpoint_volume(spec.namespace), folder, read_only=False))
+    cas = dict.fromkeys(posixpath.dirname(ca) for ca in (spec.discovery.consul_ca_file, spec.vault.ca_file) if ca)
+    mounts += [HostMount(wire.CA_VOLUME, folder, read_only=True) for folder in cas][:1]
+    return mounts
 
 
 def needs_vault_token(spec: JobSpec, role: str) -> bool:

@@ -482,7 +482,34 @@ def docker_path_problems(document: dict[str, Any]) -> list[str]:
             f"model_dir: {model_dir!r} is not an absolute path; with the docker driver give a path on storage every "
             "client shares (it is mounted at the same path in each container) or a URL TensorFlow writes itself (gs://…)"
         )
+    elif "://" not in model_dir and namespace_folder(model_dir, document.get("namespace", wire.DEFAULT_NAMESPACE)) is None:
+        volume = wire.checkpoint_volume(document.get("namespace", wire.DEFAULT_NAMESPACE))
+        problems.append(
+            f"model_dir: {model_dir!r} is outside every namespace's folder; a docker task sees only its namespace's "
+            f"checkpoint folder (the client's host volume {volume}), so give a model_dir under <root>/${{NOMAD_NAMESPACE}}/, "
+            "like the default /tmp/nomadtf/${NOMAD_NAMESPACE}/${NOMAD_JOB_ID}/${NOMADTF_RUN_ID}"
+        )
+    cas = {posixpath.dirname(ca) for ca in ((document.get("discovery") or {}).get("consul_ca_file"), (document.get("vault") or {}).get("ca_file")) if ca}
+    if len(cas) > 1:
+        problems.append(
+            f"discovery.consul_ca_file and vault.ca_file: in two directories ({', '.join(sorted(cas))}); a docker task "
+            f"mounts one, the client's read-only host volume {wire.CA_VOLUME}: keep both CA files in one directory"
+        )
     return problems
+
+
+def namespace_folder(model_dir: str, namespace: str) -> str | None:
+    """The folder of `namespace` that holds `model_dir`: the path up to its first segment
+    that is the namespace (or ${NOMAD_NAMESPACE}) with no task variable before it. A docker
+    task mounts that folder, the client's host volume for the namespace, at the same path.
+    None when model_dir has no such segment. Pure."""
+    segments = model_dir.replace("${" + wire.ENV_NOMAD_NAMESPACE + "}", namespace).split("/")
+    for i, segment in enumerate(segments):
+        if "$" in segment:
+            return None
+        if i and segment == namespace:
+            return "/".join(segments[: i + 1])
+    return None
 
 
 def environment_problems(document: dict[str, Any]) -> list[str]:

@@ -55,6 +55,18 @@ NAMESPACE_PATTERN = "^[a-zA-Z0-9-]{1,128}$"
 ENV_NOMAD_NAMESPACE = "NOMAD_NAMESPACE"
 DNS_LABEL_MAX = 63
 
+# The Nomad host volumes a docker task mounts (declared by the operator in each client's
+# config, gated by Nomad's `host_volume` ACL): one checkpoint folder per namespace, and the
+# directory of the CA files the tasks trust, read-only.
+CHECKPOINT_VOLUME_PREFIX = "nomadtf-"
+CA_VOLUME = "nomadtf-ca"
+
+
+def checkpoint_volume(namespace: str) -> str:
+    """The host volume of `namespace`'s checkpoints: `nomadtf-<namespace>`."""
+    return CHECKPOINT_VOLUME_PREFIX + namespace
+
+
 # A task's Consul session (its slot lock) lapses this long after its last renewal.
 TASK_SESSION_TTL_S = 15
 

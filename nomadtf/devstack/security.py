@@ -130,7 +130,14 @@ class SecureState:
 
     @property
     def ca_file(self) -> Path:
-        return self.tls_dir / "ca.pem"
+        """The CA certificate, in a directory of its own: the one a docker task mounts (the
+        client's host volume nomadtf-ca), without the agents' private keys beside it."""
+        public = self.folder / "ca" / "ca.pem"
+        if not public.is_file() and (self.tls_dir / "ca.pem").is_file():
+            public.parent.mkdir(mode=0o755, exist_ok=True)
+            public.write_bytes((self.tls_dir / "ca.pem").read_bytes())
+            public.chmod(0o644)
+        return public
 
     def pair(self, name: str) -> tuple[Path, Path]:
         return self.tls_dir / f"{name}.pem", self.tls_dir / f"{name}-key.pem"

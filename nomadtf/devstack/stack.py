@@ -84,8 +84,9 @@ def describe_gpus(gpus: int, mig: int) -> str:
 
 
 def nomad_config(data_dir: Path) -> str:
-    """The -dev Nomad agent's config, without the device plugin's lines."""
-    return wiring.nomad_dev_config(data_dir, HOST, CONSUL_ADDR, VAULT_ADDR)
+    """The -dev Nomad agent's config, without the device plugin's lines; its host volumes
+    are the namespaces' checkpoint folders."""
+    return wiring.nomad_dev_config(data_dir, HOST, CONSUL_ADDR, VAULT_ADDR, wiring.host_volumes())
 
 
 class DevStack:

@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from nomadtf import wire
 from nomadtf.devstack.gpu_plugin import client_plugin_hcl, hcl_string
 
 # The Vault token role the servers create task tokens from (bootstrap.NOMAD_CLUSTER_ROLE).
@@ -162,8 +163,40 @@ vault {{
 """
 
 
-def nomad_dev_config(data_dir: Path, bind: str, consul_address: str, vault_address: str) -> str:
+# The namespaces whose docker tasks the local stacks can place: each has its checkpoint
+# folder declared as a host volume (wire.checkpoint_volume) under the default model_dir's root.
+CHECKPOINT_ROOT = Path("/tmp/nomadtf")
+VOLUME_NAMESPACES = ("default", "team-a", "team-b")
+
+
+def host_volumes(ca_dir: Path | None = None) -> dict[str, tuple[Path, bool]]:
+    """The client's host volumes, name -> (path, read-only): each namespace's checkpoint
+    folder, read-write, and the directory of the public CA file, read-only. The folders are
+    made here (Nomad refuses to start a client whose host volume path is missing); 0711: a
+    task sees no other job's folder names, each job's folder is its own (runtime/codeuser)."""
+    volumes = {}
+    for namespace in VOLUME_NAMESPACES:
+        folder = CHECKPOINT_ROOT / namespace
+        folder.mkdir(parents=True, exist_ok=True)
+        folder.chmod(0o711)
+        volumes[wire.checkpoint_volume(namespace)] = (folder, False)
+    if ca_dir is not None:
+        volumes[wire.CA_VOLUME] = (ca_dir, True)
+    return volumes
+
+
+def host_volume_lines(volumes: Mapping[str, tuple[Path, bool]]) -> list[str]:
+    """`host_volume` blocks, to go inside a `client` block."""
+    lines = []
+    for name, (path, read_only) in sorted(volumes.items()):
+        lines += [f"  host_volume {hcl_string(name)} {{", f"    path      = {hcl_string(str(path))}",
+                  f"    read_only = {str(read_only).lower()}", "  }"]
+    return lines
+
+
+def nomad_dev_config(data_dir: Path, bind: str, consul_address: str, vault_address: str, volumes: Mapping[str, tuple[Path, bool]] | None = None) -> str:
     """The single-node `nomad agent -dev` (server and client in one) of `nomadtf dev up`."""
+    volume_lines = "\n".join(host_volume_lines(volumes or {}))
     return f"""
 data_dir  = "{data_dir}"
 bind_addr = "{bind}"
@@ -176,6 +209,7 @@ client {{
   # Past gc_max_allocs (default 50) the client deletes a finished allocation, logs and all,
   # the moment it ends: one 64-task job would lose its failed tasks' logs.
   gc_max_allocs = 300
+{volume_lines}
 }}
 
 plugin "raw_exec" {{
@@ -264,6 +298,7 @@ def nomad_client_config(
     meta: Mapping[str, str] | None = None,
     extra: str = "",
     security: Security | None = None,
+    volumes: Mapping[str, tuple[Path, bool]] | None = None,
 ) -> str:
     """A Nomad client-only agent: registers with `servers`, advertises the address of
     `network_interface` for its allocations, syncs services to its own Consul agent.
@@ -277,6 +312,7 @@ def nomad_client_config(
     if node_class:
         client_lines.append(f"  node_class        = {hcl_string(node_class)}")
     client_lines += _meta_block(meta or {})
+    client_lines += host_volume_lines(volumes or {})
     client_lines.append("}")
     return (
         _agent_header(name, data_dir, bind)
@@ -413,16 +449,17 @@ class Machine:
 
 
 def docker_plugin_hcl(endpoint: str) -> str:
-    """A Nomad client's docker driver, pointed at a stack's own daemon: host volumes allowed
-    (the model_dir's bind mount), images kept after their tasks (Nomad's image GC would
-    delete the images `dev image build` made, which no registry can give back), and the
-    `nvidia` runtime a task with NVIDIA devices asks for."""
+    """A Nomad client's docker driver, pointed at a stack's own daemon: no bind mounts of
+    host paths (`volumes.enabled = false`: checkpoints come through the client's host
+    volumes, which Nomad's ACLs gate per namespace), images kept after their tasks (Nomad's
+    image GC would delete the images `dev image build` made, which no registry can give
+    back), and the `nvidia` runtime a task with NVIDIA devices asks for."""
     return f"""
 plugin "docker" {{
   config {{
     endpoint = "{endpoint}"
     volumes {{
-      enabled = true
+      enabled = false
     }}
     gc {{
       image = false
@@ -458,6 +495,7 @@ def nomad_config(machine: Machine) -> str:
         meta={"nomadtf_client": str(machine.index), "nomadtf_gpu": "true" if machine.gpus else "false"},
         extra=extra,
         security=machine.security,
+        volumes=host_volumes(machine.security.ca_file.parent if machine.security else None),
     )
 
 

@@ -21,6 +21,9 @@ What restarts when is the role table (nomadtf.roles); this module applies it:
     our index taken          another allocation holds our slot (Nomad replaced ours while
                              our node was cut off and our session lapsed): stop our child
                              and exit 0; two tasks of one index never run
+    no session renewal       for one TTL (cut off from Consul): stop our child before our
+                             slot can pass to a replacement (fence); once Consul answers,
+                             start it again if the slot is still ours or free, end if taken
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from nomadtf import roles
+from nomadtf import roles, wire
 from nomadtf.tfconfig import Member
 
 STRAGGLER_GRACE_S = 30.0  # after success, how long user code that is still running gets
@@ -93,6 +96,25 @@ def slot_state(holder_alloc: str | None, holder_session: str | None, alloc_id: s
     if holder_alloc != alloc_id:
         return SlotState.TAKEN
     return SlotState.HELD if holder_session == session and session else SlotState.LOST
+
+
+# Fencing: a task cut off from Consul stops its code once no renewal of its session has
+# gone through for one TTL, timed from when the last accepted renewal was *sent*. Consul
+# lets a session lapse no sooner than one TTL after the last renewal it received (its
+# contract), in fact after two (it arms its timer at 2 x TTL); only then may a replacement
+# take our slot, and it still has to claim, rendezvous and start. So the stop (SIGTERM, then
+# SIGKILL after child.STOP_GRACE_S = 8 s) ends by TTL + 9 s = 24 s, before the 30 s at which
+# Consul lets the session go. Never sooner than one TTL: a short Consul restart (a few
+# seconds, after which the task claims its slot again with a new session) must not stop
+# anybody. The session's lock delay would widen the margin past Consul's contract, but it
+# would delay every handover of a slot too (discovery.open_session says why it is 0).
+FENCE_AFTER_S = float(wire.TASK_SESSION_TTL_S)
+
+
+def must_fence(renewed_at: float | None, now: float, after_s: float = FENCE_AFTER_S) -> bool:
+    """Whether our code must stop now: no renewal of our session went through for
+    `after_s` (`renewed_at`: monotonic, when the last accepted one was sent; None: no session yet)."""
+    return renewed_at is not None and now - renewed_at >= after_s
 
 
 # ---- exits ---------------------------------------------------------------------------------

@@ -7,6 +7,9 @@ deadline); the phases are explicit:
     RENDEZVOUS   waiting until everyone we depend on is registered and passing
     RUNNING      the child runs; membership changes and job state are acted on
     CHECKING     our child failed; a peer change that explains it is looked for
+    FENCED       no renewal of our session for one TTL (cut off from Consul): our child
+                 was stopped before a replacement may take our index; once Consul answers,
+                 a new rendezvous starts it again, or ends the task if the index was taken
 
 A Consul error in any step is logged and the step is retried on the next event or after
 a second; writes a decision depends on are retried by membership.
@@ -55,6 +58,7 @@ class Phase(enum.Enum):
     RENDEZVOUS = "rendezvous"
     RUNNING = "running"
     CHECKING = "checking"
+    FENCED = "fenced"
 
 
 @dataclass
@@ -186,6 +190,9 @@ class Supervisor:
             return None
         if name == "progress" and self.phase is Phase.RUNNING:
             self.loop.call_at(time.monotonic() + progresswatch.TICK_S, "progress")
+            # Before the tick: its publish may wait on the Consul we are cut off from.
+            if policy.must_fence(self.discovery.renewed_at, time.monotonic()):
+                return self._fence()
             if self.progress.tick(time.monotonic()):
                 return self._guard(lambda: self._recover(f"no training step for {self.progress.timeout_s:.0f}s (hang)"))
             return None
@@ -219,6 +226,7 @@ class Supervisor:
             Phase.RENDEZVOUS: self._rendezvous,
             Phase.RUNNING: self._look,
             Phase.CHECKING: self._check_peers,
+            Phase.FENCED: self._unfence,
         }[self.phase]
 
         def step() -> int | None:
@@ -411,6 +419,42 @@ class Supervisor:
         self.rendezvous_started = time.monotonic()
         self.loop.call_at(self.rendezvous_started + self.spec.discovery.rendezvous_timeout_s, "rendezvous-deadline")
         return self._step()
+
+    def _fence(self) -> int | None:
+        """No renewal of our session for one TTL: we may be cut off from Consul while Nomad
+        places a replacement of ours, so our code stops before the replacement can take our
+        index (policy.must_fence says when, and why that is soon enough). No failure of the
+        code: no budget is spent; the steps that follow (FENCED) wait for Consul to answer."""
+        assert self.running is not None
+        if not self.running.child.alive():
+            return None  # it ended by itself: its exit event is queued, and is the news
+        log.error("no Consul session renewal for %.0fs: stopping our code before a replacement may take %s[%d]",
+                  policy.FENCE_AFTER_S, self.role, self.me.index)
+        self.loop.cancel("progress")
+        self._stop_child()
+        self.running = None
+        self.phase = Phase.FENCED
+        self.loop.call_at(time.monotonic() + RETRY_S, "step")
+        return None
+
+    def _unfence(self) -> int | None:
+        """Consul answers again after a fence (this step's read went through). Our session
+        still alive: the index is ours, and a new incarnation tells the peers that depend on
+        our state that it is gone. Otherwise the rendezvous claims the index again, or finds
+        it taken by a replacement and ends the task (as `_rendezvous` always does).
+
+        PUT /v1/session/renew/:id ; PUT .../cluster/slots/<role>/<i>?acquire=<session>
+        """
+        if self.discovery.renew_session():
+            self.membership.announce_restart()
+        else:
+            self.me.incarnation = new_incarnation()  # written by the claim again
+        log.info("Consul answers again; starting our code anew through a new rendezvous")
+        self.phase = Phase.RENDEZVOUS
+        self.starter.start_ahead(self.spec, self.me.index)
+        self.rendezvous_started = time.monotonic()
+        self.loop.call_at(self.rendezvous_started + self.spec.discovery.rendezvous_timeout_s, "rendezvous-deadline")
+        return self._rendezvous()
 
     def _on_deadline(self) -> int:
         """The job ran past recovery.deadline: it fails as a whole, recorded against the

@@ -1,18 +1,23 @@
 """Decisions survive outages: a real `nomadtf task` (Nomad's part played by the test, as in
 test_runtime_consul.py) reaches the local stack's Consul through a proxy the test can cut.
 A success or a permanent failure decided while Consul is away is recorded when it returns,
-never dropped, never stuck. And one restart budget per allocation, across Nomad's restarts."""
+never dropped, never stuck. A task cut off for one session TTL stops its code (fences)
+before a replacement may take its index, and starts it again if the index is still its own
+once Consul answers. And one restart budget per allocation, across Nomad's restarts."""
 
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
 
+import psutil
 import pytest
 
 from nomadtf import wire
+from nomadtf.devstack import processes
 from nomadtf.discovery import ConsulDiscovery
 from nomadtf.spec import normalize
 from tests.helpers import probe_job, unique, wait_until
@@ -21,6 +26,8 @@ from tests.stack.test_task import FakeAlloc
 pytestmark = pytest.mark.stack
 
 OUTAGE_S = 70  # longer than the minute a Consul call used to be retried before it was dropped
+FENCE_LINE = "no Consul session renewal for 15s: stopping our code before a replacement may take worker[0]"
+STARTING = re.compile(r"generation (\d+): starting")
 
 
 class CuttableProxy:
@@ -136,6 +143,107 @@ def test_a_success_and_a_permanent_failure_decided_while_consul_is_away_are_reco
         for spec, task in zip(jobs.values(), tasks.values(), strict=True):
             task.stop()
             ConsulDiscovery(spec["name"]).delete_job_keys()
+
+
+def _code(task: FakeAlloc) -> psutil.Process:
+    """The task's child: the probe, not a helper process of the supervisor's."""
+    return wait_until(
+        lambda: next((p for p in psutil.Process(task.proc.pid).children(recursive=True) if "probe.py" in " ".join(p.cmdline())), None),
+        10, "the task's code",
+    )
+
+
+def _keep_passing(*tasks: FakeAlloc) -> None:
+    """Nomad's side: each task's registration passes its check (a 30 s TTL) all along."""
+    for task in tasks:
+        task.consul.agent.check.ttl_pass(f"service:{task.service_id}")
+
+
+def test_a_task_cut_off_from_consul_stops_its_code_before_a_replacement_may_take_its_index(stack, tmp_path):
+    """Nomad places a replacement of a task whose node it lost (here: a second allocation of
+    worker[0] reaching Consul directly); the replacement waits for the index until Consul lets
+    the cut-off task's session lapse (2 x TTL after its last renewal). The cut-off task's code
+    stops first, one TTL after the last renewal, while its session still holds the index: the
+    two never run at once. When Consul answers again, the index is taken: the task ends, 0."""
+    proxy = CuttableProxy()
+    spec = _one_worker_job(unique("out-fence"), {"sleep": -1, "report_sigterm": True})
+    old = ProxiedAlloc(tmp_path, spec, "worker", consul_address=proxy.address).register().start()
+    new = FakeAlloc(tmp_path, spec, "worker")
+    direct = ConsulDiscovery(spec["name"])
+    try:
+        wait_until(lambda: STARTING.search(old.output()), 60, "the task's code")
+        code = _code(old)
+        session = direct.slots()[("worker", 0)].session
+        proxy.cut()
+        cut_at = time.monotonic()
+        new.register().start()
+
+        def fenced_or_replaced() -> bool:
+            _keep_passing(old, new)
+            return not processes.running(code) or bool(STARTING.search(new.output()))
+
+        wait_until(fenced_or_replaced, 40, "the cut-off task's code to stop, or the replacement's to start")
+        fenced_after = time.monotonic() - cut_at
+        assert not STARTING.search(new.output()), f"the replacement started beside the cut-off code:\n{new.output()}"
+        assert direct.consul.session.info(session)[1] is not None, "the code stopped only after its session lapsed"
+        assert FENCE_LINE in old.output() and "probe got SIGTERM" in old.output(), old.output()
+        assert wire.TASK_SESSION_TTL_S - 6 < fenced_after < wire.TASK_SESSION_TTL_S + 3, fenced_after
+
+        def replaced() -> bool:
+            _keep_passing(new)
+            return bool(STARTING.search(new.output()))
+
+        wait_until(replaced, 40, "the replacement's code")
+        assert direct.slots()[("worker", 0)].alloc_id == new.alloc_id
+        proxy.restore()
+        assert old.wait(timeout=30) == 0, old.output()
+        assert f"worker[0] is held by allocation {new.alloc_id[:8]}" in old.output()
+        assert len(STARTING.findall(old.output())) == 1, "the cut-off task started its code again"
+    finally:
+        proxy.cut()
+        for task in (old, new):
+            task.stop()
+        direct.delete_job_keys()
+
+
+def test_a_fenced_task_whose_index_is_still_its_own_starts_its_code_again(stack, tmp_path):
+    """Cut off for one TTL (the code stops) but back before Consul lets the session lapse:
+    the index is still the task's, so its code starts again in a new generation, with a new
+    incarnation for the peers that depend on its state. No failure: no budget spent."""
+    proxy = CuttableProxy()
+    spec = _one_worker_job(unique("out-unfence"), {"sleep": -1})
+    task = ProxiedAlloc(tmp_path, spec, "worker", consul_address=proxy.address).register().start()
+    direct = ConsulDiscovery(spec["name"])
+    try:
+        wait_until(lambda: STARTING.search(task.output()), 60, "the task's code")
+        code = _code(task)
+        before = direct.slots()[("worker", 0)]
+        proxy.cut()
+
+        def fenced() -> bool:
+            _keep_passing(task)
+            return FENCE_LINE in task.output()
+
+        wait_until(fenced, 25, "the fence")
+        assert not processes.running(code)
+        proxy.restore()
+
+        def started_again() -> bool:
+            _keep_passing(task)
+            return len(STARTING.findall(task.output())) == 2
+
+        wait_until(started_again, 20, "the code to start again")
+        after = direct.slots()[("worker", 0)]
+        assert (after.alloc_id, after.session) == (task.alloc_id, before.session)
+        assert after.incarnation != before.incarnation
+        numbers = [int(n) for n in STARTING.findall(task.output())]
+        assert numbers[1] > numbers[0], numbers
+        assert processes.running(_code(task)) and task.proc.poll() is None
+        assert "recovering" not in task.output()  # no failure of the code: nothing spent
+    finally:
+        proxy.cut()
+        task.stop()
+        direct.delete_job_keys()
 
 
 def test_a_task_nomad_restarts_spends_the_allocations_one_budget(stack, tmp_path):

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import time
+import types
 
+import consul
 import pytest
+import requests
 
 from nomadtf.discovery import ConsulDiscovery, retrying
 from nomadtf.errors import SpecError, UnreachableError
@@ -68,3 +71,41 @@ def test_an_unreachable_consul_is_one_clear_error():
     d = ConsulDiscovery("j", client=consul.Consul(host="127.0.0.1", port=1))
     with pytest.raises(UnreachableError, match=r"cannot reach Consul \(writing job state\)"):
         d.set_job_state("succeeded")
+
+
+class _Sessions:
+    """py-consul's session API as a Consul that answers with `outcome` (None: renewed)."""
+
+    def __init__(self, outcome: Exception | None):
+        self.outcome = outcome
+
+    def renew(self, session_id):
+        if self.outcome is not None:
+            raise self.outcome
+        return {"ID": session_id}
+
+
+def _discovery(outcome: Exception | None) -> ConsulDiscovery:
+    d = ConsulDiscovery("job", client=types.SimpleNamespace(session=_Sessions(outcome)))
+    d.session, d.renewed_at = "s1", 0.0
+    return d
+
+
+def test_a_renewal_consul_accepts_moves_the_time_the_fence_counts_from():
+    d = _discovery(None)
+    before = time.monotonic()
+    assert d.renew_session() is True
+    assert before <= d.renewed_at <= time.monotonic()
+
+
+def test_a_session_consul_no_longer_has_is_said_and_the_time_stays():
+    d = _discovery(consul.NotFound("Session id 's1' not found"))
+    assert d.renew_session() is False
+    assert d.renewed_at == 0.0
+
+
+def test_a_consul_that_cannot_be_reached_is_an_error_and_the_time_stays():
+    d = _discovery(requests.ConnectionError("refused"))
+    with pytest.raises(UnreachableError):
+        d.renew_session()
+    assert d.renewed_at == 0.0

@@ -18,7 +18,8 @@ import pytest
 from nomadtf import __version__
 from nomadtf.dcos import convert_options
 from nomadtf.errors import RenderError, SpecError
-from nomadtf.render import default_templates_dir, embedded_spec, job_json, model_dir_root, render_job
+from nomadtf.render import default_templates_dir, embedded_spec, job_json, render_job
+from nomadtf.spec import namespace_folder
 from nomadtf.spec import JobSpec, load_spec, normalize, parse_spec, read_options
 from tests.helpers import EXAMPLES, nomadtf
 
@@ -164,7 +165,7 @@ def test_docker_tasks_run_nomadtf_on_the_host_network_with_model_dir_mounted():
     assert config["entrypoint"] == ["python3", "-m", "nomadtf"] and config["args"] == ["task", "--role", "worker"]
     assert config["network_mode"] == "host" and config["init"] is True
     # The default model_dir is under /tmp/nomadtf on the client: the tasks share it there.
-    assert config["volumes"] == ["/tmp/nomadtf:/tmp/nomadtf", "/data/shared:/data:ro"]
+    assert config["volumes"] == ["/data/shared:/data:ro"] and config["security_opt"] == ["no-new-privileges"]
     assert task(render_job(spec), "worker")["Resources"]["MemoryMB"] == 1024
 
 
@@ -179,7 +180,12 @@ def test_docker_groups_need_a_docker_driver_that_allows_bind_mounts_and_others_n
 def test_docker_tasks_get_the_ca_files_they_are_told_to_trust_read_only_at_the_same_path():
     spec = load_spec(JOB_EXAMPLES["docker"], ["discovery.consul_ca_file=/etc/consul.d/ca.pem", "vault.ca_file=/etc/consul.d/ca.pem"])
     config, env = task(render_job(spec), "chief")["Config"], task(render_job(spec), "chief")["Env"]
-    assert config["volumes"] == ["/tmp/nomadtf:/tmp/nomadtf", "/etc/consul.d/ca.pem:/etc/consul.d/ca.pem:ro"]  # one mount for both
+    assert config["volumes"] == []  # no bind mount: the client's docker plugin needs no volumes.enabled
+    mounts = task(render_job(spec), "chief")["VolumeMounts"]
+    assert [(m["Volume"], m["Destination"], m["ReadOnly"]) for m in mounts] == [
+        ("nomadtf-default", "/tmp/nomadtf/default", False), ("nomadtf-ca", "/etc/consul.d", True)]  # one mount for both CAs
+    with pytest.raises(SpecError, match="in two directories.*keep both CA files in one directory"):
+        load_spec(JOB_EXAMPLES["docker"], ["discovery.consul_ca_file=/etc/consul.d/ca.pem", "vault.ca_file=/etc/vault.d/ca.pem"])
     assert env["CONSUL_CACERT"] == env["VAULT_CACERT"] == "/etc/consul.d/ca.pem"
 
 
@@ -188,11 +194,18 @@ def test_a_model_dir_url_is_tensorflow_s_to_write_and_not_mounted():
     assert task(render_job(spec), "chief")["Config"]["volumes"] == ["/data:/data:ro"]
 
 
-def test_model_dir_root_is_what_no_task_variable_names():
-    assert model_dir_root("/tmp/nomadtf/${NOMAD_NAMESPACE}/${NOMAD_JOB_ID}/${NOMADTF_RUN_ID}") == "/tmp/nomadtf"
-    assert model_dir_root("/mnt/shared/models/${NOMAD_JOB_ID}") == "/mnt/shared/models"
-    assert model_dir_root("/mnt/shared/run-${NOMADTF_RUN_ID}/ckpt") == "/mnt/shared"
-    assert model_dir_root("/mnt/shared/fixed") == "/mnt/shared/fixed"
+def test_a_docker_task_mounts_its_namespace_s_folder_and_no_other():
+    assert namespace_folder("/tmp/nomadtf/${NOMAD_NAMESPACE}/${NOMAD_JOB_ID}/${NOMADTF_RUN_ID}", "team-a") == "/tmp/nomadtf/team-a"
+    assert namespace_folder("/mnt/shared/team-a/models/${NOMAD_JOB_ID}", "team-a") == "/mnt/shared/team-a"
+    assert namespace_folder("/mnt/shared/team-b/models", "team-a") is None  # another team's folder
+    assert namespace_folder("/tmp/ckpt-${NOMAD_JOB_ID}/team-a", "team-a") is None  # a variable before it
+    spec = load_spec(JOB_EXAMPLES["docker"], ["namespace=team-a"])
+    group = render_job(spec)["Job"]["TaskGroups"][0]
+    assert group["Volumes"] == {"nomadtf-team-a": {"Name": "nomadtf-team-a", "Type": "host", "Source": "nomadtf-team-a", "ReadOnly": False}}
+    assert group["Tasks"][0]["VolumeMounts"] == [
+        {"Volume": "nomadtf-team-a", "Destination": "/tmp/nomadtf/team-a", "ReadOnly": False, "PropagationMode": "private"}]
+    with pytest.raises(SpecError, match=r"model_dir: '/tmp/shared/\$\{NOMAD_JOB_ID\}' is outside every namespace's folder.*host volume nomadtf-team-a"):
+        load_spec(JOB_EXAMPLES["docker"], ["namespace=team-a", "model_dir=/tmp/shared/${NOMAD_JOB_ID}"])
 
 
 def test_secrets_give_a_vault_block_and_no_value():

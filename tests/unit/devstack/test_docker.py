@@ -37,5 +37,5 @@ def test_with_the_nvidia_container_toolkit_the_nvidia_runtime_is_its(tmp_path, m
 def test_nomad_s_docker_plugin_points_at_it_and_keeps_images(tmp_path):
     hcl = Daemon.for_stack(tmp_path).plugin_hcl()
     assert f'endpoint = "unix://{Path(tmp_path) / "docker.sock"}"' in hcl
-    assert "volumes {\n      enabled = true" in hcl
+    assert "volumes {\n      enabled = false" in hcl  # no job bind-mounts a host path: host volumes instead
     assert "gc {\n      image = false" in hcl

@@ -60,8 +60,10 @@ def test_a_client_with_its_docker_daemon_points_the_docker_driver_at_it(tmp_path
     machine = layout.machine("client", 2, state_dir=tmp_path)
     assert 'plugin "docker"' not in wiring.nomad_config(machine)
     text = wiring.nomad_config(replace(machine, docker_endpoint="unix:///s/client-2/docker.sock"))
-    assert 'endpoint = "unix:///s/client-2/docker.sock"' in text and "enabled = true" in text
+    assert 'endpoint = "unix:///s/client-2/docker.sock"' in text and "volumes {\n      enabled = false" in text
     assert 'allow_runtimes = ["runc", "nvidia"]' in text
+    # Checkpoints reach containers as the namespaces' host volumes, never a bind mount.
+    assert 'host_volume "nomadtf-team-a" {\n    path      = "/tmp/nomadtf/team-a"\n    read_only = false' in text
 
 
 def test_client_config_carries_identity_and_rejects_odd_meta_keys():

@@ -6,8 +6,9 @@ import itertools
 
 import pytest
 
-from nomadtf import roles
+from nomadtf import roles, wire
 from nomadtf.runtime import policy
+from nomadtf.runtime.child import STOP_GRACE_S
 from nomadtf.runtime.policy import Act, Debounce, ExitClass, HangClock, RestartBudget
 from nomadtf.tfconfig import Member
 
@@ -283,3 +284,22 @@ def test_whose_exit_decides_the_job(strategy, counts, success, deciders):
 )
 def test_what_our_slot_says_about_us(holder_alloc, holder_session, state):
     assert policy.slot_state(holder_alloc, holder_session, "mine", "s1") is state
+
+
+@pytest.mark.parametrize(
+    ("renewed_at", "now", "fence"),
+    [
+        (None, 1000.0, False),  # no session yet: nothing of ours to lose
+        (100.0, 100.0 + policy.FENCE_AFTER_S - 0.1, False),  # a short Consul restart: two renewals failed, no more
+        (100.0, 100.0 + policy.FENCE_AFTER_S, True),  # one TTL without a renewal: stop our code
+        (100.0, 100.0 + 3 * policy.FENCE_AFTER_S, True),
+    ],
+)
+def test_a_task_fences_after_one_ttl_without_a_session_renewal(renewed_at, now, fence):
+    assert policy.must_fence(renewed_at, now) is fence
+
+
+def test_the_fence_is_one_ttl_and_its_stop_ends_before_consul_lets_the_session_go():
+    assert policy.FENCE_AFTER_S == wire.TASK_SESSION_TTL_S
+    # SIGTERM at one TTL, SIGKILL after the grace, reaped within a second: before Consul's 2 x TTL.
+    assert policy.FENCE_AFTER_S + STOP_GRACE_S + 1 < 2 * wire.TASK_SESSION_TTL_S
