@@ -40,6 +40,7 @@ import copy
 import difflib
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -65,6 +66,7 @@ class ClusterProfile:
     consul_token_source: str | None = None
     job_vault_policy: bool = False
     vault_policy_allowlist: tuple[str, ...] = ()
+    code_users: dict[str, str] | None = None  # namespace ("*": any other) -> "uid:gid" the code runs as
     source: str = ""  # where it was read: said in notes and errors, never stored
 
     @classmethod
@@ -81,6 +83,11 @@ class ClusterProfile:
                 problems.append(f"cluster profile ({source}): unknown key {key!r}" + (f"; did you mean {guess[0]!r}?" if guess else f"; allowed: {', '.join(known)}"))
         for key in known:
             value = data.get(key)
+            if key == "code_users":
+                if value is not None and (not isinstance(value, dict) or not all(
+                        isinstance(v, str) and re.fullmatch(r"[0-9]+(:[0-9]+)?", v) for v in value.values())):
+                    problems.append(f'cluster profile ({source}): {key} must map namespaces (or "*") to "uid:gid", like {{"team-a": "10001:10001"}}')
+                continue
             if key == "vault_policy_allowlist":
                 if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) and v for v in value)):
                     problems.append(f"cluster profile ({source}): {key} must be a list of Vault policy names")
@@ -147,6 +154,10 @@ def fill_job(raw: dict[str, Any], profile: ClusterProfile | None, target: target
     identity = target is not None and target.rendering(workflow if workflow in ("identity", "token") else None).vault_identity
     if identity and _needs_vault_login_by_nomad(out) and not vault.get("policies"):
         vault["policies"] = [own_policy]
+    users = (profile.code_users or {}) if profile else {}
+    user = users.get(namespace, users.get("*"))
+    if user and isinstance(out.get("driver", {}), dict):
+        out["driver"] = {**(out.get("driver") or {}), "code_user": user}  # the operator's, over job.json's
     if discovery:
         out["discovery"] = discovery
     if vault:

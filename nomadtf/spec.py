@@ -172,6 +172,9 @@ def with_namespace(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str
 NAMESPACE_RULE = "use letters, digits and '-' (1 to 128 of them)"
 
 
+DOCKER_CODE_USER = "65534:65534"  # nobody, where the cluster profile names no code user
+
+
 def normalize(data: dict[str, Any]) -> dict[str, Any]:
     """Validate (all problems at once) and return the spec with every default filled in."""
     problems = json_value_problems(data)
@@ -181,6 +184,9 @@ def normalize(data: dict[str, Any]) -> dict[str, Any]:
     if problems:
         raise SpecError(problems)
     document = fill_defaults(data, schema(), schema())
+    if document["driver"]["name"] == "docker":
+        # A container's code never runs as root beside its supervisor (runtime/codeuser.py).
+        document["driver"].setdefault("code_user", DOCKER_CODE_USER)
     problems = elastic_count_problems(document)
     if problems:
         raise SpecError(problems)
@@ -623,6 +629,7 @@ class Driver:
     image: str | None  # docker
     gpu_image: str | None  # docker, for the roles with GPUs; None: `image`
     volumes: tuple[str, ...] = ()  # docker: more HOST:CONTAINER[:ro] mounts
+    code_user: str | None = None  # "uid:gid" the code runs as (runtime/codeuser.py); None: the task's user
 
 
 @dataclass(frozen=True)
@@ -822,7 +829,7 @@ class JobSpec:
             model_dir=document["model_dir"],
             context=document["context"],
             env=dict(document["env"]),
-            driver=Driver(driver["name"], driver["python"], driver.get("image"), driver.get("gpu_image"), tuple(driver.get("volumes", ()))),
+            driver=Driver(driver["name"], driver["python"], driver.get("image"), driver.get("gpu_image"), tuple(driver.get("volumes", ())), driver.get("code_user")),
             secrets=tuple(document["secrets"]),
             vault=VaultSettings.from_normalized(document["vault"]),
             recovery=Recovery(

@@ -12,6 +12,7 @@
     deadline.py       pure: time limits (recovery.deadline, how long a decision or a login is retried)
     budget.py         the allocation's restart budget, kept in the task directory across Nomad's restarts
     secretenv.py      the job's secrets read from Vault once, for the child's environment and files
+    codeuser.py       who the code runs as (driver.code_user): its uid, its folders and secret files
     progresswatch.py  the child's progress file: hang detection, and progress published to Consul
     starter.py        how our child starts: command, environment, the job's interpreter, warm or cold
     launch.py         pure: the child's command line and environment (TF_CONFIG, GPUs, paths)

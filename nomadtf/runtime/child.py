@@ -33,6 +33,7 @@ from pathlib import Path
 import psutil
 
 from nomadtf import wire
+from nomadtf.runtime.codeuser import CodeUser
 
 log = logging.getLogger("nomadtf.task")
 
@@ -87,12 +88,15 @@ class Child:
     """One run of the child. `on_exit(pid, code)` is called from a waiter thread when it
     ends by itself (the event loop turns that into an event); not after `stop`."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], cwd: str, on_exit: Callable[[int, int], None], pass_fds: tuple[int, ...] = ()):
+    def __init__(
+        self, argv: list[str], env: dict[str, str], cwd: str, on_exit: Callable[[int, int], None], pass_fds: tuple[int, ...] = (), user: CodeUser | None = None
+    ):
         self.argv = argv
         self.mark = secrets.token_hex(8)
         env = {**env, wire.ENV_CHILD_MARK: self.mark}
         with _children_lock:
-            self.proc = subprocess.Popen(with_parent_death(argv), env=env, cwd=cwd, process_group=0, close_fds=True, pass_fds=pass_fds)
+            as_user = user.popen_kwargs() if user else {}  # the code's own uid (codeuser.py)
+            self.proc = subprocess.Popen(with_parent_death(argv), env=env, cwd=cwd, process_group=0, close_fds=True, pass_fds=pass_fds, **as_user)
             self.pid = self.proc.pid
             _children.add(self.pid)
         self._stopping = False

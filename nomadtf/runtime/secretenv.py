@@ -11,6 +11,7 @@ import logging
 from pathlib import Path
 
 from nomadtf.runtime import deadline
+from nomadtf.runtime.codeuser import CodeUser
 from nomadtf.spec import JobSpec
 
 log = logging.getLogger("nomadtf.task")
@@ -23,8 +24,9 @@ class SecretEnv:
     secrets.close()             # stops the renewers; revokes a token we logged in for
     """
 
-    def __init__(self, spec: JobSpec, secrets_dir: Path, vault=None):
+    def __init__(self, spec: JobSpec, secrets_dir: Path, vault=None, user: CodeUser | None = None):
         self.spec = spec
+        self.user = user  # the code's own uid owns its secret files (codeuser.py)
         self.secrets_dir = secrets_dir
         self.vault = vault  # vault.VaultSession: the task's one Vault login (None: not yet)
         self.env: dict[str, str] = {}
@@ -44,6 +46,10 @@ class SecretEnv:
             self.vault = vault_api.VaultSession(self.spec.vault.document, on_error=log.warning, budget_s=deadline.server_retry_s())
         fetched = self.vault.fetch(list(self.spec.secrets), self.secrets_dir)
         self.env, self.read = fetched.env, True
+        if self.user is not None:
+            for secret in self.spec.secrets:
+                if secret.get("file"):
+                    self.user.own(self.secrets_dir / secret["file"])
         log.info("read %d secret(s) for the training process (%s)%s", len(self.spec.secrets), ", ".join(
             s.get("env") or f"file {s['file']}" for s in self.spec.secrets), "; leases renewed while we run" if fetched.leases else "")
         return self.env

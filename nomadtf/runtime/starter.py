@@ -16,6 +16,7 @@ from nomadtf import roles, wire
 from nomadtf.runtime import jobenv, launch, versions, warm
 from nomadtf.runtime.alloc import AllocInfo
 from nomadtf.runtime.child import Child
+from nomadtf.runtime.codeuser import CodeUser
 from nomadtf.spec import JobSpec
 from nomadtf.tfconfig import Member
 
@@ -34,14 +35,21 @@ class ChildStarter:
     """
 
     def __init__(
-        self, role: str, alloc: AllocInfo, progress_file: Path, on_exit: Callable[[int, int], None], on_versions: Callable[[str], None] | None = None
+        self,
+        role: str,
+        alloc: AllocInfo,
+        progress_file: Path,
+        on_exit: Callable[[int, int], None],
+        on_versions: Callable[[str], None] | None = None,
+        user: CodeUser | None = None,
     ):
         self.role = role
         self.alloc = alloc
         self.progress_file = progress_file
         self.on_exit = on_exit
         self.job_env: jobenv.Ready | None = None  # job.json `environment`, held until we exit
-        self.warm = warm.WarmStart()  # the child started while we wait for the cluster
+        self.user = user  # who the child runs as (codeuser.py; None: as we do)
+        self.warm = warm.WarmStart(user)  # the child started while we wait for the cluster
         self.said_versions = False  # the child's Python and TensorFlow, logged at its first start
         self.on_versions = on_versions  # ... and handed on (the supervisor publishes it for `run` and `status`)
         self._versions: threading.Thread | None = None
@@ -65,7 +73,10 @@ class ChildStarter:
 
     def start(self, spec: JobSpec, index: int, members: list[Member], generation: int, secret_env: dict[str, str]) -> Child:
         """Our child for this generation of the cluster: the one waiting, or a new one."""
-        Path(spec.model_dir).mkdir(parents=True, exist_ok=True)
+        if self.user is not None:
+            self.user.make_dirs(Path(spec.model_dir))
+        else:
+            Path(spec.model_dir).mkdir(parents=True, exist_ok=True)
         env = launch.child_env(spec, self.role, index, members, generation, dict(os.environ), str(self.progress_file), secret_env)
         argv, env, cwd = self._command(spec, env)
         if not self.said_versions:
@@ -74,7 +85,7 @@ class ChildStarter:
             self._versions = threading.Thread(target=self._say_versions, args=(argv[0], env), name="versions", daemon=True)
             self._versions.start()
         log.info("generation %d: starting %s with TF_CONFIG %s", generation, " ".join(argv[1:4]), env.get(wire.ENV_TF_CONFIG, "(none)"))
-        return self.warm.take(argv, env, cwd) or Child(argv, env, cwd, self.on_exit)
+        return self.warm.take(argv, env, cwd) or Child(argv, env, cwd, self.on_exit, user=self.user)
 
     def died(self, pid: int, code: int) -> bool:
         return self.warm.died(pid, code)

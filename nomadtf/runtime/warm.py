@@ -26,6 +26,7 @@ from pathlib import Path
 
 from nomadtf import wire
 from nomadtf.runtime.child import Child
+from nomadtf.runtime.codeuser import CodeUser
 
 log = logging.getLogger("nomadtf.task")
 
@@ -100,12 +101,12 @@ def uses_tensorflow(argv: list[str], cwd: str, pythonpath: str = "") -> bool:
 class Waiting:
     """One waiting child: its Child (process group, mark, waiter) and the pipe's write end."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], cwd: str, modules: list[str], on_exit: Callable[[int, int], None]):
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: str, modules: list[str], on_exit: Callable[[int, int], None], user: CodeUser | None = None):
         read_fd, self.write_fd = os.pipe()
         try:
             command = waiting_argv(argv, read_fd, modules)
             assert command is not None
-            self.child = Child(command, env, cwd, on_exit, pass_fds=(read_fd,))
+            self.child = Child(command, env, cwd, on_exit, pass_fds=(read_fd,), user=user)
         except BaseException:
             os.close(self.write_fd)
             raise
@@ -141,7 +142,8 @@ class WarmStart:
     warm.close()
     """
 
-    def __init__(self) -> None:
+    def __init__(self, user: CodeUser | None = None) -> None:
+        self.user = user  # who the waiting child runs as (codeuser.py)
         self.waiting: Waiting | None = None
         self.deaths = 0  # in a row, before a handoff
         self._last: tuple | None = None  # (argv, env, cwd, modules, on_exit) to replace one
@@ -163,7 +165,7 @@ class WarmStart:
         assert self._last is not None
         argv, env, cwd, modules, on_exit = self._last
         try:
-            self.waiting = Waiting(argv, env, cwd, modules, on_exit)
+            self.waiting = Waiting(argv, env, cwd, modules, on_exit, self.user)
         except OSError as exc:
             log.warning("could not start the child ahead of the cluster (%s); it starts cold", exc)
             self.waiting = None
