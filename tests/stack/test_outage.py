@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import sys
 import threading
 import time
 
@@ -194,7 +195,9 @@ def test_a_task_cut_off_from_consul_stops_its_code_before_a_replacement_may_take
             return bool(STARTING.search(new.output()))
 
         wait_until(replaced, 40, "the replacement's code")
+        replaced_after = time.monotonic() - cut_at
         assert direct.slots()[("worker", 0)].alloc_id == new.alloc_id
+        sys.stderr.write(f"[outage] cut off: code stopped after {fenced_after:.1f}s, the replacement's started after {replaced_after:.1f}s\n")
         proxy.restore()
         assert old.wait(timeout=30) == 0, old.output()
         assert f"worker[0] is held by allocation {new.alloc_id[:8]}" in old.output()
