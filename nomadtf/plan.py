@@ -23,6 +23,8 @@ DISTINCT_HOSTS = "distinct_hosts"
 # Nomad's key for nodes it skipped because another node of the same computed class (same
 # attributes, class and meta) already failed the group's constraints.
 COMPUTED_CLASS_INELIGIBLE = "computed class ineligible"
+# Nomad's key for nodes that lack a host volume the group asks for (scheduler/feasible.go).
+MISSING_HOST_VOLUMES = "missing compatible host volumes"
 # Nomad's key for nodes without a healthy driver of the task's kind.
 MISSING_DRIVERS = "missing drivers"
 
@@ -46,8 +48,13 @@ def explain_placement_failure(
             reasons.append(f"{count} of {available} nodes do not meet the group's constraints (node_class, constraints)")
         elif "driver.docker.volumes.enabled" in constraint:
             reasons.append(
-                f"{count} of {available} nodes have a docker driver that allows no bind mounts, and every docker task mounts "
-                'model_dir: enable them on the clients (plugin "docker" { config { volumes { enabled = true } } })'
+                f"{count} of {available} nodes have a docker driver that allows no bind mounts, which driver.volumes are: "
+                "remove driver.volumes (checkpoints need none), or have the operator enable them on clients no other team shares"
+            )
+        elif constraint == MISSING_HOST_VOLUMES:
+            reasons.append(
+                f"{count} of {available} nodes do not declare the host volumes a docker task mounts (nomadtf-<namespace>, its checkpoint folder; nomadtf-ca, its CA files): "
+                'the operator declares them in the clients\' config (client { host_volume "<name>" { path = ... } }, see docs/operations/drivers.md)'
             )
         elif constraint == MISSING_DRIVERS:
             reasons.append(f"{count} of {available} nodes have no healthy driver of the kind driver.name asks for (raw_exec or docker enabled on the client)")

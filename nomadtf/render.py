@@ -64,11 +64,12 @@ DOCKER_VOLUMES_ATTRIBUTE = "${attr.driver.docker.volumes.enabled}"
 
 
 def driver_constraints(spec: JobSpec) -> list[dict[str, Any]]:
-    """What the driver needs of a node, as group constraints: a docker task bind-mounts
-    model_dir (and the CA files), which the client's docker plugin must allow. Without the
-    constraint such a job is placed and each task fails to start ("volumes are not enabled");
-    with it, the plan says at once that no node can take it (plan.py names the fix)."""
-    if spec.driver.name != "docker":
+    """What the driver needs of a node, as group constraints: a docker task with job.json's
+    own driver.volumes bind-mounts host paths, which the client's docker plugin must allow.
+    Without the constraint such a job is placed and each task fails to start ("volumes are
+    not enabled"); with it, the plan says at once that no node can take it (plan.py names
+    the fix). nomadtf's own mounts are host volumes, which need no such setting."""
+    if spec.driver.name != "docker" or not spec.driver.volumes:
         return []
     return [{"LTarget": DOCKER_VOLUMES_ATTRIBUTE, "RTarget": "true", "Operand": "="}]
 

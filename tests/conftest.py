@@ -100,6 +100,9 @@ def code_server(tmp_path):
         zf.write(JOBS / "probe.py", "probe.py")
     with tarfile.open(root / "code.tar.gz", "w:gz") as tf:
         tf.add(JOBS / "probe.py", "probe.py")
+    with tarfile.open(root / "jobs.tar.gz", "w:gz") as tf:  # every test job's code
+        for path in sorted(JOBS.glob("*.py")):
+            tf.add(path, path.name)
     with zipfile.ZipFile(root / "empty.zip", "w") as zf:
         zf.writestr("README", "no code here")
     class Quiet(http.server.SimpleHTTPRequestHandler):

@@ -70,13 +70,13 @@ def task_log(alloc_id: str, task: str, stream: str = "stdout") -> str:
     return resp.text if resp.status_code == 200 else ""
 
 
-def allocations(job_id: str) -> list[dict]:
-    return nomad(f"job/{job_id}/allocations")
+def allocations(job_id: str, namespace: str = "default") -> list[dict]:
+    return nomad(f"job/{job_id}/allocations", namespace=namespace)
 
 
-def all_logs(job_id: str) -> str:
+def all_logs(job_id: str, namespace: str = "default") -> str:
     text = []
-    for alloc in allocations(job_id):
+    for alloc in allocations(job_id, namespace):
         for stream in ("stdout", "stderr"):
             text.append(task_log(alloc["ID"], alloc["TaskGroup"], stream))
     return "\n".join(text)
@@ -91,8 +91,8 @@ def consul_kv_dump(prefix: str = "nomadtf/") -> str:
     return "\n".join(f"{i['Key']}={base64.b64decode(i['Value'] or b'').decode(errors='replace')}" for i in resp.json())
 
 
-def purge(job_id: str) -> None:
-    requests.delete(f"{os.environ['NOMAD_ADDR']}/v1/job/{job_id}", params={"purge": "true"}, timeout=10)
+def purge(job_id: str, namespace: str = "default") -> None:
+    requests.delete(f"{os.environ['NOMAD_ADDR']}/v1/job/{job_id}", params={"purge": "true", "namespace": namespace}, timeout=10)
 
 
 def wait_until(check, timeout: float, what: str = "condition", interval: float = 0.3):

@@ -27,7 +27,7 @@ from nomadtf import health as health_endpoint
 from nomadtf import roles, wire
 from nomadtf.discovery import ConsulDiscovery
 from nomadtf.errors import RendezvousTimeout, ServerError, TaskError, VaultError
-from nomadtf.runtime import deadline, oom, policy, progresswatch, startup
+from nomadtf.runtime import codeuser, deadline, oom, policy, progresswatch, startup
 from nomadtf.runtime.alloc import AllocInfo
 from nomadtf.runtime.budget import AllocationBudget
 from nomadtf.runtime.child import Child, become_subreaper, make_undumpable, reap_orphans
@@ -87,10 +87,11 @@ class Supervisor:
         self.me = Identity(role, alloc.alloc_id, alloc.alloc_index, new_incarnation())
         self.membership = Membership(spec, self.me, discovery, alloc.task_dir / wire.CLUSTER_FILE, lambda: self.loop.stop_requested)
         self.budget = AllocationBudget(spec, alloc.task_dir)
-        self.secrets = SecretEnv(spec, alloc.secrets_dir, vault)
+        user = codeuser.resolve(spec.driver.code_user)
+        self.secrets = SecretEnv(spec, alloc.secrets_dir, vault, user)
         progress_file = alloc.task_dir / wire.PROGRESS_FILE
         self.progress = progresswatch.ProgressWatch(progress_file, spec.recovery.hang_timeout_s, discovery, self.me)
-        self.starter = ChildStarter(role, alloc, progress_file, lambda pid, code: self.loop.post(Event(CHILD_EXIT, (pid, code))), self._publish_versions)
+        self.starter = ChildStarter(role, alloc, progress_file, lambda pid, code: self.loop.post(Event(CHILD_EXIT, (pid, code))), self._publish_versions, user)
         self.phase = Phase.CLAIMING
         self.running: Running | None = None
         self.succeeded_at: float | None = None

@@ -34,6 +34,23 @@ try:
         print("pid1_vault_token=" + str(b"VAULT_TOKEN=" in _fh.read()), flush=True)
 except OSError as _exc:
     print(f"pid1_vault_token=unreadable ({_exc.__class__.__name__})", flush=True)
+print(f"uid={os.getuid()} gid={os.getgid()}", flush=True)
+try:
+    with open(f"/proc/{os.getppid()}/environ", "rb") as _fh:
+        print("supervisor_environ=readable", flush=True)
+except OSError as _exc:
+    print(f"supervisor_environ=unreadable ({_exc.__class__.__name__})", flush=True)
+for _path in context.get("try_read", []):  # another team's files, folders, process environments
+    _path = os.path.expandvars(_path)
+    try:
+        if os.path.isdir(_path):
+            os.listdir(_path)
+        else:
+            with open(_path, "rb") as _fh:
+                _fh.read(1)
+        print(f"try_read {_path}=allowed", flush=True)
+    except OSError as _exc:
+        print(f"try_read {_path}=denied ({_exc.__class__.__name__})", flush=True)
 for name in ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "TF_FORCE_GPU_ALLOW_GROWTH"):
     print(f"env {name}={os.environ.get(name, '<unset>')}", flush=True)
 if "PROBE_SECRET" in os.environ:

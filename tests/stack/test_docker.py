@@ -22,7 +22,7 @@ import requests
 
 from nomadtf.devstack import images
 from tests import faults
-from tests.helpers import JOBS, all_logs, nomadtf, probe_job, purge, unique, wait_until, write_job
+from tests.helpers import all_logs, nomadtf, probe_job, purge, unique, wait_until, write_job
 from tests.stack.test_recovery import ACCURACY_FLOOR
 
 pytestmark = [pytest.mark.stack, pytest.mark.docker]
@@ -129,8 +129,8 @@ def test_side_roles_code_from_source_url_and_a_legacy_main_run_in_containers(sta
     from tests.helpers import task_log
 
     job_id = unique("docker-roles")
-    # The probes wait for this file; under model_dir's root, which every container mounts.
-    release = Path("/tmp/nomadtf") / f"{job_id}.release"
+    # The probes wait for this file; in the namespace's checkpoint folder, which every container mounts.
+    release = Path("/tmp/nomadtf/default") / f"{job_id}.release"
     job = probe_job(job_id, context={"until_file": str(release)}, source={"url": f"{code_server}/code.tar.gz"})
     job["entrypoint"] = {"script": "probe.py"}  # no workdir: where Nomad unpacked the code
     job["roles"].update(evaluator={"count": 1, "cpu": 200, "memory": 600}, tensorboard={"count": 1, "cpu": 200, "memory": 600})
@@ -218,14 +218,14 @@ def test_a_killed_container_heals_and_the_job_succeeds(stack, docker_client, tas
         purge(job_id)
 
 
-def test_a_stop_reaches_the_code_in_its_container_as_sigterm(stack, docker_client, task_image, tmp_path):
+def test_a_stop_reaches_the_code_in_its_container_as_sigterm(stack, docker_client, task_image, tmp_path, code_server):
     """Nomad stops a docker task with `docker stop` (SIGTERM, then SIGKILL after the grace):
     the signal passes Docker's init and `nomadtf task` and reaches the code, which can
     checkpoint; the run is reported stopped, not succeeded."""
     from tests.helpers import task_log
 
     job_id = unique("docker-term")
-    job = _probe_in_docker(job_id, task_image, "multi_worker_mirrored", context={"report_sigterm": True, "sleep": -1})
+    job = _probe_in_docker(job_id, task_image, code_server, "multi_worker_mirrored", context={"report_sigterm": True, "sleep": -1})
     job["roles"]["worker"]["count"] = 1
     run = subprocess.Popen([str(Path(sys.executable).parent / "nomadtf"), "run", str(write_job(tmp_path, job)), "--timeout", "4m"],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
@@ -256,11 +256,10 @@ def _allocs(job_id: str, group: str) -> list[dict]:
     return [nomad(f"allocation/{a['ID']}") for a in nomad(f"job/{job_id}/allocations") if a["TaskGroup"] == group]
 
 
-def test_code_over_its_memory_is_reported_as_killed_for_memory_not_as_a_bug(stack, task_image, tmp_path):
+def test_code_over_its_memory_is_reported_as_killed_for_memory_not_as_a_bug(stack, task_image, tmp_path, code_server):
     job_id = unique("docker-oom")
-    job = probe_job(job_id, "multi_worker_mirrored", context={"allocate_mb": 1024})
+    job = _probe_in_docker(job_id, task_image, code_server, "multi_worker_mirrored", context={"allocate_mb": 1024})
     job["roles"]["worker"].update(count=1, memory=300)
-    job["driver"] = {"name": "docker", "image": task_image, "volumes": [f"{JOBS}:{JOBS}:ro"]}
     started = time.monotonic()
     out = nomadtf("run", str(write_job(tmp_path, job)), "--timeout", "4m")
     try:
@@ -295,19 +294,21 @@ def test_an_image_that_cannot_be_pulled_fails_the_run_at_once_naming_the_image_a
         purge(job_id)
 
 
-def _probe_in_docker(job_id: str, image: str, strategy: str = "parameter_server", **extra) -> dict:
-    """tests/jobs/probe.py in containers of `image`: the probe's folder mounted read-only at
-    its own path (driver.volumes), so the job's workdir is the same as under raw_exec."""
-    job = probe_job(job_id, strategy, **extra)
-    job["driver"] = {"name": "docker", "image": image, "volumes": [f"{JOBS}:{JOBS}:ro"]}
+def _probe_in_docker(job_id: str, image: str, code_server: str, strategy: str = "parameter_server", **extra) -> dict:
+    """tests/jobs/probe.py in containers of `image`, fetched by Nomad from `code_server` (a
+    bind mount of the tests' folder would need the docker plugin's volumes.enabled, which
+    this stack, like a shared cluster, does not give)."""
+    job = probe_job(job_id, strategy, source={"url": f"{code_server}/code.tar.gz"}, **extra)
+    job["entrypoint"] = {"script": "probe.py"}  # no workdir: where Nomad unpacked the code
+    job["driver"] = {"name": "docker", "image": image}
     return job
 
 
-def test_a_gpu_role_s_container_sees_exactly_the_gpus_nomad_reserved(stack, docker_client, task_image, tmp_path):
+def test_a_gpu_role_s_container_sees_exactly_the_gpus_nomad_reserved(stack, docker_client, task_image, tmp_path, code_server):
     from tests.helpers import nomad, task_log
 
     job_id = unique("docker-gpu")
-    job = _probe_in_docker(job_id, task_image, "multi_worker_mirrored")
+    job = _probe_in_docker(job_id, task_image, code_server, "multi_worker_mirrored")
     job["roles"]["worker"].update(count=2, gpus=2)
     job["driver"]["gpu_image"] = task_image
     with ContainerWatch(docker_client, job_id) as watch:
@@ -329,7 +330,7 @@ def test_a_gpu_role_s_container_sees_exactly_the_gpus_nomad_reserved(stack, dock
         purge(job_id)
 
 
-def test_secrets_reach_the_code_s_container_only_and_no_image_inspect_or_log(stack, docker_client, task_image, tmp_path):
+def test_secrets_reach_the_code_s_container_only_and_no_image_inspect_or_log(stack, docker_client, task_image, tmp_path, code_server):
     import hvac
 
     from nomadtf.devstack import stack as stack_mod
@@ -340,7 +341,7 @@ def test_secrets_reach_the_code_s_container_only_and_no_image_inspect_or_log(sta
     root.secrets.kv.v2.create_or_update_secret(path=f"dockercanary/{job_id}", secret={"env": canary_env, "file": canary_file}, mount_point="secret")
     root.sys.create_or_update_policy("nomadtf-dockercanary", 'path "secret/data/dockercanary/*" { capabilities = ["read"] }')
     job = _probe_in_docker(
-        job_id, task_image,
+        job_id, task_image, code_server,
         secrets=[{"path": f"secret/dockercanary/{job_id}", "key": "env", "env": "PROBE_SECRET"},
                  {"path": f"secret/dockercanary/{job_id}", "key": "file", "file": "probe.key"}],
         vault={"policies": ["nomadtf-dockercanary"], "address": stack_mod.VAULT_ADDR},
@@ -363,7 +364,18 @@ def test_secrets_reach_the_code_s_container_only_and_no_image_inspect_or_log(sta
         # environment, and its file was removed before the code started (issue #33).
         for attrs in watch.seen.values():
             assert not [e for e in (attrs.get("Config") or {}).get("Env") or [] if e.startswith("VAULT_TOKEN=")], attrs["Name"]
-        assert "vault_token_file=False" in logs and "pid1_vault_token=False" in logs and "vault_token_visible=False" in logs, logs
+        assert "vault_token_file=False" in logs and "vault_token_visible=False" in logs, logs
+        # The code is not root (nobody, the default code user): PID 1's environment and its
+        # supervisor's are not its to read (issue #33).
+        assert "uid=65534 gid=65534" in logs and "pid1_vault_token=unreadable (PermissionError)" in logs, logs
+        assert "supervisor_environ=unreadable (PermissionError)" in logs, logs
+        # No container mounts a host folder shared with other jobs' containers beyond its own
+        # namespace's checkpoint folder, a host volume: the docker plugin allows no bind mounts
+        # of host paths (volumes.enabled = false on this stack).
+        for attrs in watch.seen.values():
+            outside = {(m["Source"], m["Destination"], m["RW"]) for m in attrs["Mounts"] if "/nomad-data/alloc/" not in m["Source"]}
+            assert outside == {("/tmp/nomadtf/default", "/tmp/nomadtf/default", True)}, (attrs["Name"], attrs["Mounts"])
+        assert "enabled = false" in (stack.state_dir / "nomad.hcl").read_text().split('plugin "docker"', 1)[1].split("gc {", 1)[0]
         history = json.dumps([layer for layer in docker_client.api.history(task_image)])
         assert canary_env not in history and canary_file not in history
     finally:
@@ -374,7 +386,7 @@ OTHER_TF = "2.20.0"  # the second TensorFlow version as an image (test_environme
 
 
 @pytest.mark.tf
-def test_two_tensorflow_versions_as_two_images_train_side_by_side(stack, docker_client, task_image, tmp_path):
+def test_two_tensorflow_versions_as_two_images_train_side_by_side(stack, docker_client, task_image, tmp_path, code_server):
     from tests.stack.test_environments import finish, start_run, task_logs, tf_job
 
     # The second image through the command the docs show (the first is the session's).
@@ -388,7 +400,9 @@ def test_two_tensorflow_versions_as_two_images_train_side_by_side(stack, docker_
     for image in versions:
         job_id = unique("docker-tf")
         job = tf_job(job_id, None)
-        job["driver"] = {"name": "docker", "image": image, "volumes": [f"{JOBS}:{JOBS}:ro"]}
+        job["driver"] = {"name": "docker", "image": image}
+        job["source"] = {"url": f"{code_server}/jobs.tar.gz"}
+        job["entrypoint"] = {"script": "tf_version.py"}  # where Nomad unpacked the code
         folder = tmp_path / job_id
         folder.mkdir()
         jobs[job_id] = (image, start_run(write_job(folder, job)))
@@ -408,3 +422,55 @@ def test_two_tensorflow_versions_as_two_images_train_side_by_side(stack, docker_
     finally:
         for job_id in jobs:
             purge(job_id)
+
+
+def test_two_teams_on_one_client_reach_nothing_of_each_other(stack, docker_client, task_image, tmp_path, code_server):
+    """team-a's and team-b's jobs in containers on the one client, each team's code as its
+    own uid (the cluster profile's code_users): team-a's code looks for team-b's checkpoint
+    folder, task directories, code process and the Docker socket, and finds none of them;
+    its own model_dir it reads (issue #33)."""
+    import psutil
+
+    for namespace in ("team-a", "team-b"):
+        requests.post(f"{stack.api().nomad_url}/v1/namespace/{namespace}", json={"Name": namespace}, timeout=10).raise_for_status()
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"code_users": {"team-a": "10001:10001", "team-b": "10002:10002"}}))
+    env = {"NOMADTF_CLUSTER_PROFILE": str(profile)}
+    job_b, job_a = unique("team-b-job"), unique("team-a-job")
+    spec_b = _probe_in_docker(job_b, task_image, code_server, "multi_worker_mirrored", namespace="team-b", context={"sleep": 300})
+    spec_b["roles"]["worker"]["count"] = 1
+    out = nomadtf("run", str(write_job(tmp_path, spec_b)), "--detach", env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    try:
+        def b_code():
+            for proc in psutil.process_iter(["uids"]):
+                try:
+                    if proc.info["uids"] and proc.info["uids"].real == 10002 and proc.environ().get("NOMADTF_JOB_ID") == job_b:
+                        return proc
+                except psutil.Error:
+                    continue
+            return None
+
+        code = wait_until(b_code, 180, "team-b's code running as uid 10002")
+        b_alloc = code.environ()["NOMAD_ALLOC_ID"]
+        b_task_dir = next(Path(stack.state_dir, "nomad-data", "alloc").glob(f"{b_alloc}/worker"))
+        b_folder = Path("/tmp/nomadtf/team-b") / job_b
+        wait_until(b_folder.is_dir, 120, "team-b's job folder (made when its code is handed the cluster)")
+        assert b_folder.is_dir() and (b_folder.stat().st_uid, b_folder.stat().st_mode & 0o777) == (10002, 0o700)
+        targets = [str(b_folder), str(b_task_dir / "secrets"), str(b_task_dir / "local"), f"/proc/{code.pid}/environ",
+                   "/var/run/docker.sock", str(Path(stack.state_dir, "docker.sock"))]
+        spec_a = _probe_in_docker(job_a, task_image, code_server, "multi_worker_mirrored", namespace="team-a",
+                                  context={"try_read": ["${NOMADTF_MODEL_DIR}", *targets]})
+        spec_a["roles"]["worker"]["count"] = 1
+        ran = nomadtf("run", str(write_job(tmp_path, spec_a)), "--timeout", "4m", env=env)
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        logs = all_logs(job_a, namespace="team-a")
+        assert "uid=10001 gid=10001" in logs, logs
+        assert re.search(r"try_read /tmp/nomadtf/team-a/\S+=allowed", logs), logs  # it can read, what is its own
+        tried = [line for line in logs.splitlines() if line.startswith("try_read ")]
+        for target in targets:
+            # Not there to see (FileNotFoundError), or under /root, which nobody else enters (PermissionError).
+            assert f"try_read {target}=denied (FileNotFoundError)" in tried or f"try_read {target}=denied (PermissionError)" in tried, (target, tried)
+    finally:
+        purge(job_b, namespace="team-b")
+        purge(job_a, namespace="team-a")

@@ -868,3 +868,35 @@ def test_the_printed_controller_policy_may_ask_another_team_s_run_to_checkpoint_
             NomadAPI(NomadSettings.from_env(team_b, namespace=NAMESPACE_A)).signal_allocation(alloc["ID"], "SIGUSR1")
     finally:
         api.delete(f"{nomad_url}/v1/job/{name}", params={"purge": "true", "namespace": NAMESPACE_A}, timeout=10)
+
+
+def test_a_team_s_submitter_token_mounts_its_own_checkpoint_volume_and_not_another_team_s(secure_cluster, tmp_path):
+    """A docker job reaches checkpoints through its namespace's host volume, which the printed
+    submitter policy grants for its own namespace only: team-b registering a job that mounts
+    team-a's folder is refused by Nomad (403), its own is accepted (issue #33)."""
+    from nomadtf.render import render_job
+
+    api, found = secure_cluster.api().session(), secure_cluster.api().urls
+    for name in (NAMESPACE_A, NAMESPACE_B):
+        ensure_namespace(api, found["nomad"], name)
+    job_id = unique("vol-b")
+    spec = probe_job(job_id, namespace=NAMESPACE_B)
+    spec["driver"] = {"name": "docker", "image": "nomadtf:never-pulled"}
+    body = render_job(parse_spec(secured(spec, secure_cluster, tmp_path)))
+    for group in body["Job"]["TaskGroups"]:
+        group["Count"] = 0  # registered, never placed: the ACL check is what is tried
+        assert set(group["Volumes"]) == {"nomadtf-team-b", wire.CA_VOLUME}, group["Volumes"]
+    token = {"X-Nomad-Token": submitter_env(secure_cluster, NAMESPACE_B)["NOMAD_TOKEN"]}
+    url = f"{found['nomad']}/v1/jobs"
+    try:
+        own = api.post(url, json=body, headers=token, params={"namespace": NAMESPACE_B}, timeout=30)
+        assert own.status_code == 200, own.text
+        stolen = json.loads(json.dumps(body))
+        for group in stolen["Job"]["TaskGroups"]:
+            group["Volumes"]["nomadtf-team-b"]["Source"] = wire.checkpoint_volume(NAMESPACE_A)
+        refused = api.post(url, json=stolen, headers=token, params={"namespace": NAMESPACE_B}, timeout=30)
+        assert refused.status_code == 403 and "Permission denied" in refused.text, (refused.status_code, refused.text)
+        job = api.get(f"{found['nomad']}/v1/job/{job_id}", params={"namespace": NAMESPACE_B}, timeout=10).json()
+        assert {g["Volumes"]["nomadtf-team-b"]["Source"] for g in job["TaskGroups"]} == {"nomadtf-team-b"}  # unchanged
+    finally:
+        api.delete(f"{found['nomad']}/v1/job/{job_id}", params={"namespace": NAMESPACE_B, "purge": "true"}, timeout=30)

@@ -88,11 +88,10 @@ def test_the_converted_example_normalises_and_renders():
     groups = {g["Name"]: g for g in render_job(spec)["Job"]["TaskGroups"]}
     assert sorted(groups) == ["ps", "tensorboard", "worker"]
     assert groups["worker"]["Tasks"][0]["Resources"]["Devices"][0]["Name"] == "nvidia/gpu"
-    assert groups["ps"]["Constraints"] == [
-        {"LTarget": "${node.unique.id}", "RTarget": "true", "Operand": "distinct_hosts"},
-        # A DC/OS job runs its images with the docker driver: its clients must allow the bind mounts.
-        {"LTarget": "${attr.driver.docker.volumes.enabled}", "RTarget": "true", "Operand": "="},
-    ]
+    assert groups["ps"]["Constraints"] == [{"LTarget": "${node.unique.id}", "RTarget": "true", "Operand": "distinct_hosts"}]
+    # A DC/OS job runs its images with the docker driver, with no bind mount: the clients need
+    # no docker volumes setting.
+    assert groups["ps"]["Tasks"][0]["Driver"] == "docker" and groups["ps"]["Tasks"][0]["Config"]["volumes"] == []
     assert groups["worker"]["Tasks"][0]["Artifacts"][0]["RelativeDest"] == "local/code"
 
 

@@ -273,11 +273,17 @@ def test_plan_says_never_or_not_now_after_the_reasons():
     assert describe_plan(plan_result("Added", {}, _cpu_exhausted("chief")), None, later).lines[-1].startswith("it does not fit now")
 
 
-def test_a_docker_driver_without_bind_mounts_is_named_with_the_client_setting_that_fixes_it():
+def test_a_docker_driver_without_bind_mounts_is_named_with_the_job_json_field_that_needs_them():
     metric = alloc_metric(NodesEvaluated=3, NodesFiltered=3, ConstraintFiltered={"${attr.driver.docker.volumes.enabled} = true": 3})
     why = explain_placement_failure("chief", metric)
-    assert "3 of 3 nodes have a docker driver that allows no bind mounts" in why
-    assert 'plugin "docker" { config { volumes { enabled = true } } }' in why
+    assert "3 of 3 nodes have a docker driver that allows no bind mounts, which driver.volumes are: remove driver.volumes" in why
+
+
+def test_clients_without_the_namespace_s_host_volume_are_named_with_what_the_operator_declares():
+    metric = alloc_metric(NodesEvaluated=3, NodesFiltered=3, ConstraintFiltered={"missing compatible host volumes": 3})
+    why = explain_placement_failure("chief", metric)
+    assert "3 of 3 nodes do not declare the host volumes a docker task mounts (nomadtf-<namespace>" in why
+    assert 'client { host_volume "<name>" { path = ... } }' in why
 
 
 def test_nodes_without_the_driver_are_said_to_lack_it():

@@ -19,8 +19,7 @@ from nomadtf import __version__
 from nomadtf.dcos import convert_options
 from nomadtf.errors import RenderError, SpecError
 from nomadtf.render import default_templates_dir, embedded_spec, job_json, render_job
-from nomadtf.spec import namespace_folder
-from nomadtf.spec import JobSpec, load_spec, normalize, parse_spec, read_options
+from nomadtf.spec import JobSpec, load_spec, namespace_folder, normalize, parse_spec, read_options
 from tests.helpers import EXAMPLES, nomadtf
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -169,10 +168,12 @@ def test_docker_tasks_run_nomadtf_on_the_host_network_with_model_dir_mounted():
     assert task(render_job(spec), "worker")["Resources"]["MemoryMB"] == 1024
 
 
-def test_docker_groups_need_a_docker_driver_that_allows_bind_mounts_and_others_need_nothing_more():
+def test_only_a_docker_job_with_its_own_bind_mounts_needs_a_docker_driver_that_allows_them():
     needs = {"LTarget": "${attr.driver.docker.volumes.enabled}", "RTarget": "true", "Operand": "="}
     docker = render_job(load_spec(JOB_EXAMPLES["docker"], []))
-    assert all(needs in g["Constraints"] for g in docker["Job"]["TaskGroups"] if True)
+    assert all(needs not in g["Constraints"] for g in docker["Job"]["TaskGroups"])
+    binds = render_job(load_spec(JOB_EXAMPLES["docker"], ['driver.volumes=["/data:/data:ro"]']))
+    assert all(needs in g["Constraints"] for g in binds["Job"]["TaskGroups"])
     raw = render_job(example_spec("digits"))
     assert all(needs not in (g["Constraints"] or []) for g in raw["Job"]["TaskGroups"])
 
