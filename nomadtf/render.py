@@ -136,6 +136,7 @@ def _compiled_template_set(templates_dir: str) -> jinja2.Environment:
     )
     templates.globals["runs_user_code"] = runs_user_code
     templates.globals["needs_vault_token"] = needs_vault_token
+    templates.globals["approle_template"] = approle_template
     templates.globals["docker_host_mounts"] = docker_host_mounts
     templates.filters["volume_requests"] = lambda mounts: {m.volume: m.request() for m in mounts}
     templates.filters["volume_mounts"] = lambda mounts: [m.mount() for m in mounts]
@@ -194,6 +195,19 @@ def docker_host_mounts(spec: JobSpec) -> list[HostMount]:
     cas = dict.fromkeys(posixpath.dirname(ca) for ca in (spec.discovery.consul_ca_file, spec.vault.ca_file) if ca)
     mounts += [HostMount(wire.CA_VOLUME, folder, read_only=True) for folder in cas][:1]
     return mounts
+
+
+def approle_template(spec: JobSpec, role: str) -> str | None:
+    """consul-template source of the task's AppRole ids file (wire.APPROLE_FILE), from the
+    job's Nomad variable: for an AppRole job whose env does not carry the ids, in the tasks
+    that log in to Vault (secrets, a Consul token from Vault). None for the others."""
+    if spec.vault.auth != "approle" or wire.ENV_VAULT_SECRET_ID in spec.env:
+        return None
+    if not spec.discovery.consul_token_path and not (spec.secrets and runs_user_code(spec.strategy, role)):
+        return None
+    variable = wire.approle_variable(spec.name)
+    return (f'{{{{ with nomadVar "{variable}" }}}}{{{{ .{wire.APPROLE_ROLE_KEY} }}}}\n'
+            f'{{{{ .{wire.APPROLE_SECRET_KEY} }}}}\n{{{{ end }}}}')
 
 
 def needs_vault_token(spec: JobSpec, role: str) -> bool:

@@ -86,13 +86,36 @@ def take_token_file(environ: Mapping[str, str], keep: bool = False) -> str:
     return token
 
 
+_approle_ids: tuple[str, str] | None = None  # read once from the file, then only in this (undumpable) process
+
+
+def approle_ids(environ: Mapping[str, str]) -> tuple[str, str]:
+    """AppRole's role_id and secret_id: from the env (NOMADTF_VAULT_ROLE_ID and
+    NOMADTF_VAULT_SECRET_ID), else from the file Nomad rendered from the job's Nomad variable
+    (secrets/vault_approle), read and removed at the first call, before any code starts.
+    ("", "") when neither has them."""
+    global _approle_ids
+    if environ.get(wire.ENV_VAULT_ROLE_ID) and environ.get(wire.ENV_VAULT_SECRET_ID):
+        return environ[wire.ENV_VAULT_ROLE_ID], environ[wire.ENV_VAULT_SECRET_ID]
+    if _approle_ids is None:
+        path = Path(environ.get("NOMAD_SECRETS_DIR", "secrets")) / wire.APPROLE_FILE
+        try:
+            lines = path.read_text().split("\n")
+        except OSError:
+            return "", ""
+        with contextlib.suppress(OSError):
+            path.unlink()
+        _approle_ids = (lines[0].strip(), lines[1].strip() if len(lines) > 1 else "")
+    return _approle_ids
+
+
 def login(vault_cfg: dict[str, Any], budget_s: float = DEFAULT_BUDGET_S) -> hvac.Client:
     """A client with a token: Nomad's VAULT_TOKEN, or our own AppRole / JWT login. A login
     Vault refuses fails at once naming the role; an unreachable Vault is retried for
     `budget_s`.
 
-    AppRole: role_id and secret_id from env NOMADTF_VAULT_ROLE_ID / NOMADTF_VAULT_SECRET_ID
-    (POST /v1/auth/<mount>/login). JWT: the token in NOMAD_TOKEN or the file
+    AppRole: role_id and secret_id from env NOMADTF_VAULT_ROLE_ID / NOMADTF_VAULT_SECRET_ID,
+    else from the job's Nomad variable (`approle_ids`) (POST /v1/auth/<mount>/login). JWT: the token in NOMAD_TOKEN or the file
     NOMAD_SECRETS_DIR/nomad_token (Nomad workload identity), role `vault.role`
     (POST /v1/auth/<mount>/login).
     """
@@ -106,12 +129,15 @@ def login(vault_cfg: dict[str, Any], budget_s: float = DEFAULT_BUDGET_S) -> hvac
         client.token = token
         return client
     if auth == "approle":
-        role_id = os.environ.get(wire.ENV_VAULT_ROLE_ID, "")
-        secret_id = os.environ.get(wire.ENV_VAULT_SECRET_ID, "")
+        role_id, secret_id = approle_ids(os.environ)
         if not role_id or not secret_id:
-            raise VaultError(f"vault.auth is approle but {wire.ENV_VAULT_ROLE_ID} or {wire.ENV_VAULT_SECRET_ID} is not set in the job's env")
+            raise VaultError(
+                f"vault.auth is approle but the task has no AppRole ids: put {wire.APPROLE_ROLE_KEY} and {wire.APPROLE_SECRET_KEY} "
+                f"in the job's Nomad variable (nomad var put nomad/jobs/<job> {wire.APPROLE_ROLE_KEY}=... {wire.APPROLE_SECRET_KEY}=...), "
+                f"or set {wire.ENV_VAULT_ROLE_ID} and {wire.ENV_VAULT_SECRET_ID} in the job's env (visible in the job)"
+            )
         call = lambda: client.auth.approle.login(role_id=role_id, secret_id=secret_id, mount_point=mount)  # noqa: E731
-        who = f"AppRole login at auth/{mount} (role_id from {wire.ENV_VAULT_ROLE_ID}, secret_id from {wire.ENV_VAULT_SECRET_ID})"
+        who = f"AppRole login at auth/{mount}"
     else:
         jwt = os.environ.get("NOMAD_TOKEN") or _read_identity_token()
         role = vault_cfg.get("role", "")

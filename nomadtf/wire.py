@@ -123,6 +123,18 @@ ENV_CHILD_MARK = "NOMADTF_CHILD_MARK"
 # AppRole credentials the supervisor logs in with (vault.auth = approle).
 ENV_VAULT_ROLE_ID = "NOMADTF_VAULT_ROLE_ID"
 ENV_VAULT_SECRET_ID = "NOMADTF_VAULT_SECRET_ID"
+# vault.auth approle without the ids in the job's env: Nomad renders them from the job's own
+# Nomad variable (which its workload identity may read) into this file of the task's secrets
+# directory; the supervisor reads and removes it before any code starts.
+APPROLE_FILE = "vault_approle"
+APPROLE_ROLE_KEY = "vault_role_id"
+APPROLE_SECRET_KEY = "vault_secret_id"
+
+
+def approle_variable(job_id: str) -> str:
+    """The job's Nomad variable that holds its AppRole ids (Nomad lets a job's tasks read
+    nomad/jobs/<job> without any policy)."""
+    return f"nomad/jobs/{job_id}"
 
 # The supervisor's credentials: never in the child's or an environment build's environment
 # (unless the job asks, vault.token_for_code), never in the spec file.

@@ -69,6 +69,8 @@ def _supervise(role: str) -> int:
             # (vault.take_token_file). No token at all fails where it always did, later.
             with contextlib.suppress(ServerError):
                 vault.client  # noqa: B018
+        elif spec.vault.auth == "approle":
+            vault_api.approle_ids(environ)  # likewise the AppRole ids' file (secrets/vault_approle)
     try:
         if spec.discovery.consul_token_path:
             try:

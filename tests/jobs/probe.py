@@ -29,6 +29,7 @@ print("context=" + json.dumps(context, sort_keys=True), flush=True)
 print("model_dir=" + os.environ["NOMADTF_MODEL_DIR"], flush=True)
 print("vault_token_visible=" + str("VAULT_TOKEN" in os.environ), flush=True)
 print("vault_token_file=" + str(os.path.exists(os.path.join(os.environ.get("NOMAD_SECRETS_DIR", "/secrets"), "vault_token"))), flush=True)
+print("vault_approle_file=" + str(os.path.exists(os.path.join(os.environ.get("NOMAD_SECRETS_DIR", "/secrets"), "vault_approle"))), flush=True)
 try:
     with open("/proc/1/environ", "rb") as _fh:
         print("pid1_vault_token=" + str(b"VAULT_TOKEN=" in _fh.read()), flush=True)

@@ -83,3 +83,43 @@ def test_unreachable_vault_fails_in_bounded_time(tmp_path, monkeypatch):
     client = vault_api.login({"auth": "nomad", "address": "http://127.0.0.1:1"})
     with pytest.raises(VaultError, match=r"Vault at http://127\.0\.0\.1:1 unreachable"):
         vault_api.fetch_secrets(client, [{"path": "secret/a/b", "key": "k", "env": "X"}], tmp_path, budget_s=2)
+
+
+def test_approle_ids_from_the_job_s_nomad_variable_reach_the_supervisor_only(root, stored, tmp_path):
+    """vault.auth approle with the ids in the job's own Nomad variable (nomad/jobs/<job>),
+    not in its env: the job's definition never holds them, Nomad renders them into the task's
+    secrets/vault_approle, which the supervisor reads and removes before the code starts; the
+    code gets its secret (issue #33)."""
+    import hashlib
+    import os
+
+    import requests
+
+    from tests.helpers import all_logs, nomadtf, probe_job, purge, unique, write_job
+
+    path, value = stored
+    root.sys.create_or_update_policy("nomadtf-unit-read", 'path "secret/data/nomadtf-unit/*" { capabilities = ["read"] }')
+    if "approle/" not in root.sys.list_auth_methods()["data"]:
+        root.sys.enable_auth_method("approle")
+    root.auth.approle.create_or_update_approle("nomadtf-unit", token_policies=["nomadtf-unit-read"])
+    role_id = root.auth.approle.read_role_id("nomadtf-unit")["data"]["role_id"]
+    secret_id = root.auth.approle.generate_secret_id("nomadtf-unit")["data"]["secret_id"]
+    job_id = unique("approle-var")
+    variable = f"{os.environ['NOMAD_ADDR']}/v1/var/nomad/jobs/{job_id}"
+    put = requests.put(variable, json={"Namespace": "default", "Path": f"nomad/jobs/{job_id}",
+                                       "Items": {"vault_role_id": role_id, "vault_secret_id": secret_id}}, timeout=10)
+    put.raise_for_status()
+    spec = probe_job(job_id, secrets=[{"path": path, "key": "k", "env": "PROBE_SECRET"}],
+                     vault={"auth": "approle", "address": stack_mod.VAULT_ADDR})
+    try:
+        out = nomadtf("run", str(write_job(tmp_path, spec)), "--timeout", "4m")
+        assert out.returncode == 0, out.stdout + out.stderr
+        logs = all_logs(job_id)
+        assert "secret_env_sha256=" + hashlib.sha256(value.encode()).hexdigest() in logs, logs
+        assert "vault_approle_file=False" in logs and "vault_approle_file=True" not in logs, logs
+        definition = requests.get(f"{os.environ['NOMAD_ADDR']}/v1/job/{job_id}", timeout=10).text
+        assert secret_id not in definition and role_id not in definition
+        assert secret_id not in logs + out.stdout + out.stderr
+    finally:
+        purge(job_id)
+        requests.delete(variable, timeout=10)

@@ -411,3 +411,14 @@ def test_node_pool_is_rendered_only_when_job_json_names_one():
     assert job["NodePool"] == "gpus"
     with pytest.raises(SpecError, match="node_pool"):
         parse_spec({**document, "node_pool": "no spaces"})
+
+
+def test_approle_ids_come_from_the_job_s_nomad_variable_into_a_secrets_file_not_the_job():
+    spec = load_spec(JOB_EXAMPLES["secrets"], ["vault.auth=approle", "vault.policies=[]"])
+    files = {t["DestPath"]: t for t in task(render_job(spec), "chief")["Templates"]}
+    approle = files["secrets/vault_approle"]
+    assert approle["EmbeddedTmpl"] == '{{ with nomadVar "nomad/jobs/' + spec.name + '" }}{{ .vault_role_id }}\n{{ .vault_secret_id }}\n{{ end }}'
+    assert approle["Perms"] == "0600" and approle["ChangeMode"] == "noop"
+    assert "secrets/vault_approle" not in {t["DestPath"] for t in task(render_job(spec), "ps")["Templates"]}  # no code, no login
+    with_env = load_spec(JOB_EXAMPLES["secrets"], ["vault.auth=approle", "vault.policies=[]", 'env={"NOMADTF_VAULT_ROLE_ID": "r", "NOMADTF_VAULT_SECRET_ID": "s"}'])
+    assert "secrets/vault_approle" not in {t["DestPath"] for t in task(render_job(with_env), "chief")["Templates"]}
