@@ -29,7 +29,7 @@ from nomadtf.runtime import supervisor
 from nomadtf.runtime.child import Child, become_subreaper, reap_orphans
 from nomadtf.spec import parse_spec, spec_file_text
 from nomadtf.venvs import VenvCache
-from tests.helpers import JOBS, all_logs, nomadtf, purge, unique, write_job
+from tests.helpers import JOBS, all_logs, nomadtf, probe_job, purge, unique, wait_until, write_job
 
 HYGIENE = JOBS / "hygiene.py"
 # What lets root read a non-dumpable process's /proc files (see tests/jobs/hygiene.py).
@@ -250,3 +250,76 @@ def test_a_tasks_zombies_are_reaped_its_health_endpoint_is_on_its_address_and_it
         assert "spec_file_approle=False child_env_approle=False" in logs, logs
     finally:
         purge(name)
+
+
+@pytest.fixture
+def root_home_traversable():
+    """The local stack keeps Nomad's data (the task directories) under /root, which no other
+    uid may enter: a code user could not reach its own task. For this test /root is 0711
+    (enter, not list), as a real client's Nomad data dir (/opt/nomad) is; restored after."""
+    mode = Path("/root").stat().st_mode & 0o777
+    os.chmod("/root", mode | 0o011)
+    yield
+    os.chmod("/root", mode)
+
+
+def test_two_teams_raw_exec_code_as_their_own_uids_reads_nothing_of_each_other(stack, tmp_path, root_home_traversable):
+    """raw_exec, the cluster profile's code_users giving each team its uid: team-a's code
+    tries team-b's secret file (0600), job folder (0700) and code's environment, each
+    denied by the kernel; its own model_dir it reads (issue #33). (Nomad's task directories
+    are world-writable: raw_exec stays no boundary between teams, docs/operations/threat-model.md.)"""
+    import hashlib
+    import uuid
+
+    import hvac
+    import requests
+
+    from nomadtf.devstack import stack as stack_mod
+
+    for namespace in ("team-a", "team-b"):
+        requests.post(f"{stack.api().nomad_url}/v1/namespace/{namespace}", json={"Name": namespace}, timeout=10).raise_for_status()
+    root = hvac.Client(url=stack_mod.VAULT_ADDR, token=stack.root_token())
+    job_b, job_a = unique("raw-team-b"), unique("raw-team-a")
+    secret = f"canary-{uuid.uuid4().hex}"
+    root.secrets.kv.v2.create_or_update_secret(path=f"teamcanary/{job_b}", secret={"file": secret}, mount_point="secret")
+    root.sys.create_or_update_policy("nomadtf-teamcanary", 'path "secret/data/teamcanary/*" { capabilities = ["read"] }')
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"code_users": {"team-a": "10001:10001", "team-b": "10002:10002"}}))
+    env = {"NOMADTF_CLUSTER_PROFILE": str(profile)}
+    spec_b = probe_job(job_b, "multi_worker_mirrored", namespace="team-b", context={"sleep": 300},
+                       secrets=[{"path": f"secret/teamcanary/{job_b}", "key": "file", "file": "probe.key"}],
+                       vault={"policies": ["nomadtf-teamcanary"], "address": stack_mod.VAULT_ADDR})
+    spec_b["roles"]["worker"]["count"] = 1
+    out = nomadtf("run", str(write_job(tmp_path, spec_b)), "--detach", env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    try:
+        def b_code():
+            for proc in psutil.process_iter(["uids"]):
+                try:
+                    if proc.info["uids"] and proc.info["uids"].real == 10002 and proc.environ().get("NOMADTF_JOB_ID") == job_b:
+                        return proc
+                except psutil.Error:
+                    continue
+            return None
+
+        code = wait_until(b_code, 180, "team-b's code running as uid 10002")
+        b_folder = Path("/tmp/nomadtf/team-b") / job_b
+        b_secret = Path(stack.state_dir, "nomad-data", "alloc", code.environ()["NOMAD_ALLOC_ID"], "worker", "secrets", "probe.key")
+        wait_until(lambda: b_folder.is_dir() and b_secret.is_file(), 120, "team-b's job folder and secret file")
+        assert (b_secret.stat().st_uid, b_secret.stat().st_mode & 0o777) == (10002, 0o600)
+        assert b_secret.read_text() == secret  # what team-a's code is after
+        targets = [str(b_secret), str(b_folder), f"/proc/{code.pid}/environ"]
+        spec_a = probe_job(job_a, "multi_worker_mirrored", namespace="team-a", context={"try_read": ["${NOMADTF_MODEL_DIR}", *targets]})
+        spec_a["roles"]["worker"]["count"] = 1
+        ran = nomadtf("run", str(write_job(tmp_path, spec_a)), "--timeout", "4m", env=env)
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        logs = all_logs(job_a, namespace="team-a")
+        tried = [line for line in logs.splitlines() if line.startswith("try_read ")]
+        assert "uid=10001 gid=10001" in logs and any(t.endswith("=allowed") and "/tmp/nomadtf/team-a/" in t for t in tried), tried
+        for target in targets:
+            assert f"try_read {target}=denied (PermissionError)" in tried, (target, tried)
+        assert hashlib.sha256(secret.encode()).hexdigest() not in logs and secret not in logs
+    finally:
+        purge(job_b, namespace="team-b")
+        purge(job_a, namespace="team-a")
+
