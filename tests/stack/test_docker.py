@@ -363,7 +363,8 @@ def test_secrets_reach_the_code_s_container_only_and_no_image_inspect_or_log(sta
         # The task's Vault token is in no container's configuration, not in PID 1's
         # environment, and its file was removed before the code started (issue #33).
         for attrs in watch.seen.values():
-            assert not [e for e in (attrs.get("Config") or {}).get("Env") or [] if e.startswith("VAULT_TOKEN=")], attrs["Name"]
+            tokens = [e for e in (attrs.get("Config") or {}).get("Env") or [] if e.split("=", 1)[0] in ("VAULT_TOKEN", "CONSUL_HTTP_TOKEN", "NOMAD_TOKEN")]
+            assert not tokens, (attrs["Name"], [t.split("=", 1)[0] for t in tokens])
         assert "vault_token_file=False" in logs and "vault_token_visible=False" in logs, logs
         # The code is not root (nobody, the default code user): PID 1's environment and its
         # supervisor's are not its to read (issue #33).
