@@ -64,6 +64,10 @@ OLDEST_SUPPORTED = NomadVersion(1, 6, 0)
 
 VAULT_IDENTITY_FROM = NomadVersion(1, 7, 0)
 DISCONNECT_BLOCK_FROM = NomadVersion(1, 8, 0)
+# disconnect.stop_on_client_after: before 1.10.2 a client that must stop two allocations in one
+# timeout sends to its own one-slot channel and deadlocks (seen here on 1.6.1's
+# stop_after_client_disconnect; fixed by hashicorp/nomad#25946, released in 1.10.2).
+CLIENT_STOP_FIXED_IN = NomadVersion(1, 10, 2)
 TOKEN_WORKFLOW_REMOVED_IN = NomadVersion(1, 10, 0)
 CONSUL_BLOCK_FOR_TEMPLATES_FROM = NomadVersion(1, 10, 0)
 
@@ -83,6 +87,7 @@ class Rendering:
     vault_identity: bool  # `vault { role }` + a vault_default identity, no policies
     vault_token_workflow_available: bool  # `vault { policies }` still means something
     disconnect_block: bool  # the group's disconnect block (never the fields it replaced)
+    client_stop: bool  # a cut-off client stops the tasks itself (disconnect.stop_on_client_after)
     consul_block_for_templates: bool  # templates that read Consul need consul {} + identity
 
 
@@ -100,6 +105,7 @@ def rendering_for(version: NomadVersion, workflow: str | None = None) -> Renderi
         vault_identity=identity,
         vault_token_workflow_available=token_available,
         disconnect_block=version >= DISCONNECT_BLOCK_FROM,
+        client_stop=version >= CLIENT_STOP_FIXED_IN,
         consul_block_for_templates=version >= CONSUL_BLOCK_FOR_TEMPLATES_FROM,
     )
 

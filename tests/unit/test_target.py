@@ -145,13 +145,15 @@ def test_template_mode_asks_for_consul_on_1_10_and_not_before():
 
 
 def test_groups_get_the_disconnect_block_from_1_8_and_never_the_fields_it_replaced():
-    for version, expected in (("1.6.1", False), ("1.7.7", False), ("1.8.0", True), ("2.0.5", True)):
+    for version, expected, client_stop in (("1.6.1", False, False), ("1.7.7", False, False), ("1.8.0", True, False),
+                                           ("1.10.1", True, False), ("1.10.2", True, True), ("2.0.5", True, True)):
         for group in groups(render_job(example_spec("digits"), target=resolve(version, "test"))).values():
             assert ("Disconnect" in group) is expected
             # Never stop_after_client_disconnect: Nomad 1.6.1's client deadlocks on it (the template says how).
             assert not {"MaxClientDisconnect", "StopAfterClientDisconnect", "PreventRescheduleOnLost"} & group.keys()
             if expected:
-                assert group["Disconnect"] == {"LostAfter": 0, "Replace": True, "Reconcile": "best_score"}
+                stop = {"StopOnClientAfter": 15_000_000_000} if client_stop else {}  # one task session TTL
+                assert group["Disconnect"] == {"LostAfter": 0, "Replace": True, "Reconcile": "best_score", **stop}
 
 
 @pytest.mark.parametrize("name", [*JOB_EXAMPLES, "dcos"])
