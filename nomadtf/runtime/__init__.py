@@ -23,6 +23,14 @@
     versions.py       the Python and TensorFlow our child runs, read from its own interpreter
 """
 
-from nomadtf.runtime.task import run_task
-
 __all__ = ["run_task"]
+
+
+def __getattr__(name: str):
+    """`run_task` loads the task runtime (py-consul, psutil) when it is asked for, so that a
+    pure module of this package (policy, deadline, launch) loads without them."""
+    if name == "run_task":
+        from nomadtf.runtime.task import run_task
+
+        return run_task
+    raise AttributeError(f"module 'nomadtf.runtime' has no attribute {name!r}")
