@@ -51,6 +51,14 @@ class SpecError(NomadtfError):
         super().__init__(head + ":\n" + "\n".join(f"  - {p}" for p in self.problems))
 
 
+class UsageError(NomadtfError):
+    """The command line asks for something that cannot be: a malformed argument, or one
+    that does not fit the job it names (`scale worker=0`, `--resume` of a first run). Like
+    a bad job.json, a usage error (2); the message names the fix."""
+
+    exit_code = 2
+
+
 class RenderError(NomadtfError):
     exit_code = 2
 

@@ -30,7 +30,15 @@ from nomadtf import cluster_facts, plan, render, wire
 from nomadtf.admission import suspension
 from nomadtf.client import placement, queued
 from nomadtf.discovery import ConsulDiscovery
-from nomadtf.errors import FollowTimeout, JobFailed, JobStopped, NomadError, NomadtfError, ServerError
+from nomadtf.errors import (
+    FollowTimeout,
+    JobFailed,
+    JobStopped,
+    NomadError,
+    NomadtfError,
+    ServerError,
+    UsageError,
+)
 from nomadtf.follow import (
     Follower,
     JobView,
@@ -249,7 +257,7 @@ class Run:
         if resume:
             previous = run_of(existing or {})
             if not previous:
-                raise JobFailed(
+                raise UsageError(
                     f"--resume: job {self.job_id} has no earlier run in namespace {self.api.namespace} to continue"
                 )
             model_run = (existing.get("Meta") or {}).get(wire.META_MODEL_RUN) or previous
@@ -352,15 +360,15 @@ class Run:
 
 
 def parse_scale(targets: list[str]) -> dict[str, int]:
-    """["worker=3"] -> {"worker": 3}; JobFailed naming the fix otherwise. Pure."""
+    """["worker=3"] -> {"worker": 3}; UsageError naming the fix otherwise. Pure."""
     counts: dict[str, int] = {}
     for target in targets:
         role, _, number = target.partition("=")
         if role not in SCALABLE_ROLES or not number.isdigit():
-            raise JobFailed(f"scale target {target!r}: write ROLE=COUNT with ROLE one of {', '.join(SCALABLE_ROLES)}, e.g. worker=3")
+            raise UsageError(f"scale target {target!r}: write ROLE=COUNT with ROLE one of {', '.join(SCALABLE_ROLES)}, e.g. worker=3")
         counts[role] = int(number)
     if not counts:
-        raise JobFailed("scale: name at least one target, e.g. worker=3")
+        raise UsageError("scale: name at least one target, e.g. worker=3")
     return counts
 
 
@@ -380,9 +388,9 @@ def scale_job(api: NomadAPI, job_id: str, counts: dict[str, int]) -> dict[str, i
     groups = {g["Name"]: g.get("Count", 0) for g in suspension.without_placeholder(job.get("TaskGroups") or [])}
     for role, count in counts.items():
         if role not in groups:
-            raise JobFailed(f"job {job_id} has no {role} group to scale")
+            raise UsageError(f"job {job_id} has no {role} group to scale")
         if count < 1:
-            raise JobFailed(f"{role}={count}: a running job needs at least one {role}; stop the job to end it")
+            raise UsageError(f"{role}={count}: a running job needs at least one {role}; stop the job to end it")
     ConsulDiscovery(job_id, api.namespace, run_id=run_of(job)).set_counts(counts)
     for role, count in counts.items():
         api.scale(job_id, role, count, f"nomadtf scale {role}={count}")

@@ -120,7 +120,7 @@ def test_resume_trains_on_in_the_previous_runs_model_dir(stack, tmp_path):
 def test_resume_without_an_earlier_run_is_a_clear_error(stack, tmp_path):
     name = unique("noresume")
     out = nomadtf("run", str(write_job(tmp_path, probe_job(name))), "--resume")
-    assert out.returncode == 1
+    assert out.returncode == 2  # a usage error
     assert f"job {name} has no earlier run" in out.stderr, out.stderr
     assert requests.get(f"{os.environ['NOMAD_ADDR']}/v1/job/{name}", timeout=10).status_code == 404  # nothing submitted
 

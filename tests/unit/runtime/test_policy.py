@@ -244,13 +244,14 @@ def test_a_scaled_worker_role_restarts_the_ps_chief_once_and_nobody_else(before,
 
 
 def test_scale_targets_are_parsed_or_named_with_the_fix():
-    from nomadtf.errors import JobFailed
+    from nomadtf.errors import UsageError
     from nomadtf.run import parse_scale
 
     assert parse_scale(["worker=3"]) == {"worker": 3}
     for bad in (["ps=2"], ["worker=three"], ["worker"], []):
-        with pytest.raises(JobFailed, match="worker=3"):
+        with pytest.raises(UsageError, match="worker=3") as raised:
             parse_scale(bad)
+        assert raised.value.exit_code == 2  # a usage error, not a failed job (1)
 
 
 # ---- success policies (job.json `success`) ----------------------------------------------------
