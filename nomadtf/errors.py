@@ -26,8 +26,9 @@
         ├── JobTimedOut               the run passed its recovery.deadline (exit 5)
         └── JobLost                   every task ended and none recorded why (exit 6)
 
-`nomadtf/cli/` is the only place that catches these, prints `str(error)` and exits with
-`error.exit_code`.
+The entry points catch these: `nomadtf/cli/` prints `str(error)` and exits with
+`error.exit_code`, `runtime/task.py` does the same for `nomadtf task`. Below them an error is
+caught only where it is a decision (a watch that retries, `run` cleaning up what it began).
 """
 
 from __future__ import annotations

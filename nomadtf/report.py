@@ -21,6 +21,7 @@ from typing import Any
 
 from nomadtf import roles
 from nomadtf.outcome import alloc_slot, latest_allocs
+from nomadtf.runtime.policy import failed_slot  # the record's one parser (pure: loads no task runtime)
 
 STDERR_LINES = 15  # at most this many lines of a task's stderr in a report
 
@@ -109,10 +110,6 @@ def failing_alloc(allocs: list[dict[str, Any]], recorded: str | None, decided: s
     state names (`failed: chief[0] ...`) or, with no record, the slot the outcome's reason
     `decided` starts with (`worker[0]: driver.image ...`), else the newest failed allocation
     of a training role, else the task whose exit decides the training (chief[0], worker[0])."""
-    # The record's one parser; imported here, not at the top: the command line does not
-    # load the task runtime for reports it never makes.
-    from nomadtf.runtime.policy import failed_slot
-
     latest = latest_allocs(allocs)
     named = failed_slot(recorded) or _slot_named(decided)
     if named and named in latest:
