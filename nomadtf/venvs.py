@@ -53,6 +53,9 @@ from typing import Any
 from nomadtf import wire
 from nomadtf.errors import TaskError
 
+# uv's own process group (Python 3.10 has no Popen(process_group): a session is one too).
+OWN_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
+
 FORMAT = 1  # part of every key: a change of layout or build recipe never reuses old environments
 MARKER = "nomadtf-env.json"
 BUILD_LOG = "nomadtf-build.log"
@@ -473,7 +476,7 @@ class _Runner:
             start = out.tell()
             # Its own process group: a stop or the timeout ends uv and whatever it started.
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.env,
-                                    cwd=self.workdir.parent, process_group=0, stdin=subprocess.DEVNULL)
+                                    cwd=self.workdir.parent, stdin=subprocess.DEVNULL, **OWN_GROUP)
             last_tick = time.monotonic()
             try:
                 while proc.poll() is None:

@@ -37,6 +37,9 @@ from nomadtf.runtime.codeuser import CodeUser
 
 log = logging.getLogger("nomadtf.task")
 
+# The child's own process group (setpgid); Python 3.10's Popen has no process_group, so there
+# it gets a session of its own (setsid), which is a process group of its own too.
+OWN_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
 STOP_GRACE_S = 8.0  # SIGTERM -> SIGKILL (below Nomad's kill_timeout of 20 s)
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
@@ -96,7 +99,7 @@ class Child:
         env = {**env, wire.ENV_CHILD_MARK: self.mark}
         with _children_lock:
             as_user = user.popen_kwargs() if user else {}  # the code's own uid (codeuser.py)
-            self.proc = subprocess.Popen(with_parent_death(argv), env=env, cwd=cwd, process_group=0, close_fds=True, pass_fds=pass_fds, **as_user)
+            self.proc = subprocess.Popen(with_parent_death(argv), env=env, cwd=cwd, close_fds=True, pass_fds=pass_fds, **OWN_GROUP, **as_user)
             self.pid = self.proc.pid
             _children.add(self.pid)
         self._stopping = False
