@@ -134,7 +134,9 @@ def test_no_python_runs_between_fork_and_exec():
     from nomadtf.runtime import child as child_module
 
     source = inspect.getsource(child_module.Child.__init__)
-    assert "preexec_fn" not in source and "process_group=0" in source
+    assert "preexec_fn" not in source and "**OWN_GROUP" in source
+    expected = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
+    assert child_module.OWN_GROUP == expected  # its own process group, set by CPython's C code
 
 
 def test_reap_orphans_collects_reparented_zombies(tmp_path):
