@@ -205,9 +205,12 @@ def approle_template(spec: JobSpec, role: str) -> str | None:
         return None
     if not spec.discovery.consul_token_path and not (spec.secrets and runs_user_code(spec.strategy, role)):
         return None
+    # Listed first: `nomadVar` of a variable nobody wrote blocks the task before it starts,
+    # with nothing to say why; a listing does not, so the file is empty and the supervisor
+    # fails the run naming the variable to write (vault.login).
     variable = wire.approle_variable(spec.name)
-    return (f'{{{{ with nomadVar "{variable}" }}}}{{{{ .{wire.APPROLE_ROLE_KEY} }}}}\n'
-            f'{{{{ .{wire.APPROLE_SECRET_KEY} }}}}\n{{{{ end }}}}')
+    return (f'{{{{ range nomadVarList "{variable}" }}}}{{{{ if eq .Path "{variable}" }}}}{{{{ with nomadVar .Path }}}}'
+            f'{{{{ .{wire.APPROLE_ROLE_KEY} }}}}\n{{{{ .{wire.APPROLE_SECRET_KEY} }}}}\n{{{{ end }}}}{{{{ end }}}}{{{{ end }}}}')
 
 
 def needs_vault_token(spec: JobSpec, role: str) -> bool:

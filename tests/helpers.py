@@ -112,3 +112,31 @@ def submit_raw(job: dict) -> str:
     resp = requests.post(f"{os.environ['NOMAD_ADDR']}/v1/jobs", json=job, timeout=10)
     resp.raise_for_status()
     return resp.json()["EvalID"]
+
+
+# Two teams on one client (issue #33): their namespaces, each with its code user.
+TEAM_UIDS = {"team-a": 10001, "team-b": 10002}
+
+
+def two_teams(nomad_url: str, tmp_path: Path) -> dict[str, str]:
+    """Namespaces team-a and team-b on the stack, and a cluster profile that runs each team's
+    code as its own uid (code_users): the environment `nomadtf` is run with."""
+    for namespace in TEAM_UIDS:
+        requests.post(f"{nomad_url}/v1/namespace/{namespace}", json={"Name": namespace}, timeout=10).raise_for_status()
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"code_users": {ns: f"{uid}:{uid}" for ns, uid in TEAM_UIDS.items()}}))
+    return {"NOMADTF_CLUSTER_PROFILE": str(profile)}
+
+
+def code_process(job_id: str, uid: int):
+    """The process of `job_id`'s code that runs as `uid` on this machine (read as root from
+    /proc); None while there is none."""
+    import psutil
+
+    for proc in psutil.process_iter(["uids"]):
+        try:
+            if proc.info["uids"] and proc.info["uids"].real == uid and proc.environ().get("NOMADTF_JOB_ID") == job_id:
+                return proc
+        except psutil.Error:
+            continue
+    return None

@@ -411,15 +411,20 @@ class Supervisor:
             # looking for exactly this change to know it was not its own fault.
             self.membership.announce_restart()
         self._stop_child()
-        self.starter.start_ahead(self.spec, self.me.index)
-        self.phase = Phase.RENDEZVOUS
         # A recovery for a peer's change starts a child that may fail again while that
         # peer's new server comes up: the same peer's fault, not our code's (see
         # _decide_after_peer_check), whichever way the restart came about.
         self.start_for_peer_change = not own_crash
+        self._begin_rendezvous()
+        return self._step()
+
+    def _begin_rendezvous(self) -> None:
+        """Back to RENDEZVOUS for a new generation: a child started ahead while we wait, and
+        the rendezvous timeout counted from now."""
+        self.starter.start_ahead(self.spec, self.me.index)
+        self.phase = Phase.RENDEZVOUS
         self.rendezvous_started = time.monotonic()
         self.loop.call_at(self.rendezvous_started + self.spec.discovery.rendezvous_timeout_s, "rendezvous-deadline")
-        return self._step()
 
     def _fence(self) -> int | None:
         """No renewal of our session for one TTL: we may be cut off from Consul while Nomad
@@ -451,10 +456,7 @@ class Supervisor:
         else:
             self.me.incarnation = new_incarnation()  # written by the claim again
         log.info("Consul answers again; starting our code anew through a new rendezvous")
-        self.phase = Phase.RENDEZVOUS
-        self.starter.start_ahead(self.spec, self.me.index)
-        self.rendezvous_started = time.monotonic()
-        self.loop.call_at(self.rendezvous_started + self.spec.discovery.rendezvous_timeout_s, "rendezvous-deadline")
+        self._begin_rendezvous()
         return self._rendezvous()
 
     def _on_deadline(self) -> int:

@@ -22,7 +22,18 @@ import requests
 
 from nomadtf.devstack import images
 from tests import faults
-from tests.helpers import all_logs, nomadtf, probe_job, purge, unique, wait_until, write_job
+from tests.helpers import (
+    TEAM_UIDS,
+    all_logs,
+    code_process,
+    nomadtf,
+    probe_job,
+    purge,
+    two_teams,
+    unique,
+    wait_until,
+    write_job,
+)
 from tests.stack.test_recovery import ACCURACY_FLOOR
 
 pytestmark = [pytest.mark.stack, pytest.mark.docker]
@@ -430,29 +441,14 @@ def test_two_teams_on_one_client_reach_nothing_of_each_other(stack, docker_clien
     own uid (the cluster profile's code_users): team-a's code looks for team-b's checkpoint
     folder, task directories, code process and the Docker socket, and finds none of them;
     its own model_dir it reads (issue #33)."""
-    import psutil
-
-    for namespace in ("team-a", "team-b"):
-        requests.post(f"{stack.api().nomad_url}/v1/namespace/{namespace}", json={"Name": namespace}, timeout=10).raise_for_status()
-    profile = tmp_path / "profile.json"
-    profile.write_text(json.dumps({"code_users": {"team-a": "10001:10001", "team-b": "10002:10002"}}))
-    env = {"NOMADTF_CLUSTER_PROFILE": str(profile)}
+    env = two_teams(stack.api().nomad_url, tmp_path)
     job_b, job_a = unique("team-b-job"), unique("team-a-job")
     spec_b = _probe_in_docker(job_b, task_image, code_server, "multi_worker_mirrored", namespace="team-b", context={"sleep": 300})
     spec_b["roles"]["worker"]["count"] = 1
     out = nomadtf("run", str(write_job(tmp_path, spec_b)), "--detach", env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     try:
-        def b_code():
-            for proc in psutil.process_iter(["uids"]):
-                try:
-                    if proc.info["uids"] and proc.info["uids"].real == 10002 and proc.environ().get("NOMADTF_JOB_ID") == job_b:
-                        return proc
-                except psutil.Error:
-                    continue
-            return None
-
-        code = wait_until(b_code, 180, "team-b's code running as uid 10002")
+        code = wait_until(lambda: code_process(job_b, TEAM_UIDS["team-b"]), 180, "team-b's code running as uid 10002")
         b_alloc = code.environ()["NOMAD_ALLOC_ID"]
         b_task_dir = next(Path(stack.state_dir, "nomad-data", "alloc").glob(f"{b_alloc}/worker"))
         b_folder = Path("/tmp/nomadtf/team-b") / job_b

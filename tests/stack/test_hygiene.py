@@ -29,7 +29,19 @@ from nomadtf.runtime import supervisor
 from nomadtf.runtime.child import Child, become_subreaper, reap_orphans
 from nomadtf.spec import parse_spec, spec_file_text
 from nomadtf.venvs import VenvCache
-from tests.helpers import JOBS, all_logs, nomadtf, probe_job, purge, unique, wait_until, write_job
+from tests.helpers import (
+    JOBS,
+    TEAM_UIDS,
+    all_logs,
+    code_process,
+    nomadtf,
+    probe_job,
+    purge,
+    two_teams,
+    unique,
+    wait_until,
+    write_job,
+)
 
 HYGIENE = JOBS / "hygiene.py"
 # What lets root read a non-dumpable process's /proc files (see tests/jobs/hygiene.py).
@@ -272,20 +284,15 @@ def test_two_teams_raw_exec_code_as_their_own_uids_reads_nothing_of_each_other(s
     import uuid
 
     import hvac
-    import requests
 
     from nomadtf.devstack import stack as stack_mod
 
-    for namespace in ("team-a", "team-b"):
-        requests.post(f"{stack.api().nomad_url}/v1/namespace/{namespace}", json={"Name": namespace}, timeout=10).raise_for_status()
+    env = two_teams(stack.api().nomad_url, tmp_path)
     root = hvac.Client(url=stack_mod.VAULT_ADDR, token=stack.root_token())
     job_b, job_a = unique("raw-team-b"), unique("raw-team-a")
     secret = f"canary-{uuid.uuid4().hex}"
     root.secrets.kv.v2.create_or_update_secret(path=f"teamcanary/{job_b}", secret={"file": secret}, mount_point="secret")
     root.sys.create_or_update_policy("nomadtf-teamcanary", 'path "secret/data/teamcanary/*" { capabilities = ["read"] }')
-    profile = tmp_path / "profile.json"
-    profile.write_text(json.dumps({"code_users": {"team-a": "10001:10001", "team-b": "10002:10002"}}))
-    env = {"NOMADTF_CLUSTER_PROFILE": str(profile)}
     spec_b = probe_job(job_b, "multi_worker_mirrored", namespace="team-b", context={"sleep": 300},
                        secrets=[{"path": f"secret/teamcanary/{job_b}", "key": "file", "file": "probe.key"}],
                        vault={"policies": ["nomadtf-teamcanary"], "address": stack_mod.VAULT_ADDR})
@@ -293,16 +300,7 @@ def test_two_teams_raw_exec_code_as_their_own_uids_reads_nothing_of_each_other(s
     out = nomadtf("run", str(write_job(tmp_path, spec_b)), "--detach", env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     try:
-        def b_code():
-            for proc in psutil.process_iter(["uids"]):
-                try:
-                    if proc.info["uids"] and proc.info["uids"].real == 10002 and proc.environ().get("NOMADTF_JOB_ID") == job_b:
-                        return proc
-                except psutil.Error:
-                    continue
-            return None
-
-        code = wait_until(b_code, 180, "team-b's code running as uid 10002")
+        code = wait_until(lambda: code_process(job_b, TEAM_UIDS["team-b"]), 180, "team-b's code running as uid 10002")
         b_folder = Path("/tmp/nomadtf/team-b") / job_b
         b_secret = Path(stack.state_dir, "nomad-data", "alloc", code.environ()["NOMAD_ALLOC_ID"], "worker", "secrets", "probe.key")
         wait_until(lambda: b_folder.is_dir() and b_secret.is_file(), 120, "team-b's job folder and secret file")

@@ -30,14 +30,20 @@ def stored(root):
     return f"secret/{path}", value
 
 
-def test_approle_login_reads_a_kv2_secret_into_env_and_a_0600_file(root, stored, tmp_path, monkeypatch):
-    path, value = stored
+@pytest.fixture
+def approle(root):
+    """An AppRole that may read secret/nomadtf-unit/*: its (role_id, secret_id)."""
     root.sys.create_or_update_policy("nomadtf-unit-read", 'path "secret/data/nomadtf-unit/*" { capabilities = ["read"] }')
     if "approle/" not in root.sys.list_auth_methods()["data"]:
         root.sys.enable_auth_method("approle")
     root.auth.approle.create_or_update_approle("nomadtf-unit", token_policies=["nomadtf-unit-read"])
     role_id = root.auth.approle.read_role_id("nomadtf-unit")["data"]["role_id"]
-    secret_id = root.auth.approle.generate_secret_id("nomadtf-unit")["data"]["secret_id"]
+    return role_id, root.auth.approle.generate_secret_id("nomadtf-unit")["data"]["secret_id"]
+
+
+def test_approle_login_reads_a_kv2_secret_into_env_and_a_0600_file(approle, stored, tmp_path, monkeypatch):
+    path, value = stored
+    role_id, secret_id = approle
     monkeypatch.setenv("NOMADTF_VAULT_ROLE_ID", role_id)
     monkeypatch.setenv("NOMADTF_VAULT_SECRET_ID", secret_id)
     client = vault_api.login({"auth": "approle", "address": stack_mod.VAULT_ADDR})
@@ -85,7 +91,7 @@ def test_unreachable_vault_fails_in_bounded_time(tmp_path, monkeypatch):
         vault_api.fetch_secrets(client, [{"path": "secret/a/b", "key": "k", "env": "X"}], tmp_path, budget_s=2)
 
 
-def test_approle_ids_from_the_job_s_nomad_variable_reach_the_supervisor_only(root, stored, tmp_path):
+def test_approle_ids_from_the_job_s_nomad_variable_reach_the_supervisor_only(approle, stored, tmp_path):
     """vault.auth approle with the ids in the job's own Nomad variable (nomad/jobs/<job>),
     not in its env: the job's definition never holds them, Nomad renders them into the task's
     secrets/vault_approle, which the supervisor reads and removes before the code starts; the
@@ -98,12 +104,7 @@ def test_approle_ids_from_the_job_s_nomad_variable_reach_the_supervisor_only(roo
     from tests.helpers import all_logs, nomadtf, probe_job, purge, unique, write_job
 
     path, value = stored
-    root.sys.create_or_update_policy("nomadtf-unit-read", 'path "secret/data/nomadtf-unit/*" { capabilities = ["read"] }')
-    if "approle/" not in root.sys.list_auth_methods()["data"]:
-        root.sys.enable_auth_method("approle")
-    root.auth.approle.create_or_update_approle("nomadtf-unit", token_policies=["nomadtf-unit-read"])
-    role_id = root.auth.approle.read_role_id("nomadtf-unit")["data"]["role_id"]
-    secret_id = root.auth.approle.generate_secret_id("nomadtf-unit")["data"]["secret_id"]
+    role_id, secret_id = approle
     job_id = unique("approle-var")
     variable = f"{os.environ['NOMAD_ADDR']}/v1/var/nomad/jobs/{job_id}"
     put = requests.put(variable, json={"Namespace": "default", "Path": f"nomad/jobs/{job_id}",
@@ -123,3 +124,24 @@ def test_approle_ids_from_the_job_s_nomad_variable_reach_the_supervisor_only(roo
     finally:
         purge(job_id)
         requests.delete(variable, timeout=10)
+
+
+def test_an_approle_job_whose_nomad_variable_was_never_written_fails_at_once_naming_it(stored, tmp_path):
+    """The ids' variable forgotten (or a typo in the job's name): the task is not held
+    before it starts waiting for a variable nobody writes; the run fails within seconds,
+    saying which variable to write."""
+    from tests.helpers import nomadtf, probe_job, purge, unique, write_job
+
+    path, _ = stored
+    job_id = unique("approle-novar")
+    spec = probe_job(job_id, secrets=[{"path": path, "key": "k", "env": "PROBE_SECRET"}],
+                     vault={"auth": "approle", "address": stack_mod.VAULT_ADDR})
+    started = time.monotonic()
+    try:
+        out = nomadtf("run", str(write_job(tmp_path, spec)), "--timeout", "4m")
+        text = out.stdout + out.stderr
+        assert out.returncode == 1, text
+        assert "the task has no AppRole ids: put vault_role_id and vault_secret_id in the job's Nomad variable" in text, text
+        assert time.monotonic() - started < 120, "a missing variable is a human's to fix: not waited for"
+    finally:
+        purge(job_id)

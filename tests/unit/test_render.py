@@ -417,7 +417,9 @@ def test_approle_ids_come_from_the_job_s_nomad_variable_into_a_secrets_file_not_
     spec = load_spec(JOB_EXAMPLES["secrets"], ["vault.auth=approle", "vault.policies=[]"])
     files = {t["DestPath"]: t for t in task(render_job(spec), "chief")["Templates"]}
     approle = files["secrets/vault_approle"]
-    assert approle["EmbeddedTmpl"] == '{{ with nomadVar "nomad/jobs/' + spec.name + '" }}{{ .vault_role_id }}\n{{ .vault_secret_id }}\n{{ end }}'
+    variable = f"nomad/jobs/{spec.name}"
+    assert approle["EmbeddedTmpl"] == (f'{{{{ range nomadVarList "{variable}" }}}}{{{{ if eq .Path "{variable}" }}}}{{{{ with nomadVar .Path }}}}'
+                                       '{{ .vault_role_id }}\n{{ .vault_secret_id }}\n{{ end }}{{ end }}{{ end }}')
     assert approle["Perms"] == "0600" and approle["ChangeMode"] == "noop"
     assert "secrets/vault_approle" not in {t["DestPath"] for t in task(render_job(spec), "ps")["Templates"]}  # no code, no login
     with_env = load_spec(JOB_EXAMPLES["secrets"], ["vault.auth=approle", "vault.policies=[]", 'env={"NOMADTF_VAULT_ROLE_ID": "r", "NOMADTF_VAULT_SECRET_ID": "s"}'])
