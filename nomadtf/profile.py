@@ -155,9 +155,12 @@ def fill_job(raw: dict[str, Any], profile: ClusterProfile | None, target: target
     if identity and _needs_vault_login_by_nomad(out) and not vault.get("policies"):
         vault["policies"] = [own_policy]
     users = (profile.code_users or {}) if profile else {}
-    user = users.get(namespace, users.get("*"))
-    if user and isinstance(out.get("driver", {}), dict):
-        out["driver"] = {**(out.get("driver") or {}), "code_user": user}  # the operator's, over job.json's
+    if users and isinstance(out.get("driver", {}), dict):
+        # The operator's alone where it keeps a map: a job naming another team's uid would
+        # read that team's files. A namespace the map leaves out gets the driver's default.
+        driver = {k: v for k, v in (out.get("driver") or {}).items() if k != "code_user"}
+        user = users.get(namespace, users.get("*"))
+        out["driver"] = {**driver, "code_user": user} if user else driver
     if discovery:
         out["discovery"] = discovery
     if vault:

@@ -188,3 +188,16 @@ def test_the_profile_keeps_the_operator_s_vault_policy_allowlist_and_refuses_any
     for bad in ("team-a-datasets", [""], [1]):
         with pytest.raises(SpecError, match="vault_policy_allowlist must be a list of Vault policy names"):
             ClusterProfile.from_json({"vault_policy_allowlist": bad}, "test")
+
+
+def test_the_operator_s_code_users_decide_who_the_code_runs_as_and_a_job_cannot_pick_another_team_s_uid():
+    profile = ClusterProfile(code_users={"team-a": "10001:10001", "team-b": "10002:10002"}, source="test")
+    raw = {"name": "j", "namespace": "team-a", "driver": {"name": "docker", "image": "i", "code_user": "10002:10002"}}
+    assert fill_job(raw, profile, None)["driver"]["code_user"] == "10001:10001"  # team-b's uid asked for: team-a's given
+    other = {**raw, "namespace": "team-c"}
+    assert "code_user" not in fill_job(other, profile, None)["driver"]  # not in the map: the driver's default (nobody)
+    anyone = ClusterProfile(code_users={"*": "65534:65534"}, source="test")
+    assert fill_job(other, anyone, None)["driver"]["code_user"] == "65534:65534"
+    assert fill_job(raw, None, None)["driver"]["code_user"] == "10002:10002"  # no map: job.json's own
+    with pytest.raises(SpecError, match='code_users must map namespaces'):
+        ClusterProfile.from_json({"code_users": {"team-a": "root"}}, "test")
