@@ -13,6 +13,18 @@ from nomadtf.devstack.cluster import ClusterStack
 from nomadtf.devstack.stack import DevStack
 
 
+# The suite runs on two xdist workers (scripts/test: `-n 2 --dist loadgroup`). Each real
+# stack belongs to one worker for the whole run, so its tests keep the idle cluster they
+# assume: every test of the several-client stack in group "secure", every other stack test
+# in group "single", and the pure tests spread over both while the stacks start.
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "secure_cluster" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group("secure"))
+        elif "tests/stack/" in item.nodeid:
+            item.add_marker(pytest.mark.xdist_group("single"))
+
+
 def _progress(message: str) -> None:
     sys.stderr.write(f"[stack] {message}\n")
 

@@ -495,14 +495,18 @@ def test_node_loss_under_tf_training_resumes_within_one_checkpoint(cluster, tmp_
 
 
 @pytest.fixture(scope="session")
-def cluster_image(docker_client, task_image, cluster) -> str:
-    """The session's task image (conftest.py: built by the single-node stack's daemon) copied
-    to each client's own daemon: the clients share no registry."""
+def cluster_image(cluster) -> str:
+    """The task image, found or built by client 1's own daemon and copied to the others': the
+    clients share no registry, and the single-node stack's daemon belongs to the other xdist
+    worker (conftest.py), which may be restarting it."""
     from nomadtf.devstack import images
 
-    for daemon in cluster.docker_daemons():
-        images.copy(docker_client, daemon.client(timeout=900), task_image, _progress, to=daemon.host)
-    return task_image
+    first, *others = cluster.docker_daemons()
+    source = first.client(timeout=900)
+    image = images.build(source, lambda message: _progress(f"[image] {message}"))
+    for daemon in others:
+        images.copy(source, daemon.client(timeout=900), image, _progress, to=daemon.host)
+    return image
 
 
 # ---- partition: a ps whose client goes silent ---------------------------------------------------
