@@ -2,7 +2,11 @@
 it runs (docs/guide/queueing.md, docs/design/admission.md).
 
 A run is registered by its submitter, with the submitter's own token, *suspended*
-(`suspension.py`); the controller (`controller.py`, leader-elected through `lease.py`)
+(`suspension.py`); the controller (`controller.py`, leader-elected through `lease.py`;
+each part of its step a module of its own: `reading.py` the jobs it reads, `walking.py`
+the walk and the admitting calls, `admitted.py` the record of who admitted what,
+`placing.py` admitted runs until placed whole and formed, `growing.py` elastic growth,
+`preempting.py` victims; `bookkeeping.py` its tunables and what it remembers between steps)
 orders the suspended runs fairly between namespaces (`order.py`, under the operator's
 `policy.py`, with each namespace's remembered `usage.py`, both kept current by
 `sharing.py`), checks that the whole run fits (`fit.py`) and admits it by scaling that

@@ -1,0 +1,122 @@
+"""The leader's reads: the live suspended-design jobs (each read again only when its
+JobModifyIndex changed), a run's end booked in the ledger once, a job as a queued run.
+
+One part of the admission controller (controller.py): its methods run on the leader's
+`Controller`, whose state (the runs in flight, forming, preempting, growing) they share."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from nomadtf import wire
+from nomadtf.admission import board as boards
+from nomadtf.admission import fit, order, suspension
+from nomadtf.admission.bookkeeping import (
+    Seen,
+)
+from nomadtf.admission.order import QueuedRun
+from nomadtf.errors import NomadError, ServerError
+
+
+class ReadsJobs:
+    """What the leader reads each step."""
+
+    def _suspended_jobs(self, stubs: list[dict[str, Any]]) -> tuple[dict[tuple[str, str], dict[str, Any]], list[boards.Skipped]]:
+        """The live suspended-design jobs, read again only when changed; the unreadable ones.
+
+        GET /v1/job/:id per changed job"""
+        jobs: dict[tuple[str, str], dict[str, Any]] = {}
+        skipped: list[boards.Skipped] = []
+        live = set()
+        for stub in stubs:
+            meta = stub.get("Meta") or {}
+            if meta.get(suspension.META_ADMISSION) == suspension.SUSPENDED and stub.get("Status") == "dead":
+                self._book_end(stub)
+            if meta.get(suspension.META_ADMISSION) != suspension.SUSPENDED or stub.get("Stop"):
+                continue
+            key = (str(stub.get("Namespace") or "default"), str(stub.get("ID")))
+            live.add(key)
+            modify_index = int(stub.get("JobModifyIndex") or 0)
+            seen = self.seen.get(key)
+            if seen is None or seen.modify_index != modify_index:
+                seen = self._read(key, modify_index)
+                self.seen[key] = seen
+            if seen.problem:
+                run_id = str((stub.get("Meta") or {}).get(wire.META_RUN, ""))
+                skipped.append(boards.Skipped(key[0], wire.queue_ticket(key[0], key[1], run_id), seen.problem))
+            elif seen.job is not None and not seen.job.get("Stop"):
+                jobs[key] = seen.job
+        for key in set(self.seen) - live:
+            del self.seen[key]
+        present = {(str(st.get("Namespace") or "default"), str(st.get("ID")), str((st.get("Meta") or {}).get(wire.META_RUN, ""))) for st in stubs}
+        self.ended &= present  # a purged run's end needs no remembering
+        for run_key in [k for k in self.arrival if k[:2] not in live]:
+            self.arrival.pop(run_key, None)
+            self.never_checked.pop(run_key, None)
+        for run_key in [k for k in self.not_before if k[:2] not in live]:
+            del self.not_before[run_key]
+        for key in set(self.forming) - live:
+            del self.forming[key]
+        for key in set(self.in_flight) - set(jobs):
+            self.in_flight.pop(key)  # stopped or purged while it was being placed
+        return jobs, skipped
+
+    def _book_end(self, stub: dict[str, Any]) -> None:
+        """A run that ended: how, in the ledger, once (the runs already ended when this
+        replica took the lead are not booked again).  GET .../cluster/state"""
+        from nomadtf.discovery import ConsulDiscovery
+
+        namespace, job_id = str(stub.get("Namespace") or "default"), str(stub.get("ID"))
+        run_key = (namespace, job_id, str((stub.get("Meta") or {}).get(wire.META_RUN, "")))
+        if run_key in self.ended:
+            return
+        self.ended.add(run_key)
+        if not self.ended_known:
+            return
+        summary = (stub.get("JobSummary") or {}).get("Summary") or {}
+        ran = {k: sum(int((g or {}).get(k) or 0) for g in summary.values()) for k in ("Complete", "Failed", "Lost")}
+        if not any(ran.values()):
+            return  # never ran: refused (booked then) or removed from the queue
+        # The run's recorded state first: a follower stops the job of a run that failed.
+        try:
+            state = ConsulDiscovery(job_id, namespace, client=self.consul, run_id=run_key[2]).job_state() or ""
+        except (ServerError, ValueError):
+            state = ""
+        self.requests += 1
+        if state == "succeeded" or state.startswith("failed"):
+            how = "succeeded" if state == "succeeded" else "failed"
+        elif ran["Failed"] or ran["Lost"]:
+            how = "failed"  # its allocations failed (a follower then stops the job): not a stop
+        else:
+            how = "stopped" if stub.get("Stop") else "succeeded"
+        self.sharing.record(namespace, how, time.time())
+
+    def _read(self, key: tuple[str, str], modify_index: int) -> Seen:
+        try:
+            job = self._api(key[0]).job(key[1])
+            self.requests += 1
+        except NomadError as exc:
+            return Seen(modify_index, None, f"could not be read: {exc}")
+        if job is None:
+            return Seen(modify_index, None)
+        try:
+            suspension.Suspension.of(job)
+        except suspension.Malformed as exc:
+            return Seen(int(job.get("JobModifyIndex") or modify_index), None, str(exc))
+        return Seen(int(job.get("JobModifyIndex") or modify_index), job)
+
+    def _queued_run(self, job: dict[str, Any]) -> QueuedRun | None:
+        wanted = suspension.Suspension.of(job)
+        if wanted is None:
+            return None
+        namespace, job_id = job.get("Namespace") or "default", job["ID"]
+        run_id = (job.get("Meta") or {}).get(wire.META_RUN, "")
+        modify_index = int(job.get("JobModifyIndex") or 0)
+        arrival = self.arrival.setdefault((namespace, job_id, run_id), modify_index)
+        priority = self.sharing.policy.of(namespace).priority(order.clamp_priority(job.get("Priority")))
+        return QueuedRun(
+            namespace, job_id, run_id, priority, arrival, (job.get("SubmitTime") or 0) / 1e9,
+            modify_index, wanted.counts, wanted.gang_timeout_s, fit.RunAsk.of(suspension.wanted_job(job, wanted.counts)),
+            wanted.ready_timeout_s, wanted.requeue_limit, wanted.minimum,
+        )  # fmt: skip
