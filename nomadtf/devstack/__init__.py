@@ -72,10 +72,12 @@ def selected(cluster: bool = False, single: bool = False) -> list[Stack]:
     from nomadtf.devstack.cluster import ClusterStack
     from nomadtf.devstack.stack import DevStack
 
-    several = ClusterStack.default()
     stacks: list[Stack] = []
     if single or not cluster:
         stacks.append(DevStack.default())
-    if cluster or (not single and several.state_dir.exists()):
+    if single and not cluster:
+        return stacks  # the several-client stack's network (netns.py) is not even read
+    several = ClusterStack.default()
+    if cluster or several.state_dir.exists():
         stacks.append(several)
     return stacks

@@ -19,11 +19,13 @@ Usage:
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 import os
 import subprocess
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from nomadtf.errors import DevStackError
 
@@ -44,12 +46,48 @@ def subnet(text: str | None = None) -> ipaddress.IPv4Network:
     return net
 
 
-SUBNET = subnet()
-# Interface and namespace names carry the subnet's third octet; the default keeps its names.
-NET_ID = int(SUBNET.network_address.packed[2]) + (256 if SUBNET.network_address.packed[1] == 19 else 0)
-NAME_PREFIX = "ntf-" if NET_ID == 0 else f"ntf{NET_ID}-"
-BRIDGE = f"{NAME_PREFIX}br0"
-SERVER_IP = str(SUBNET.network_address + 1)
+@dataclass(frozen=True)
+class Net:
+    """The stack's subnet and the names and server address that follow from it."""
+
+    subnet: ipaddress.IPv4Network
+
+    @property
+    def net_id(self) -> int:
+        """The subnet's third octet (plus 256 in 198.19.x): interface and namespace names
+        carry it; the default subnet keeps the plain names."""
+        return int(self.subnet.network_address.packed[2]) + (256 if self.subnet.network_address.packed[1] == 19 else 0)
+
+    @property
+    def name_prefix(self) -> str:
+        return "ntf-" if self.net_id == 0 else f"ntf{self.net_id}-"
+
+    @property
+    def bridge(self) -> str:
+        return f"{self.name_prefix}br0"
+
+    @property
+    def server_ip(self) -> str:
+        return str(self.subnet.network_address + 1)
+
+
+@functools.cache
+def net() -> Net:
+    """This process's stack network, read from $NOMADTF_DEV_CLUSTER_SUBNET on first use (not
+    at import: a bad value fails only the commands that need the several-client stack)."""
+    return Net(subnet())
+
+
+_DERIVED = {"SUBNET": "subnet", "NET_ID": "net_id", "NAME_PREFIX": "name_prefix", "BRIDGE": "bridge", "SERVER_IP": "server_ip"}
+
+
+def __getattr__(name: str):
+    """SUBNET, NET_ID, NAME_PREFIX, BRIDGE, SERVER_IP: the fields of net(), as module names."""
+    if name in _DERIVED:
+        return getattr(net(), _DERIVED[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 # Inside each namespace the client's end of its veth pair.
 CLIENT_INTERFACE = "eth0"
 # Client addresses run from .11 to .210; the longest host-side name stays within Linux's
@@ -58,12 +96,12 @@ MAX_CLIENTS = 200
 
 
 def client_ip(index: int) -> str:
-    return str(SUBNET.network_address + 10 + index)
+    return str(net().subnet.network_address + 10 + index)
 
 
 def namespace(index: int) -> str:
     """The network namespace of client `index`."""
-    return f"{NAME_PREFIX}c{index}"
+    return f"{net().name_prefix}c{index}"
 
 
 def host_veth(index: int) -> str:
@@ -97,9 +135,11 @@ def namespace_pids(name: str) -> list[int]:
     return [int(p) for p in result.stdout.split()] if result.returncode == 0 else []
 
 
-def subnet_conflicts(routes: list[dict], links: list[dict], net: ipaddress.IPv4Network = SUBNET, bridge: str = BRIDGE) -> list[str]:
-    """What on this machine overlaps `net`, from `ip -j route show table all` and
+def subnet_conflicts(routes: list[dict], links: list[dict], subnet: ipaddress.IPv4Network | None = None, bridge: str | None = None) -> list[str]:
+    """What on this machine overlaps `subnet` (default: the stack's), from `ip -j route show table all` and
     `ip -j addr show`: routes and IPv4 addresses on anything but our own bridge. Pure."""
+    subnet = subnet or net().subnet
+    bridge = bridge or net().bridge
     found = []
     for route in routes:
         dst = route.get("dst", "")
@@ -109,13 +149,13 @@ def subnet_conflicts(routes: list[dict], links: list[dict], net: ipaddress.IPv4N
             other = ipaddress.ip_network(dst, strict=False)
         except ValueError:
             continue
-        if other.version == 4 and other.overlaps(net):
+        if other.version == 4 and other.overlaps(subnet):
             found.append(f"a route for {dst} (dev {route.get('dev', '?')})")
     for link in links:
         if link.get("ifname") == bridge:
             continue
         for addr in link.get("addr_info", []):
-            if addr.get("family") == "inet" and ipaddress.ip_address(addr["local"]) in net:
+            if addr.get("family") == "inet" and ipaddress.ip_address(addr["local"]) in subnet:
                 found.append(f"address {addr['local']} on {link.get('ifname')}")
     return found
 
@@ -127,33 +167,34 @@ def check_subnet_free() -> None:
     conflicts = subnet_conflicts(routes, links)
     if conflicts:
         raise DevStackError(
-            f"{'; '.join(conflicts)} overlaps {SUBNET}, which the several-client stack puts on its own "
-            f"bridge {BRIDGE}; remove it or stop what uses it"
+            f"{'; '.join(conflicts)} overlaps {net().subnet}, which the several-client stack puts on its own "
+            f"bridge {net().bridge}; remove it or stop what uses it"
         )
 
 
 def taken(clients: int) -> list[str]:
     """The namespaces and links `create(clients)` would make that exist already."""
     names = [n for n in (namespace(i) for i in range(1, clients + 1)) if n in namespaces()]
-    return names + [n for n in (BRIDGE, *(host_veth(i) for i in range(1, clients + 1))) if link_exists(n)]
+    return names + [n for n in (net().bridge, *(host_veth(i) for i in range(1, clients + 1))) if link_exists(n)]
 
 
 def create(clients: int, remember: Callable[[str, str], None]) -> None:
     """The bridge with SERVER_IP, and for each client its namespace, addressed, with its
     veth pair up. `remember(kind, name)` ("namespaces" or "links") is told of each before
     it is made, so that a failure half-way still leaves a record of what to remove."""
-    remember("links", BRIDGE)
-    ip("link", "add", BRIDGE, "type", "bridge")
-    ip("addr", "add", f"{SERVER_IP}/{SUBNET.prefixlen}", "dev", BRIDGE)
-    ip("link", "set", BRIDGE, "up")
+    bridge = net().bridge
+    remember("links", bridge)
+    ip("link", "add", bridge, "type", "bridge")
+    ip("addr", "add", f"{net().server_ip}/{net().subnet.prefixlen}", "dev", bridge)
+    ip("link", "set", bridge, "up")
     for i in range(1, clients + 1):
         ns, veth = namespace(i), host_veth(i)
         remember("namespaces", ns)
         ip("netns", "add", ns)
         remember("links", veth)
         ip("link", "add", veth, "type", "veth", "peer", "name", CLIENT_INTERFACE, "netns", ns)
-        ip("link", "set", veth, "master", BRIDGE, "up")
-        ip("-n", ns, "addr", "add", f"{client_ip(i)}/{SUBNET.prefixlen}", "dev", CLIENT_INTERFACE)
+        ip("link", "set", veth, "master", bridge, "up")
+        ip("-n", ns, "addr", "add", f"{client_ip(i)}/{net().subnet.prefixlen}", "dev", CLIENT_INTERFACE)
         ip("-n", ns, "link", "set", CLIENT_INTERFACE, "up")
         ip("-n", ns, "link", "set", "lo", "up")
 

@@ -5,6 +5,9 @@ client namespaces. Nothing is created."""
 from __future__ import annotations
 
 import ipaddress
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -42,7 +45,23 @@ def test_namespace_names_and_addresses():
 
 def test_a_route_only_overlapping_another_subnet_is_no_conflict():
     routes = [{"dst": "198.18.1.0/24", "dev": "ntf1-br0"}]
-    assert netns.subnet_conflicts(routes, [], net=ipaddress.ip_network("198.18.0.0/24"), bridge="ntf-br0") == []
-    assert netns.subnet_conflicts(routes, [], net=ipaddress.ip_network("198.18.1.0/24"), bridge="ntf-br0") == [
+    assert netns.subnet_conflicts(routes, [], subnet=ipaddress.ip_network("198.18.0.0/24"), bridge="ntf-br0") == []
+    assert netns.subnet_conflicts(routes, [], subnet=ipaddress.ip_network("198.18.1.0/24"), bridge="ntf-br0") == [
         "a route for 198.18.1.0/24 (dev ntf1-br0)"
     ]
+
+
+def test_a_bad_subnet_variable_fails_only_what_needs_the_network(tmp_path):
+    # Importing the package (as `dev down --single` does) must not raise; asking for the
+    # several-client stack's address names the variable and the fix.
+    code = (
+        "import nomadtf.devstack.netns as n\n"
+        "try:\n    n.SERVER_IP\nexcept Exception as exc:\n    print(type(exc).__name__, exc)\n"
+    )
+    env = {**os.environ, "NOMADTF_DEV_CLUSTER_SUBNET": "10.0.0.0/8"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("DevStackError NOMADTF_DEV_CLUSTER_SUBNET is a /24 inside 198.18.0.0/15"), out.stdout
+    env["NOMADTF_DEV_DIR"] = str(tmp_path / "no-stack")  # nothing to stop: `down` says so
+    down = subprocess.run([sys.executable, "-m", "nomadtf", "dev", "down", "--single"], env=env, capture_output=True, text=True)
+    assert down.returncode == 0, down.stderr
