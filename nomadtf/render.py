@@ -13,6 +13,7 @@ Usage:
 from __future__ import annotations
 
 import base64
+import copy
 import functools
 import json
 import posixpath
@@ -367,6 +368,24 @@ def render_job(
     except json.JSONDecodeError as exc:
         line = text.splitlines()[exc.lineno - 1] if exc.lineno <= len(text.splitlines()) else ""
         raise RenderError(f"templates produced invalid JSON at line {exc.lineno}: {exc.msg}: {line.strip()}") from exc
+
+
+def stamp_run(job: dict[str, Any], spec: JobSpec, run: RunInfo) -> dict[str, Any]:
+    """`job` (render_job's for `spec`, with or without a run) as render_job renders it with
+    `run`, without rendering again: only the job's Meta and each task's spec file carry the
+    run (tests/unit/test_render.py holds the two equal). A copy; `job` is left as it is."""
+    stamped = copy.deepcopy(job)
+    body = stamped["Job"]
+    run_keys = (wire.META_RUN, wire.META_MODEL_RUN)
+    meta = {key: value for key, value in (body.get("Meta") or {}).items() if key not in run_keys}
+    body["Meta"] = {**meta, **{key: value for key, value in job_meta(spec, run).items() if key in run_keys}}
+    source = spec_template(spec, run)
+    for group in body.get("TaskGroups") or []:
+        for task in group.get("Tasks") or []:
+            for template in task.get("Templates") or []:
+                if template.get("DestPath") == f"local/{wire.SPEC_FILE}":
+                    template["EmbeddedTmpl"] = source
+    return stamped
 
 
 def docker_image_needs(spec: JobSpec) -> list[str]:

@@ -51,7 +51,7 @@ from nomadtf.follow import (
 from nomadtf.nomad import NomadAPI
 from nomadtf.profile import offline_check_fill
 from nomadtf.roles import SCALABLE_ROLES
-from nomadtf.spec import JobSpec, RunInfo, expand_task_vars, load_options, parse_spec
+from nomadtf.spec import JobSpec, RunInfo, expand_task_vars, load_options, normalize, parse_spec
 from nomadtf.target import Target
 
 REPLACE_WAIT_S = 60.0  # how long --replace waits for the running run's allocations to stop
@@ -132,8 +132,10 @@ class Run:
         self.registered: tuple[str, bool, int] | None = None
         self.job_id: str = spec.name
         self.discovery: ConsulDiscovery | None = None
-        # The job as `validate` and `plan` see it; `submit` renders it again with its run.
-        self.job: dict[str, Any] = render.render_job(spec, templates, target=target)
+        # The job as `validate` and `plan` see it, rendered once: each submission stamps its
+        # run on it (render.stamp_run), never renders again.
+        self.rendered: dict[str, Any] = render.render_job(spec, templates, target=target)
+        self.job: dict[str, Any] = self.rendered
 
     @classmethod
     def from_job_file(cls, job_file: Path, variables: list[str], templates: Path | None = None) -> Run:
@@ -144,7 +146,7 @@ class Run:
         GET /v1/kv/nomadtf/_cluster/profile ; GET /v1/agent/self [; GET /v1/agent/members]
         """
         raw = load_options(job_file, variables)
-        parse_spec(offline_check_fill(raw))  # every problem of job.json itself, before any server
+        normalize(offline_check_fill(raw))  # checked only: every problem of job.json itself, before any server
         facts = cluster_facts.at_submission(NomadAPI.from_env(), os.environ)
         spec = parse_spec(facts.fill(raw))
         facts.require_target_for(spec)  # never a guess where the guess decides how tasks get Vault
@@ -180,7 +182,7 @@ class Run:
                 "pick another name (nomadtf never replaces a job it did not start)"
             )
         model_run = self._model_run(existing, run_id, resume, notes)
-        job = render.render_job(self.spec, self.templates, RunInfo(run_id, time.time(), model_run), self.target)
+        job = render.stamp_run(self.rendered, self.spec, RunInfo(run_id, time.time(), model_run))
         self.api.validate(job)
         discovery = ConsulDiscovery(self.job_id, self.api.namespace, run_id=run_id)
         try:
@@ -225,11 +227,11 @@ class Run:
         return result if isinstance(result, queued.Waiting) else None
 
     def _register(self, run_id: str, model_run: str, modify_index: int, suspended: bool) -> dict[str, Any]:
-        """Render the run as of now and register it (suspended: suspension.suspend), a
-        check-and-set on `modify_index`.
+        """Stamp the run as of now on the rendered job and register it (suspended:
+        suspension.suspend), a check-and-set on `modify_index`.
 
         POST /v1/jobs (EnforceIndex) ; GET /v1/job/:job_id after a refusal"""
-        job = render.render_job(self.spec, self.templates, RunInfo(run_id, time.time(), model_run), self.target)
+        job = render.stamp_run(self.rendered, self.spec, RunInfo(run_id, time.time(), model_run))
         admission = self.spec.admission
         # The tasks' rendezvous waits out an environment build too: so does the controller.
         ready_s = admission.ready_timeout_s + (self.spec.environment.timeout_s if self.spec.environment and admission.ready_timeout_s else 0.0)

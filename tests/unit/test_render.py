@@ -18,8 +18,9 @@ import pytest
 from nomadtf import __version__
 from nomadtf.dcos import convert_options
 from nomadtf.errors import RenderError, SpecError
-from nomadtf.render import default_templates_dir, embedded_spec, job_json, render_job
-from nomadtf.spec import JobSpec, load_spec, namespace_folder, normalize, parse_spec, read_options
+from nomadtf.render import default_templates_dir, embedded_spec, job_json, render_job, stamp_run
+from nomadtf.spec import JobSpec, RunInfo, load_spec, namespace_folder, normalize, parse_spec, read_options
+from nomadtf.target import resolve
 from tests.helpers import EXAMPLES, nomadtf
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -71,6 +72,21 @@ def _keys_reversed(value):
     if isinstance(value, list):
         return [_keys_reversed(item) for item in value]
     return value
+
+
+@pytest.mark.parametrize("name", [*JOB_EXAMPLES, "dcos"])
+def test_a_run_stamped_on_the_rendered_job_is_the_job_rendered_with_it(name):
+    # `nomadtf run` renders once and stamps each run on that job (run.py): only the Meta and
+    # the spec file may carry a run, and a job stamped twice keeps nothing of the first run.
+    spec = example_spec(name)
+    target = resolve("1.10.2", "test")
+    plain = render_job(spec, target=target)
+    fresh = RunInfo("run-2", 1_800_000_000.5, "run-2")
+    resumed = RunInfo("run-3", 1_800_000_100.25, "run-1")
+    for run in (fresh, resumed):
+        assert stamp_run(plain, spec, run) == render_job(spec, run=run, target=target)
+    assert stamp_run(stamp_run(plain, spec, resumed), spec, fresh) == render_job(spec, run=fresh, target=target)
+    assert plain == render_job(spec, target=target)  # the job stamped is left as it was
 
 
 def test_rendering_depends_on_the_spec_alone():
@@ -424,3 +440,4 @@ def test_approle_ids_come_from_the_job_s_nomad_variable_into_a_secrets_file_not_
     assert "secrets/vault_approle" not in {t["DestPath"] for t in task(render_job(spec), "ps")["Templates"]}  # no code, no login
     with_env = load_spec(JOB_EXAMPLES["secrets"], ["vault.auth=approle", "vault.policies=[]", 'env={"NOMADTF_VAULT_ROLE_ID": "r", "NOMADTF_VAULT_SECRET_ID": "s"}'])
     assert "secrets/vault_approle" not in {t["DestPath"] for t in task(render_job(with_env), "chief")["Templates"]}
+
