@@ -19,6 +19,7 @@
     │   ├── RendezvousTimeout         the cluster never became complete; lists who is missing
     │   └── CannotRecord              a task's failure that Consul cannot hold: exit 78, said on stderr
     └── JobFailed                     the run failed (exit 1); see nomadtf/outcome.py
+        ├── JobNotFound               no such job in Nomad (never submitted, or collected: the archive may hold it)
         ├── FollowTimeout             --timeout passed before the run ended; it goes on (exit 3)
         ├── QueueTimeout              --timeout passed while the run waited in the queue; removed (exit 3)
         ├── QueueInterrupted          Ctrl-C while queued: removed or left queued, as asked (exit 130)
@@ -148,6 +149,11 @@ class CannotRecord(TaskError):
 
 class JobFailed(NomadtfError):
     exit_code = 1
+
+
+class JobNotFound(JobFailed):
+    """Nomad has no such job: never submitted, or purged and collected (`status` and `logs`
+    then read the run's archive, client/archive.py)."""
 
 
 class FollowTimeout(JobFailed):

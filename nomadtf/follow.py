@@ -28,6 +28,7 @@ from nomadtf.errors import (
     FollowTimeout,
     JobFailed,
     JobLost,
+    JobNotFound,
     JobStopped,
     JobTimedOut,
     NomadtfError,
@@ -526,7 +527,7 @@ def require_nomadtf_job(api: NomadAPI, job_id: str) -> dict[str, Any]:
     """GET /v1/job/:job_id ; JobFailed unless the job is there and carries our Meta."""
     job = api.job(job_id)
     if job is None:
-        raise JobFailed(f"no job {job_id!r} in Nomad namespace {api.namespace!r}")
+        raise JobNotFound(f"no job {job_id!r} in Nomad namespace {api.namespace!r}")
     if META_VERSION not in (job.get("Meta") or {}):
         raise JobFailed(f"job {job_id!r} was not started by nomadtf (no {META_VERSION} in its Meta); not touching it")
     return job

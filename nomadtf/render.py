@@ -138,6 +138,7 @@ def _compiled_template_set(templates_dir: str) -> jinja2.Environment:
     templates.globals["runs_user_code"] = runs_user_code
     templates.globals["needs_vault_token"] = needs_vault_token
     templates.globals["approle_template"] = approle_template
+    templates.globals["notify_template"] = notify_template
     templates.globals["docker_host_mounts"] = docker_host_mounts
     templates.filters["volume_requests"] = lambda mounts: {m.volume: m.request() for m in mounts}
     templates.filters["volume_mounts"] = lambda mounts: [m.mount() for m in mounts]
@@ -212,6 +213,19 @@ def approle_template(spec: JobSpec, role: str) -> str | None:
     variable = wire.approle_variable(spec.name)
     return (f'{{{{ range nomadVarList "{variable}" }}}}{{{{ if eq .Path "{variable}" }}}}{{{{ with nomadVar .Path }}}}'
             f'{{{{ .{wire.APPROLE_ROLE_KEY} }}}}\n{{{{ .{wire.APPROLE_SECRET_KEY} }}}}\n{{{{ end }}}}{{{{ end }}}}{{{{ end }}}}')
+
+
+def notify_template(spec: JobSpec) -> str | None:
+    """consul-template source of the notify URL's file (wire.NOTIFY_FILE), from the job's
+    Nomad variable key `notify_url` (a URL's credentials, never in the job); for a job with
+    `notify`. Listed first, as the AppRole ids are: a variable nobody wrote leaves the file
+    empty instead of holding the task."""
+    if "notify" not in spec.document:
+        return None
+    variable = wire.approle_variable(spec.name)
+    return (f'{{{{ range nomadVarList "{variable}" }}}}{{{{ if eq .Path "{variable}" }}}}{{{{ with nomadVar .Path }}}}'
+            f'{{{{ range $k, $v := . }}}}{{{{ if eq $k "{wire.NOTIFY_URL_KEY}" }}}}{{{{ $v }}}}{{{{ end }}}}{{{{ end }}}}'
+            f'{{{{ end }}}}{{{{ end }}}}{{{{ end }}}}')
 
 
 def needs_vault_token(spec: JobSpec, role: str) -> bool:

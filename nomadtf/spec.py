@@ -26,6 +26,7 @@ import json
 import os
 import posixpath
 import re
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -407,6 +408,7 @@ def cross_field_problems(document: dict[str, Any]) -> list[str]:
     for role in SINGLETON_ROLES:
         if roles.get(role, {}).get("count", 0) > 1:
             problems.append(f"roles.{role}.count: at most one {role} per job, got {roles[role]['count']}")
+    problems += data_service_problems(roles)
     success = document["success"]
     if success == "chief" and roles.get("chief", {}).get("count", 0) < 1:
         problems.append("success: 'chief' needs a chief; add roles.chief or use 'worker0' / 'all_workers'")
@@ -417,6 +419,11 @@ def cross_field_problems(document: dict[str, Any]) -> list[str]:
     if ready and ready >= rendezvous:
         problems.append(f"admission.ready_timeout: must be shorter than discovery.rendezvous_timeout ({rendezvous:g}s), or the run fails "
                         "before it could be queued again; shorten it, or lengthen the rendezvous timeout")  # fmt: skip
+    if not role_table.uses_tf_config(strategy):
+        for role, cfg in sorted(roles.items()):
+            if isinstance(cfg.get("gpus"), dict) and "memory_limit_mib" in cfg["gpus"]:
+                problems.append(f"roles.{role}.gpus.memory_limit_mib: caps TensorFlow's memory, not JAX's; under strategy {strategy!r} "
+                                "remove it and set XLA_PYTHON_CLIENT_MEM_FRACTION (e.g. \"0.5\") in env instead")  # fmt: skip
     entry = document["entrypoint"]
     if "function" in entry and strategy != "legacy_server":
         problems.append("entrypoint.function: only for strategy 'legacy_server'; use 'script' or 'module'")
@@ -459,6 +466,7 @@ def cross_field_problems(document: dict[str, Any]) -> list[str]:
             if node["properties"].get(key, {}).get("$ref") == "#/$defs/duration" and parse_ns(value) >= durations.INT64:
                 problems.append(f"{section}.{key}: {value!r} is longer than Nomad can hold (about 292 years)")
     problems += environment_problems(document)
+    problems += notify_problems(document)
     if parse_seconds(document["recovery"]["reschedule_delay"]) < 5:
         problems.append("recovery.reschedule_delay: Nomad needs at least 5s; write e.g. 5s")
     for role, cfg in roles.items():
@@ -533,6 +541,30 @@ def environment_problems(document: dict[str, Any]) -> list[str]:
             "in driver.image (it must also hold python3 with nomadtf, see `nomadtf validate`), or use driver raw_exec"
         )
     return problems
+
+
+def notify_problems(document: dict[str, Any]) -> list[str]:
+    """A notify URL that carries credentials: they would be in the rendered job. Pure."""
+    url = (document.get("notify") or {}).get("url", "")
+    if "@" in urllib.parse.urlsplit(url).netloc:
+        return [
+            f"notify.url: {urllib.parse.urlsplit(url).hostname}'s URL carries credentials, which would be in the job; "
+            f"give it without them and put the whole URL in the job's Nomad variable "
+            f"(nomad var put nomad/jobs/<job> {wire.NOTIFY_URL_KEY}=URL)"
+        ]
+    return []
+
+
+def data_service_problems(roles: dict[str, Any]) -> list[str]:
+    """The tf.data service comes whole: workers need a dispatcher to register with, and a
+    dispatcher without workers would hold the code's first read forever. Pure."""
+    dispatchers = roles.get("data_dispatcher", {}).get("count", 0)
+    workers = roles.get("data_worker", {}).get("count", 0)
+    if workers and not dispatchers:
+        return ["roles.data_worker: data workers register with a dispatcher; add roles.data_dispatcher ({\"count\": 1})"]
+    if dispatchers and not workers:
+        return ["roles.data_dispatcher: a dispatcher without data workers serves no data; add roles.data_worker (e.g. {\"count\": 2})"]
+    return []
 
 
 def spread_problems(where: str, spreads: list[dict[str, Any]]) -> list[str]:

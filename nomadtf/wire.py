@@ -110,6 +110,26 @@ ENV_MODEL_DIR = "NOMADTF_MODEL_DIR"
 ENV_CONTEXT = "NOMADTF_CONTEXT"
 ENV_GENERATION = "NOMADTF_GENERATION"
 ENV_PROGRESS_FILE = "NOMADTF_PROGRESS_FILE"
+# The tf.data service (roles data_dispatcher, data_worker): the dispatcher's address,
+# grpc://host:port, for `tf.data.experimental.service.distribute(service=...)` in the
+# training code and for the data workers' registration.
+ENV_DATA_SERVICE = "NOMADTF_DATA_SERVICE"
+# The dispatcher's journal (fault-tolerant mode), under the run's model_dir: a restarted
+# dispatcher reads back its workers and jobs from there.
+DATA_SERVICE_DIR = "data_service"
+# strategy "jax" (Keras 3 on JAX, instead of TF_CONFIG; jaxenv.py): what Keras 3's
+# keras.distribution.initialize() reads (every process's address in process-id order; the
+# first is JAX's coordinator), what jax.distributed.initialize() reads itself
+# (JAX_COORDINATOR_ADDRESS; the count and id are ours, for code that passes them on), the
+# backend, and JAX's CPU collectives (gloo: the default from jax 0.5, none before it).
+ENV_KERAS_BACKEND = "KERAS_BACKEND"
+ENV_KERAS_JOB_ADDRESSES = "KERAS_DISTRIBUTION_JOB_ADDRESSES"
+ENV_KERAS_NUM_PROCESSES = "KERAS_DISTRIBUTION_NUM_PROCESSES"
+ENV_KERAS_PROCESS_ID = "KERAS_DISTRIBUTION_PROCESS_ID"
+ENV_JAX_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
+ENV_JAX_NUM_PROCESSES = "JAX_NUM_PROCESSES"
+ENV_JAX_PROCESS_ID = "JAX_PROCESS_ID"
+ENV_JAX_CPU_COLLECTIVES = "JAX_CPU_COLLECTIVES_IMPLEMENTATION"
 # GPUs: what Nomad's device plugin hands the task, what CUDA and TensorFlow read.
 ENV_NVIDIA_VISIBLE = "NVIDIA_VISIBLE_DEVICES"
 ENV_CUDA_VISIBLE = "CUDA_VISIBLE_DEVICES"
@@ -136,6 +156,18 @@ def approle_variable(job_id: str) -> str:
     nomad/jobs/<job> without any policy)."""
     return f"nomad/jobs/{job_id}"
 
+
+# job.json `notify`: the URL (or its credentials) from the same Nomad variable, key
+# NOTIFY_URL_KEY, rendered into this file of the secrets directory (runtime/notify.py).
+NOTIFY_URL_KEY = "notify_url"
+NOTIFY_FILE = "notify_url"
+
+# A run's archive (runtime/archive.py; read back by client/archive.py): under the store's
+# root, <root>/<job>/<run>/ARCHIVE_DIR/ holds OUTCOME_FILE and <role>-<index>/<attempt>.stdout|.stderr.
+ARCHIVE_DIR = ".nomadtf-archive"
+ARCHIVE_OUTCOME_FILE = "outcome.json"
+ENV_ARCHIVE_ROOT = "NOMADTF_ARCHIVE"  # the client's store root, when not the default one
+
 # The supervisor's credentials: never in the child's or an environment build's environment
 # (unless the job asks, vault.token_for_code), never in the spec file.
 CREDENTIAL_ENV = ("VAULT_TOKEN", "NOMAD_TOKEN", "CONSUL_HTTP_TOKEN", ENV_VAULT_ROLE_ID, ENV_VAULT_SECRET_ID)
@@ -161,6 +193,9 @@ def _label(text: str) -> str:
 
 
 def service_name(namespace: str, job_id: str, role: str) -> str:
+    # Nomad takes only letters, digits and dashes in a service name (RFC 1123): data_worker
+    # is registered as <job>-data-worker.
+    role = role.replace("_", "-")
     base = f"{job_id}-{role}" if namespace == DEFAULT_NAMESPACE else f"{namespace}--{job_id}-{role}"
     return _label(base)
 

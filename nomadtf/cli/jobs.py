@@ -12,7 +12,7 @@ import typer
 
 from nomadtf.cli.common import JobFile, Namespace, NomadVersion, Region, TemplatesDir, Vars, err, stamp, state
 from nomadtf.cli.display import Display
-from nomadtf.errors import NomadtfError
+from nomadtf.errors import JobNotFound, NomadtfError
 
 
 def register(app: typer.Typer) -> None:
@@ -165,7 +165,12 @@ def status(
             roles = ", ".join(f"{r} {v.running}/{v.wanted}" + (f" ({v.restarts} restarts)" if v.restarts else "") for r, v in view.roles.items())
             typer.echo(f"{name:<24} {job['Status']:<8} {age / 60:6.1f}m  {roles}")
         return
-    report = job_report(api, job_id, lambda run_id: ConsulDiscovery(job_id, api.namespace, run_id=run_id))
+    try:
+        report = job_report(api, job_id, lambda run_id: ConsulDiscovery(job_id, api.namespace, run_id=run_id))
+    except JobNotFound:
+        if not _archived_status(job_id, api.namespace):
+            raise
+        return
     history = preemptions(api, job_id, report.state.run_id) if report.state.run_id else []
     if suspension.is_waiting(report.state.job):
         typer.echo(f"{job_id}: run {report.state.run_id} {queue_line(report.state.job)}")
@@ -215,10 +220,15 @@ def logs(
     from nomadtf.nomad import NomadAPI
 
     api = NomadAPI.from_env(namespace=namespace, region=region)
-    # Every attempt of the slot in the current run (a replacement never hides the one that
-    # trained); following streams the newest.
-    allocs = log_allocations(api, job_id, role, index, newest_only=follow)
     stream = "stderr" if stderr else "stdout"
+    # Every attempt of the slot in the current run (a replacement never hides the one that
+    # trained); following streams the newest. Once Nomad has collected them: the archive.
+    try:
+        allocs = log_allocations(api, job_id, role, index, newest_only=follow)
+    except NomadtfError:
+        if not _archived_logs(job_id, api.namespace, role, index, stream):
+            raise
+        return
     for alloc in allocs:
         if len(allocs) > 1:
             typer.echo(f"==> {alloc['Name']} ({alloc['ID'][:8]}, {alloc.get('ClientStatus')})")
@@ -227,6 +237,45 @@ def logs(
                 typer.echo(chunk, nl=False)
         else:
             typer.echo(api.logs(alloc["ID"], role, stream), nl=False)
+
+
+def _archived_status(job_id: str, namespace: str) -> bool:
+    """`status` of a run Nomad no longer has, from its archive; False: none kept."""
+    import os
+
+    from nomadtf.client import archive
+
+    run = archive.latest_run(archive.archive_root(namespace, os.environ), job_id)
+    record = archive.read_outcome(run) if run else None
+    if run is None:
+        return False
+    run_id = record.get("run_id") if record else run.parent.name
+    typer.echo(f"{job_id}: collected by Nomad  run {run_id}  (from its archive, {run})")
+    if record:
+        for line in archive.describe_outcome(record):
+            typer.echo(line)
+    else:
+        typer.echo("  outcome: none recorded (the run was stopped or lost before a task could record one)")
+    typer.echo(f"  tasks kept: {', '.join(archive.tasks(run)) or 'none'}")
+    return True
+
+
+def _archived_logs(job_id: str, namespace: str, role: str, index: Optional[int], stream: str) -> bool:
+    """`logs` of a run Nomad no longer has, from its archive; False: nothing kept."""
+    import os
+
+    from nomadtf.client import archive
+
+    run = archive.latest_run(archive.archive_root(namespace, os.environ), job_id)
+    kept = archive.attempts(run, role, index, stream) if run else []
+    if not kept:
+        return False
+    err(f"{job_id}: collected by Nomad; from its archive ({run})")
+    for name, text in kept:
+        if len(kept) > 1:
+            typer.echo(f"==> {name}")
+        typer.echo(text, nl=False)
+    return True
 
 
 def scale(
@@ -267,12 +316,12 @@ def render(
     job_file: JobFile,
     var: Vars = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="Write to this file instead of stdout")] = None,
-    tf_config: Annotated[bool, typer.Option("--tf-config", help="Show every task's TF_CONFIG instead")] = False,
+    tf_config: Annotated[bool, typer.Option("--tf-config", help="Show every task's TF_CONFIG instead (strategy jax: its JAX environment)")] = False,
     templates: TemplatesDir = None,
     nomad_version: NomadVersion = None,
 ) -> None:
     """Render job.json into the Nomad job (API JSON) for a Nomad version. Offline."""
-    from nomadtf import cluster_facts, tfconfig
+    from nomadtf import cluster_facts, jaxenv, roles, tfconfig
     from nomadtf import render as render_mod
     from nomadtf.spec import load_options, parse_spec
 
@@ -280,7 +329,9 @@ def render(
     for note in facts.notes:
         err(note)
     spec = parse_spec(facts.fill(load_options(job_file, var or [])))
-    if tf_config:
+    if tf_config and not roles.uses_tf_config(spec.strategy):
+        text = json.dumps(jaxenv.all_process_envs(spec.name, spec.strategy, spec.counts), indent=2, sort_keys=True) + "\n"
+    elif tf_config:
         configs = tfconfig.all_tf_configs(spec.name, spec.strategy, spec.counts)
         text = json.dumps(configs, indent=2, sort_keys=True) + "\n"
     else:

@@ -21,6 +21,8 @@
     jobenv.py         the job's own Python environment: reused or built, held while the task runs
     oom.py            was our child killed for its memory: the cgroup's OOM counter, before and after
     versions.py       the Python and TensorFlow our child runs, read from its own interpreter
+    archive.py        the run's archive: the code's stdout and stderr per attempt (a tee), the outcome record
+    notify.py         job.json `notify`: the outcome record POSTed by the task that records it, retried
 """
 
 __all__ = ["run_task"]

@@ -29,6 +29,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 import psutil
 
@@ -89,19 +90,24 @@ def with_parent_death(argv: list[str]) -> list[str]:
 
 class Child:
     """One run of the child. `on_exit(pid, code)` is called from a waiter thread when it
-    ends by itself (the event loop turns that into an event); not after `stop`."""
+    ends by itself (the event loop turns that into an event); not after `stop`.
+    `capture(stdout, stderr)`: the child writes to pipes handed to it (the archive's tee,
+    runtime/archive.py); without it the child writes to our own streams."""
 
     def __init__(
-        self, argv: list[str], env: dict[str, str], cwd: str, on_exit: Callable[[int, int], None], pass_fds: tuple[int, ...] = (), user: CodeUser | None = None
+        self, argv: list[str], env: dict[str, str], cwd: str, on_exit: Callable[[int, int], None], pass_fds: tuple[int, ...] = (), user: CodeUser | None = None,
+        capture: Callable[[IO[bytes], IO[bytes]], object] | None = None,
     ):
         self.argv = argv
         self.mark = secrets.token_hex(8)
         env = {**env, wire.ENV_CHILD_MARK: self.mark}
         with _children_lock:
             as_user = user.popen_kwargs() if user else {}  # the code's own uid (codeuser.py)
-            self.proc = subprocess.Popen(with_parent_death(argv), env=env, cwd=cwd, close_fds=True, pass_fds=pass_fds, **OWN_GROUP, **as_user)
+            pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE} if capture else {}
+            self.proc = subprocess.Popen(with_parent_death(argv), env=env, cwd=cwd, close_fds=True, pass_fds=pass_fds, **OWN_GROUP, **as_user, **pipes)
             self.pid = self.proc.pid
             _children.add(self.pid)
+        self.tees = capture(self.proc.stdout, self.proc.stderr) if capture else None  # threads that copy its output
         self._stopping = False
         self._waiter = threading.Thread(target=self._wait, args=(on_exit,), name=f"child-{self.pid}", daemon=True)
         self._waiter.start()

@@ -88,6 +88,9 @@ class Membership:
         self.forming = False  # waiting on the generation key alone (start_watches)
         self.all_claimed_since: float | None = None  # monotonic: when we first saw every slot claimed
         self.post: Callable[[Event], None] = lambda event: None
+        # Called with the state once this task has recorded the run's outcome (the archive
+        # and notify: supervisor._on_recorded). It must not raise.
+        self.on_recorded: Callable[[str], None] = lambda state: None
 
     # the roles whose registrations matter to us
     @property
@@ -370,6 +373,7 @@ class Membership:
         """
         budget = deadline_s or deadline.decision_retry_s(self.spec, time.time())
         self.retry(lambda: self.discovery.set_job_state(state), what, budget)
+        self.on_recorded(state)
 
     def record_failure(self, code: int, why: str) -> None:
         """Mark the job failed by our task (`failed: <role>[<i>] exited <code>, <why>`). PUT .../cluster/state"""

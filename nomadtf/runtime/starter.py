@@ -42,6 +42,7 @@ class ChildStarter:
         on_exit: Callable[[int, int], None],
         on_versions: Callable[[str], None] | None = None,
         user: CodeUser | None = None,
+        capture: Callable | None = None,
     ):
         self.role = role
         self.alloc = alloc
@@ -49,7 +50,8 @@ class ChildStarter:
         self.on_exit = on_exit
         self.job_env: jobenv.Ready | None = None  # job.json `environment`, held until we exit
         self.user = user  # who the child runs as (codeuser.py; None: as we do)
-        self.warm = warm.WarmStart(user)  # the child started while we wait for the cluster
+        self.capture = capture  # the child's output, teed to the run's archive (archive.py; None: none)
+        self.warm = warm.WarmStart(user, capture)  # the child started while we wait for the cluster
         self.said_versions = False  # the child's Python and TensorFlow, logged at its first start
         self.on_versions = on_versions  # ... and handed on (the supervisor publishes it for `run` and `status`)
         self._versions: threading.Thread | None = None
@@ -84,8 +86,12 @@ class ChildStarter:
             self.said_versions = True
             self._versions = threading.Thread(target=self._say_versions, args=(argv[0], env), name="versions", daemon=True)
             self._versions.start()
-        log.info("generation %d: starting %s with TF_CONFIG %s", generation, " ".join(argv[1:4]), env.get(wire.ENV_TF_CONFIG, "(none)"))
-        return self.warm.take(argv, env, cwd) or Child(argv, env, cwd, self.on_exit, user=self.user)
+        if wire.ENV_KERAS_JOB_ADDRESSES in env:  # strategy jax: JAX's processes, no TF_CONFIG
+            log.info("generation %d: starting %s as JAX process %s of %s (%s)", generation, " ".join(argv[1:4]),
+                     env[wire.ENV_JAX_PROCESS_ID], env[wire.ENV_JAX_NUM_PROCESSES], env[wire.ENV_KERAS_JOB_ADDRESSES])
+        else:
+            log.info("generation %d: starting %s with TF_CONFIG %s", generation, " ".join(argv[1:4]), env.get(wire.ENV_TF_CONFIG, "(none)"))
+        return self.warm.take(argv, env, cwd) or Child(argv, env, cwd, self.on_exit, user=self.user, capture=self.capture)
 
     def died(self, pid: int, code: int) -> bool:
         return self.warm.died(pid, code)

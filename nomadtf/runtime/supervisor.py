@@ -27,8 +27,9 @@ from nomadtf import health as health_endpoint
 from nomadtf import roles, wire
 from nomadtf.discovery import ConsulDiscovery
 from nomadtf.errors import RendezvousTimeout, ServerError, TaskError, VaultError
-from nomadtf.runtime import codeuser, deadline, oom, policy, progresswatch, startup
+from nomadtf.runtime import codeuser, deadline, notify, oom, policy, progresswatch, startup
 from nomadtf.runtime.alloc import AllocInfo
+from nomadtf.runtime.archive import TaskArchive
 from nomadtf.runtime.budget import AllocationBudget
 from nomadtf.runtime.child import Child, become_subreaper, make_undumpable, reap_orphans
 from nomadtf.runtime.loop import (
@@ -91,7 +92,13 @@ class Supervisor:
         self.secrets = SecretEnv(spec, alloc.secrets_dir, vault, user)
         progress_file = alloc.task_dir / wire.PROGRESS_FILE
         self.progress = progresswatch.ProgressWatch(progress_file, spec.recovery.hang_timeout_s, discovery, self.me)
-        self.starter = ChildStarter(role, alloc, progress_file, lambda pid, code: self.loop.post(Event(CHILD_EXIT, (pid, code))), self._publish_versions, user)
+        # The code's output and the run's outcome, kept beside its checkpoints (archive.py);
+        # the outcome POSTed where job.json `notify` says (notify.py): its URL read now, before any code starts.
+        self.archive = TaskArchive.of(spec, role, alloc.alloc_index, alloc.alloc_id, user)
+        self.notifier = notify.Notifier(notify.read_url(spec, alloc.secrets_dir))
+        self.membership.on_recorded = self._on_recorded
+        self.starter = ChildStarter(role, alloc, progress_file, lambda pid, code: self.loop.post(Event(CHILD_EXIT, (pid, code))), self._publish_versions, user,
+                                    capture=self.archive.capture if self.archive else None)
         self.phase = Phase.CLAIMING
         self.running: Running | None = None
         self.succeeded_at: float | None = None
@@ -117,6 +124,7 @@ class Supervisor:
             self.secrets.close()  # stops its renewers; revokes a token we logged in for
             health.shutdown()
             reap_orphans()
+            self.notifier.wait()  # last: the outcome is recorded and our peers are told already
 
     def _main(self) -> int:
         ended = startup.before_claim(
@@ -470,6 +478,35 @@ class Supervisor:
         log.error("the job's deadline passed (%s); stopping", state)
         self._stop_child()
         return 1 if deciding == (self.role, self.me.index) else 0
+
+    # ---- the run's end -----------------------------------------------------------------------
+
+    def _on_recorded(self, state: str) -> None:
+        """We recorded the run's outcome: keep it in the archive and send it (notify), best
+        effort: neither may delay or change the outcome (the POST runs in its own thread).
+
+        GET /v1/kv/nomadtf/<ns>/<job>/<run>/progress (the run's last metrics, any task's)
+        """
+        try:
+            self._keep_and_send(state)
+        except Exception as exc:  # noqa: BLE001 - the outcome is recorded; its copies are best effort
+            log.warning("archive and notify: %s", exc)
+
+    def _keep_and_send(self, state: str) -> None:
+        try:
+            progress = self.discovery.progress()
+        except ServerError:
+            progress = None
+        progress = progress or self.progress.last
+        code = self.running.child.returncode if self.running else None
+        for tee in (self.running.child.tees or []) if self.running else []:
+            tee.join(1.0)  # what the child wrote last (its traceback) is in the archive
+        stderr = self.archive.last_stderr() if self.archive else ""
+        advice = notify.what_to_do(self.spec.name, state, stderr, code, self.alloc.alloc_id)
+        record = notify.outcome_record(self.spec, state, f"{self.role}[{self.me.index}]", time.time(), progress, advice)
+        if self.archive:
+            self.archive.write_outcome(record)
+        self.notifier.send(record)
 
     # ---- the child --------------------------------------------------------------------------
 

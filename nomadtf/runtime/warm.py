@@ -57,7 +57,7 @@ def handoff_message(env: dict[str, str], mark: str) -> bytes:
 
 _TF_IMPORT = re.compile(rb"^[ \t]*(?:import|from)[ \t]+tensorflow\b", re.M)
 # Children of nomadtf's own that always load TensorFlow.
-_TF_MODULES = ("nomadtf.tfserver", "nomadtf.gpulimit")
+_TF_MODULES = ("nomadtf.tfserver", "nomadtf.gpulimit", "nomadtf.usercode.dataservice")
 
 
 def preimports(role: str, argv: list[str] | None = None, cwd: str = ".", pythonpath: str = "") -> list[str] | None:
@@ -101,12 +101,13 @@ def uses_tensorflow(argv: list[str], cwd: str, pythonpath: str = "") -> bool:
 class Waiting:
     """One waiting child: its Child (process group, mark, waiter) and the pipe's write end."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], cwd: str, modules: list[str], on_exit: Callable[[int, int], None], user: CodeUser | None = None):
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: str, modules: list[str], on_exit: Callable[[int, int], None], user: CodeUser | None = None,
+                 capture: Callable | None = None):
         read_fd, self.write_fd = os.pipe()
         try:
             command = waiting_argv(argv, read_fd, modules)
             assert command is not None
-            self.child = Child(command, env, cwd, on_exit, pass_fds=(read_fd,), user=user)
+            self.child = Child(command, env, cwd, on_exit, pass_fds=(read_fd,), user=user, capture=capture)
         except BaseException:
             os.close(self.write_fd)
             raise
@@ -142,8 +143,9 @@ class WarmStart:
     warm.close()
     """
 
-    def __init__(self, user: CodeUser | None = None) -> None:
+    def __init__(self, user: CodeUser | None = None, capture: Callable | None = None) -> None:
         self.user = user  # who the waiting child runs as (codeuser.py)
+        self.capture = capture  # its output's tee (runtime/archive.py; Child)
         self.waiting: Waiting | None = None
         self.deaths = 0  # in a row, before a handoff
         self._last: tuple | None = None  # (argv, env, cwd, modules, on_exit) to replace one
@@ -165,7 +167,7 @@ class WarmStart:
         assert self._last is not None
         argv, env, cwd, modules, on_exit = self._last
         try:
-            self.waiting = Waiting(argv, env, cwd, modules, on_exit, self.user)
+            self.waiting = Waiting(argv, env, cwd, modules, on_exit, self.user, self.capture)
         except OSError as exc:
             log.warning("could not start the child ahead of the cluster (%s); it starts cold", exc)
             self.waiting = None
