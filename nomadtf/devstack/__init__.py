@@ -7,6 +7,7 @@ which one a command means, so the CLI never asks.
     protocol      the Stack protocol; StackApi (where the servers answer, clients for them); Status
     stack         DevStack: -dev agents on 127.0.0.1
     cluster       ClusterStack: a server machine and N client namespaces; it only orchestrates:
+      machines      starting the server machine and the clients (binaries, credentials, agents, daemons)
       netns         the bridge, namespaces and veths (iproute2)
       layout        which machine is where, the shape (clients, fake GPUs), its words
       record        the state directory, its marker and stack.json

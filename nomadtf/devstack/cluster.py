@@ -12,7 +12,8 @@ single-node stack (`stack.py`) runs beside this one. The Nomad server declares a
 client down within seconds (`wiring.FAST_HEARTBEATS`), so node loss can be tested
 (tests/faults.py kills, pauses and restarts clients).
 
-This class only orchestrates; each job has its module: `netns` (the network), `layout`
+This class only orchestrates; each job has its module: `machines` (starting the server and
+client machines), `netns` (the network), `layout`
 (which machine is where, the shape), `record` (stack.json), `agents` (starting them),
 `probes` (waiting for them), `bootstrap` (ACLs, OpenBao's init and engines), `security`
 (the CA and tokens of `--secure`), `teardown` (stopping and removing).
@@ -39,7 +40,6 @@ Usage:
 from __future__ import annotations
 
 import os
-import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -48,25 +48,22 @@ from pathlib import Path
 import psutil
 
 from nomadtf.devstack import (
-    agents,
-    binaries,
-    bootstrap,
-    consul_engine,
     controller,
-    gpu_plugin,
     layout,
     netns,
     probes,
     processes,
     security,
     teardown,
-    wiring,
 )
 from nomadtf.devstack.docker import Daemon
-from nomadtf.devstack.probes import wait_for
+from nomadtf.devstack.machines import Machines
 from nomadtf.devstack.protocol import Progress, StackApi, Status, StatusRow
-from nomadtf.devstack.record import MARKER, Component, Record, claim_state_dir, write_private
+from nomadtf.devstack.record import MARKER, Component, Record, claim_state_dir
 from nomadtf.errors import DevStackError
+
+# What stack.json holds before `up` wrote it (and what a record from an older nomadtf lacks).
+RECORD_DEFAULTS = {"clients": 0, "gpus": 0, "gpu_clients": [], "namespaces": [], "links": [], "secure": False, "docker": False}
 
 
 class ClusterStack:
@@ -77,10 +74,7 @@ class ClusterStack:
 
     def __init__(self, state_dir: Path):
         self.state_dir = state_dir
-        self.record = Record(
-            state_dir / "stack.json",
-            defaults={"clients": 0, "gpus": 0, "gpu_clients": [], "namespaces": [], "links": [], "secure": False, "docker": False},
-        )
+        self.record = Record(state_dir / "stack.json", defaults=RECORD_DEFAULTS)
         self.record_path = self.record.path
         self.token_path = state_dir / "root-token"
         self.marker_path = state_dir / MARKER
@@ -232,13 +226,7 @@ class ClusterStack:
         if os.geteuid() != 0:
             raise DevStackError("the several-client stack creates network namespaces and a bridge: run it as root")
         running = self.shape() if self.is_up() else None
-        if gpus is None:  # as the running stack has them, or none
-            gpus = running.gpus if running else 0
-            if gpu_clients is None and running and gpus:
-                gpu_clients = running.gpu_clients
-        if docker is None:
-            docker = running.docker if running else False
-        wanted = layout.Shape(clients, gpus, layout.gpu_client_set(clients, gpus, gpu_clients), secure, docker)
+        wanted = layout.wanted_shape(running, clients, gpus, gpu_clients, secure, docker)
         if running:
             if running != wanted:
                 raise DevStackError(
@@ -251,23 +239,18 @@ class ClusterStack:
             progress("a previous several-client stack is partly there; removing it first")
             self.down(progress)
         netns.check_subnet_free()
-        taken = netns.taken(clients)
-        if taken:
-            raise DevStackError(
-                f"{', '.join(taken)} already exist{'s' if len(taken) == 1 else ''} but no several-client stack "
-                f"recorded {'it' if len(taken) == 1 else 'them'} in {self.state_dir}; delete them "
-                "(`ip netns del NAME`, `ip link del NAME`) and retry"
-            )
+        netns.check_names_free(clients, recorded_in=self.state_dir)
         claim_state_dir(self.state_dir, "NOMADTF_DEV_CLUSTER_DIR")
-        self.record.save(clients=clients, gpus=gpus, gpu_clients=list(wanted.gpu_clients), secure=secure, docker=docker)
+        self.record.save(clients=clients, gpus=wanted.gpus, gpu_clients=list(wanted.gpu_clients), secure=secure, docker=wanted.docker)
         started = time.monotonic()
         try:
-            bins = self._binaries(progress, gpus, secure)
-            self._credentials(progress, clients, secure)
+            machines = Machines(self)
+            bins = machines.binaries(progress, wanted.gpus, secure)
+            machines.credentials(progress, clients, secure)
             netns.create(clients, self.record.remember)
             progress(f"network: {netns.BRIDGE} {netns.SERVER_IP}/{netns.SUBNET.prefixlen}, namespaces {netns.namespace(1)}..{netns.namespace(clients)}")
-            self._start_server_machine(bins, timeout, progress)
-            self._start_clients(bins["consul"], bins["nomad"], range(1, clients + 1), timeout)
+            machines.start_server(bins, timeout, progress)
+            machines.start_clients(bins["consul"], bins["nomad"], range(1, clients + 1), timeout)
             addresses = ", ".join(netns.client_ip(i) for i in range(1, clients + 1))
             progress(f"{clients} nomad clients ready ({addresses}) in {time.monotonic() - started:.1f}s")
             controller.ensure_controller(self, progress, secure=secure)
@@ -276,130 +259,6 @@ class ClusterStack:
             raise
         return True
 
-    def _binaries(self, progress: Progress, gpus: int, secure: bool) -> dict[str, Path]:
-        """The servers' binaries, and the plugins this shape loads (found, or built once)."""
-        bins = {name: binaries.find_or_build(name, progress) for name in ("consul", "bao", "nomad")}
-        if gpus:
-            gpu_plugin.find_or_build(progress)  # into gpu_plugin.plugin_dir(), which the clients load
-        if secure:
-            consul_engine.find_or_build(progress)  # OpenBao 2 ships no Consul secrets engine
-        return bins
-
-    def _credentials(self, progress: Progress, clients: int, secure: bool) -> None:
-        """With `secure`, the CA, every agent's certificate and the tokens; else OpenBao's
-        dev root token."""
-        if not secure:
-            write_private(self.token_path, secrets.token_urlsafe(24))
-            return
-        client_ips = [netns.client_ip(i) for i in range(1, clients + 1)]
-        security.SecureState.create(self.secure_state.folder, netns.SERVER_IP, client_ips)
-        progress(f"secure: a CA and agent certificates in {self.secure_state.tls_dir}, tokens in {self.secure_state.tokens_path} (0600)")
-
-    def _machine(self, kind: str, index: int = 0, gpus: int = 0) -> wiring.Machine:
-        """The machine's description (its folder made, private): configs come from it."""
-        desc = layout.machine(kind, index, state_dir=self.state_dir, gpus=gpus)
-        if self.shape().secure:
-            desc = replace(desc, security=self.secure_state.machine(kind, index))
-        if self.shape().docker and kind == "client":
-            desc = replace(desc, docker_endpoint=self.daemon(index).host)
-        desc.state_dir.mkdir(mode=0o700, exist_ok=True)
-        return desc
-
-    def _start_server_machine(self, bins: dict[str, Path], timeout: float, progress: Progress) -> None:
-        """Consul server, OpenBao, Nomad server, each bootstrapped once it answers."""
-        secure = self.shape().secure
-        server = self._machine("server")
-        found = layout.urls(secure)
-
-        consul = agents.start_consul(self.state_dir, "consul", bins["consul"], server)
-        self.record.put(consul)
-        wait_for(lambda: probes.consul_leader(self.api()), timeout, "consul server", consul.log)
-        if secure:
-            bootstrap.consul_acl_setup(self.api().consul(), self.secure_state)
-        progress(f"consul server ready at {found['consul']}" + (" (ACLs: default deny; TLS)" if secure else ""))
-
-        openbao = self._start_openbao(bins["bao"])
-        self.record.put(openbao)
-        if secure:
-            wait_for(lambda: probes.openbao_listening(self.api()), timeout, "openbao", openbao.log)
-            bootstrap.openbao_init(self.api().vault(), self.secure_state)
-        wait_for(lambda: probes.openbao_active(self.api()), timeout, "openbao", openbao.log)
-        vault = self.api().vault(timeout=60)  # with the root token: openbao_init saved it
-        nomad_token = bootstrap.configure_openbao(vault)
-        if secure:
-            bootstrap.register_consul_engine(vault, consul_engine.PLUGIN.path())
-            bootstrap.configure_consul_engine(vault, f"{netns.SERVER_IP}:{wiring.CONSUL_HTTPS_PORT}", self.secure_state)
-        progress(f"openbao ready at {found['vault']} (KV v2 at secret/, role {wiring.VAULT_ROLE})")
-
-        nomad = agents.start_nomad(self.state_dir, "nomad", bins["nomad"], server, vault_token=nomad_token)
-        self.record.put(nomad)
-        wait_for(lambda: probes.nomad_leader(self.api()), timeout, "nomad server", nomad.log)
-        if secure:
-            bootstrap.nomad_acl_bootstrap(self.api().nomad(), self.secure_state)
-        progress(f"nomad server ready at {found['nomad']} (UI at {found['nomad']}/ui/)")
-
-    def _start_openbao(self, binary: Path) -> Component:
-        address = f"{netns.SERVER_IP}:{wiring.VAULT_PORT}"
-        if not self.shape().secure:
-            return agents.start_openbao_dev(self.state_dir, binary, address, self.root_token())
-        # A real server with a TLS listener, and the Consul engine's plugin directory.
-        config = security.openbao_config(address, self.secure_state.pair("openbao")) + consul_engine.openbao_config()
-        return agents.start_openbao(self.state_dir, binary, config)
-
-    def _start_clients(self, consul_binary: Path, nomad_binary: Path, indexes: Sequence[int], timeout: float) -> None:
-        """Start the Consul and Nomad agents of each client in `indexes` and wait until every
-        one is a ready node. Each Nomad client must find its Consul agent when it starts: it
-        fingerprints the agent once, then only every 15 s, and without `consul.version` on
-        the node no job with a service is placed there."""
-        for i in indexes:
-            consul_name, _ = layout.agent_names(i)
-            self.record.put(agents.start_consul(self.state_dir, consul_name, consul_binary, self._machine("client", i), netns.namespace(i)))
-        for i in indexes:
-            consul = self.component(layout.agent_names(i)[0])
-            wait_for(lambda i=i: probes.consul_node_alive(self.api(), layout.node_name(i)), timeout, f"consul agent {layout.node_name(i)}", consul.log)
-        joined = self._start_daemons(indexes, timeout) if self.shape().docker else {}
-        for i in indexes:
-            _, nomad_name = layout.agent_names(i)
-            machine = self._machine("client", i, self.shape().gpus_on(i))
-            self.record.put(
-                agents.start_nomad(self.state_dir, nomad_name, nomad_binary, machine, namespace=netns.namespace(i), join_pid=joined.get(i))
-            )
-        for i in indexes:
-            self._wait_client(i, timeout)
-
-    def _start_daemons(self, indexes: Sequence[int], timeout: float) -> dict[int, int]:
-        """Each client's Docker daemon (one still running from before is kept: `start_client`
-        after a node loss), in the client's network namespace; index -> the PID whose mount
-        and network namespaces its Nomad client joins. The containers a stopped stack left
-        behind are removed: the new Nomad client knows none of them."""
-        pids = {}
-        for i in indexes:
-            name, daemon = f"docker-{layout.node_name(i)}", self.daemon(i)
-            comp = next((c for c in self.components() if c.name == name and c.process()), None)
-            if comp is None:
-                daemon.socket.unlink(missing_ok=True)  # a dead daemon's socket answers nothing
-                comp = daemon.start(netns.namespace(i), name=name)
-                self.record.put(comp)
-                daemon.wait_ready(timeout, comp.log)
-                daemon.remove_containers()
-            pids[i] = comp.pid
-        return pids
-
-    def _wait_client(self, index: int, timeout: float) -> None:
-        """Until client `index` is a ready node that has heartbeated at least once."""
-        name, gpus = layout.node_name(index), self.shape().gpus_on(index)
-        drivers = ("raw_exec", "docker") if self.shape().docker else ("raw_exec",)
-        log = self.component(layout.agent_names(index)[1]).log
-        api = self.api()
-        wait_for(lambda: probes.nomad_node_ready(api, gpus, name, drivers=drivers), timeout, f"nomad client {name}", log)
-        # A client sends its first heartbeat up to 10 s after registering (Nomad's fixed
-        # initial stagger), later than our short TTL + grace: the server may mark it down
-        # once in between. Wait until it has heartbeated, and is ready after that.
-        scheme = "https" if self.shape().secure else "http"
-        seen = probes.HeartbeatWatch(api, f"{scheme}://{netns.client_ip(index)}:4646")
-        wait_for(seen.heartbeated, timeout, f"nomad client {name}'s first heartbeat", log)
-        wait_for(lambda: probes.nomad_node_ready(api, gpus, name, drivers=drivers), timeout, f"nomad client {name}", log)
-
     def start_client(self, index: int, timeout: float = 60.0) -> None:
         """Start client `index`'s Consul and Nomad agents again, with their data dirs (the
         same node comes back), and wait until the node is ready. Its agents must not run
@@ -407,7 +266,7 @@ class ClusterStack:
         self.client_namespace(index)
         consul = self.component(layout.agent_names(index)[0])
         nomad = self.component(layout.agent_names(index)[1])
-        self._start_clients(Path(consul.binary), Path(nomad.binary), [index], timeout)
+        Machines(self).start_clients(Path(consul.binary), Path(nomad.binary), [index], timeout)
 
     def client_namespace(self, index: int) -> str:
         """The network namespace of client `index`, which must be one of the stack's."""

@@ -187,3 +187,16 @@ class Shape:
 
     def up_command(self) -> str:
         return up_command(self.clients, self.gpus, self.gpu_clients, self.secure, self.docker)
+
+
+def wanted_shape(running: Shape | None, clients: int, gpus: int | None, gpu_clients: Sequence[int] | None, secure: bool,
+                 docker: bool | None) -> Shape:  # fmt: skip
+    """The shape `up` is asked for: `gpus` and `docker` None mean as the running stack has
+    them (with its GPU clients), or none."""
+    if gpus is None:
+        gpus = running.gpus if running else 0
+        if gpu_clients is None and running and gpus:
+            gpu_clients = running.gpu_clients
+    if docker is None:
+        docker = running.docker if running else False
+    return Shape(clients, gpus, gpu_client_set(clients, gpus, gpu_clients), secure, docker)

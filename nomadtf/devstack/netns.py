@@ -178,6 +178,18 @@ def taken(clients: int) -> list[str]:
     return names + [n for n in (net().bridge, *(host_veth(i) for i in range(1, clients + 1))) if link_exists(n)]
 
 
+def check_names_free(clients: int, recorded_in: object) -> None:
+    """Refuse to make what `create(clients)` would when any of it exists already, unrecorded
+    by the stack in `recorded_in` (its state directory, for the message)."""
+    names = taken(clients)
+    if names:
+        raise DevStackError(
+            f"{', '.join(names)} already exist{'s' if len(names) == 1 else ''} but no several-client stack "
+            f"recorded {'it' if len(names) == 1 else 'them'} in {recorded_in}; delete them "
+            "(`ip netns del NAME`, `ip link del NAME`) and retry"
+        )
+
+
 def create(clients: int, remember: Callable[[str, str], None]) -> None:
     """The bridge with SERVER_IP, and for each client its namespace, addressed, with its
     veth pair up. `remember(kind, name)` ("namespaces" or "links") is told of each before

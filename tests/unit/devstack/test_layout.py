@@ -127,3 +127,11 @@ def test_the_stack_api_of_a_plain_stack_has_no_credentials_but_openbaos_token(tm
     api = stack.api()
     assert api.urls == layout.urls(False) and api.ca_file is None and api.nomad_token is None
     assert api.vault_token == "root" and "root" not in repr(api)
+
+
+def test_up_without_gpus_or_docker_means_as_the_running_stack_has_them():
+    running = layout.Shape(3, 2, (3,), True, True)
+    assert layout.wanted_shape(running, 3, None, None, True, None) == running
+    assert layout.wanted_shape(None, 3, None, None, False, None) == layout.Shape(3, 0, (), False, False)
+    # Asked for explicitly, they win over the running stack's (and `up` then names the difference).
+    assert layout.wanted_shape(running, 3, 1, None, True, False) == layout.Shape(3, 1, (1, 2, 3), True, False)
