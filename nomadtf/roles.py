@@ -11,6 +11,13 @@
     legacy_server          chief/worker yes        yes            ps moved/restarted, chief/worker moved
                            ps           no (server) yes           never
                            evaluator    yes        no             never
+    jax                    worker       yes        yes            worker moved/restarted
+                           evaluator    yes        no             never
+                           tensorboard  no         no             never
+
+"jax" is Keras 3 (or any JAX code) across processes: it forms like multi_worker_mirrored,
+but its code gets KERAS_DISTRIBUTION_* and JAX_* (jaxenv.py) instead of TF_CONFIG; "in TF
+cluster" there means one of JAX's processes, worker i being process i.
 
 "moved": the peer's address changed (a new allocation elsewhere). "restarted": same
 address, new TensorFlow process (a parameter server that restarts has lost its variables;
@@ -30,7 +37,9 @@ SINGLETON_ROLES = ("chief", "evaluator", "tensorboard")
 SOFT_ROLES = ("evaluator", "tensorboard")
 # Roles whose count may change while a run runs (`nomadtf scale`, an elastic count).
 SCALABLE_ROLES = ("worker",)
-STRATEGIES = ("parameter_server", "multi_worker_mirrored", "legacy_server")
+STRATEGIES = ("parameter_server", "multi_worker_mirrored", "legacy_server", "jax")
+# Strategies whose code gets JAX's processes (jaxenv.py) instead of TF_CONFIG.
+JAX_STRATEGIES = ("jax",)
 
 MOVED = "moved"
 RESTARTED = "restarted"
@@ -77,6 +86,16 @@ TABLE: dict[str, dict[str, RoleRule]] = {
         "evaluator": _EVALUATOR,
         "tensorboard": _TENSORBOARD,
     },
+    # Workers only: JAX's processes are peers (process 0 also hosts the coordinator), so a
+    # chief would be one more worker. Every process restarts when any moves or restarts:
+    # jax.distributed cannot take a process back into a running computation.
+    "jax": {
+        "chief": _NOT_ALLOWED,
+        "worker": RoleRule(True, True, True, True, (("worker", BOTH),)),
+        "ps": _NOT_ALLOWED,
+        "evaluator": _EVALUATOR,
+        "tensorboard": _TENSORBOARD,
+    },
 }
 
 
@@ -91,6 +110,11 @@ def runs_user_code(strategy: str, role: str) -> bool:
 def is_soft(role: str) -> bool:
     """A side role (evaluator, TensorBoard): its failure never fails, stops or restarts training."""
     return role in SOFT_ROLES
+
+
+def uses_tf_config(strategy: str) -> bool:
+    """Whether the code gets TF_CONFIG (every TensorFlow strategy) or JAX's processes (jax)."""
+    return strategy not in JAX_STRATEGIES
 
 
 def cluster_roles(strategy: str) -> tuple[str, ...]:

@@ -66,6 +66,8 @@ RUN_BY: dict[str, str] = {
         "tests/stack/test_run.py::test_multi_worker_mirrored_example_trains_and_completes",
     r"nomadtf run examples/legacy/job.json --var entrypoint.workdir=\$PWD/examples/digits":
         "tests/stack/test_run.py::test_legacy_server_main_gets_the_server_and_context",
+    r"nomadtf run examples/jax/job.json --var entrypoint.workdir=\$PWD/examples/jax":
+        "tests/stack/test_jax.py::test_keras_on_jax_trains_on_two_processes",
     # Run as commands on the session's stack, which has this shape: already up, nothing restarted.
     r"nomadtf dev up --gpus 6( --mig 2)?( --docker)?":
         "tests/stack/test_devstack.py::test_dev_up_as_the_docs_show_it_finds_the_running_stack_and_leaves_it_alone",

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from nomadtf import roles, tfconfig, wire
+from nomadtf import jaxenv, roles, tfconfig, wire
 from nomadtf.spec import JobSpec
 from nomadtf.tfconfig import Member
 
@@ -73,6 +73,8 @@ def waiting_env(spec: JobSpec, role: str, index: int, environ: dict[str, str], p
         }
     )
     env.update(gpu_env(spec.gpus.get(role), environ))
+    if not roles.uses_tf_config(spec.strategy):
+        env.update(jaxenv.waiting_env(environ))
     return env
 
 
@@ -86,10 +88,15 @@ def child_env(
     progress_file: str,
     secret_env: dict[str, str],
 ) -> dict[str, str]:
-    """The task's environment minus nomadtf's credentials and plumbing, plus TF_CONFIG, the
-    NOMADTF_* names (wire.py) and the secrets under the names the job chose."""
+    """The task's environment minus nomadtf's credentials and plumbing, plus TF_CONFIG (or
+    under jax, a process's KERAS_DISTRIBUTION_* and JAX_* names: jaxenv.py), the NOMADTF_*
+    names (wire.py) and the secrets under the names the job chose."""
     env = waiting_env(spec, role, index, environ, progress_file)
-    if role != "tensorboard":
+    if not roles.uses_tf_config(spec.strategy):
+        # Only JAX's processes: the evaluator and TensorBoard are no part of its computation.
+        if roles.rule(spec.strategy, role).in_cluster:
+            env.update(jaxenv.process_env(jaxenv.process_addresses(spec.strategy, spec.counts, members), index))
+    elif role != "tensorboard":
         tf_config = tfconfig.build_tf_config(tfconfig.build_cluster_spec(spec.strategy, spec.counts, members), role, index)
         env[wire.ENV_TF_CONFIG] = tfconfig.tf_config_json(tf_config)
     env[wire.ENV_GENERATION] = str(generation)

@@ -100,6 +100,15 @@ BAD_INPUTS = {
         set_in("strategy", "multi_worker_mirrored"),
         ["roles.ps: strategy 'multi_worker_mirrored' has no ps role; remove it"],
     ),
+    "jax with a chief": (
+        lambda d: d.update(strategy="jax", roles={"chief": {"count": 1}, "worker": {"count": 2}}),
+        ["roles.chief: strategy 'jax' has no chief role; remove it"],
+    ),
+    "jax with TensorFlow's GPU memory cap": (
+        lambda d: d.update(strategy="jax", roles={"worker": {"count": 2, "gpus": {"count": 1, "memory_limit_mib": 1024}}}),
+        ["roles.worker.gpus.memory_limit_mib: caps TensorFlow's memory, not JAX's; under strategy 'jax' remove it and set "
+         "XLA_PYTHON_CLIENT_MEM_FRACTION"],
+    ),
     "two chiefs": (
         set_in("roles.chief.count", 2),
         ["roles.chief.count: at most one chief per job, got 2"],

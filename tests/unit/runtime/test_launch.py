@@ -51,3 +51,32 @@ def test_the_vault_token_reaches_the_code_only_when_the_job_asks_for_it():
     env = launch.child_env(asked, "worker", 0, members, 1, TASK_ENV, "/t/p.json", {})
     assert env["VAULT_TOKEN"] == "hvs.secret"
     assert "CONSUL_HTTP_TOKEN" not in env and "NOMADTF_VAULT_SECRET_ID" not in env  # never these
+
+
+JAX_SPEC = JobSpec.from_normalized({
+    **normalize({"name": "j", "strategy": "jax", "entrypoint": {"script": "train.py"},
+                 "roles": {"worker": {"count": 2}, "evaluator": {"count": 1}, "tensorboard": {"count": 1}}}),
+    "run": {"id": "r1", "submitted_at": 1.0},
+})
+JAX_MEMBERS = [Member("worker", 1, "h:2", "b/1"), Member("worker", 0, "h:1", "a/1"), Member("evaluator", 0, "h:3", "c/1")]
+
+
+def test_under_jax_each_worker_is_a_jax_process_and_gets_no_tf_config():
+    for index in (0, 1):
+        env = launch.child_env(JAX_SPEC, "worker", index, JAX_MEMBERS, 2, TASK_ENV, "/t/p.json", {"API_KEY": "k"})
+        assert "TF_CONFIG" not in env and "VAULT_TOKEN" not in env
+        assert env["KERAS_DISTRIBUTION_JOB_ADDRESSES"] == "h:1,h:2" and env["JAX_COORDINATOR_ADDRESS"] == "h:1"
+        assert env["KERAS_DISTRIBUTION_PROCESS_ID"] == env["JAX_PROCESS_ID"] == str(index)
+        assert env["KERAS_DISTRIBUTION_NUM_PROCESSES"] == env["JAX_NUM_PROCESSES"] == "2"
+        assert env["KERAS_BACKEND"] == "jax" and env["NOMADTF_GENERATION"] == "2" and env["API_KEY"] == "k"
+    assert launch.child_argv(JAX_SPEC, "worker", 9, python="py") == ["py", "-u", "train.py"]
+
+
+def test_under_jax_the_side_roles_are_no_process_of_its_computation():
+    for role in ("evaluator", "tensorboard"):
+        env = launch.child_env(JAX_SPEC, role, 0, JAX_MEMBERS, 1, {}, "/p", {})
+        assert env["KERAS_BACKEND"] == "jax"
+        assert not {"TF_CONFIG", "KERAS_DISTRIBUTION_JOB_ADDRESSES", "JAX_COORDINATOR_ADDRESS", "JAX_PROCESS_ID"} & set(env)
+    # A child started ahead of the cluster already has the backend (nothing that depends on the cluster).
+    waiting = launch.waiting_env(JAX_SPEC, "worker", 0, {}, "/p")
+    assert waiting["KERAS_BACKEND"] == "jax" and "KERAS_DISTRIBUTION_PROCESS_ID" not in waiting
