@@ -29,6 +29,7 @@ UPDATE_GOLDEN = os.environ.get("NOMADTF_UPDATE_GOLDEN") == "1"
 JOB_EXAMPLES = {
     "digits": EXAMPLES / "digits" / "job.json",
     "digits-mwms": EXAMPLES / "digits" / "job-mwms.json",
+    "jax": EXAMPLES / "jax" / "job.json",
     "gpu": EXAMPLES / "gpu" / "job.json",
     "legacy": EXAMPLES / "legacy" / "job.json",
     "secrets": EXAMPLES / "secrets" / "job.json",
@@ -441,3 +442,11 @@ def test_approle_ids_come_from_the_job_s_nomad_variable_into_a_secrets_file_not_
     with_env = load_spec(JOB_EXAMPLES["secrets"], ["vault.auth=approle", "vault.policies=[]", 'env={"NOMADTF_VAULT_ROLE_ID": "r", "NOMADTF_VAULT_SECRET_ID": "s"}'])
     assert "secrets/vault_approle" not in {t["DestPath"] for t in task(render_job(with_env), "chief")["Templates"]}
 
+
+def test_every_jax_process_gets_a_port_of_its_own_the_first_the_coordinators():
+    """Strategy jax: the `tf` port of each worker is its JAX process's address (worker 0's the
+    coordinator's, which it binds), registered as the service the rendezvous reads."""
+    group = groups(render_job(example_spec("jax")))["worker"]
+    assert group["Networks"][0]["DynamicPorts"] == [{"Label": "tf"}, {"Label": "health"}]
+    assert group["Services"][0]["PortLabel"] == "tf"
+    assert "TF_CONFIG" not in json.dumps(group)
