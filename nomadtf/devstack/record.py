@@ -13,13 +13,15 @@ Usage:
     record = Record(state_dir / "stack.json", defaults={"components": []})
     record.put(component)                              # add or replace by name
     record.component("nomad").process()                # psutil.Process, or None once it is gone
+    adopt_legacy(record, state_dir / MARKER)           # a stack an older nomadtf started, with start times
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -125,3 +127,34 @@ class Record:
         else:
             comps.append(comp)
         self.save(components=[asdict(c) for c in comps])
+
+
+def adopt_legacy(record: Record, marker_path: Path) -> list[Component] | None:
+    """Take over a running stack that an older nomadtf started: its stack.json has no start
+    times and its directory no marker. The components with their start times (the marker
+    written), or None to change nothing.
+
+    Each recorded process must still run the recorded binary and have started before the
+    record was written (so its PID was not reused since).
+    """
+    comps = record.components()
+    if not comps or marker_path.is_file() or any(c.create_time is not None for c in comps):
+        return None
+    # The record's age against each process's age: both are short intervals measured now,
+    # so neither a stepped wall clock nor psutil's cached boot time moves them. A PID reused
+    # since the record was written is younger than the record; 1 s covers the kernel's clock
+    # ticks and the file system's timestamp.
+    record_age = time.time() - record.path.stat().st_mtime
+    adopted = []
+    for comp in comps:
+        try:
+            proc = psutil.Process(comp.pid)
+            started = proc.create_time()
+            younger = processes.age(comp.pid) + 1.0 < record_age
+            if Path(comp.binary).name not in " ".join(proc.cmdline()) or younger:
+                return None
+        except psutil.Error:
+            return None
+        adopted.append(replace(comp, create_time=started))
+    write_private(marker_path, MARKER_TEXT)
+    return adopted

@@ -25,12 +25,9 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-import time
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
-
-import psutil
 
 from nomadtf.devstack import (
     agents,
@@ -46,7 +43,7 @@ from nomadtf.devstack import (
 from nomadtf.devstack.docker import Daemon
 from nomadtf.devstack.probes import wait_for
 from nomadtf.devstack.protocol import Progress, StackApi, Status, StatusRow
-from nomadtf.devstack.record import MARKER, MARKER_TEXT, Component, Record, claim_state_dir, write_private
+from nomadtf.devstack.record import MARKER, Component, Record, adopt_legacy, claim_state_dir, write_private
 from nomadtf.errors import DevStackError, PortInUseError
 
 HOST = agents.HOST
@@ -89,6 +86,24 @@ def nomad_config(data_dir: Path) -> str:
     return wiring.nomad_dev_config(data_dir, HOST, CONSUL_ADDR, VAULT_ADDR, wiring.host_volumes())
 
 
+def check_ports_free() -> None:
+    """Refuse to start where another process holds one of the stack's ports."""
+    for label, port in {**CONSUL_PORTS, **VAULT_PORTS, **NOMAD_PORTS}.items():
+        if port_is_open(port):
+            raise PortInUseError(
+                f"port {port} ({label}) on {HOST} is already taken by another process; "
+                f"stop it (e.g. `ss -ltnp 'sport = :{port}'` shows which) and retry"
+            )
+
+
+
+def _offers(gpus: int, mig: int, docker: bool) -> str:
+    """What the client offers beyond raw_exec, for `up`'s last line."""
+    words = f"; {gpus} fake GPUs ({gpu_plugin.DEFAULT_MODEL})" if gpus else ""
+    words += f"; {mig} MIG slices ({gpu_plugin.mig_model()})" if mig else ""
+    return words + ("; drivers raw_exec and docker" if docker else "")
+
+
 class DevStack:
     """The single-node stack in `state_dir` (see the module's docstring)."""
 
@@ -99,8 +114,7 @@ class DevStack:
         self.state_dir = state_dir
         self.gpus = 0  # fake NVIDIA GPUs the Nomad client advertises (`up --gpus N`)
         self.mig = 0  # and MIG slices beside them, a device group of their own (`up --mig N`)
-        # When set, the plugin advertises exactly these (real) GPUs instead of `gpus` made-up ones.
-        self.gpu_inventory: gpu_plugin.GpuInventory | None = None
+        self.gpu_inventory: gpu_plugin.GpuInventory | None = None  # real GPUs the plugin advertises instead
         self.docker = False  # a private Docker daemon and Nomad's docker driver (`up --docker`)
         self.daemon = Daemon.for_stack(state_dir)
         self.record = Record(state_dir / "stack.json", defaults={"gpus": 0, "mig": 0, "docker": False})
@@ -129,15 +143,15 @@ class DevStack:
 
     def recorded_gpus(self) -> int:
         """The fake GPUs of the stack as `up` recorded it (0 without a record)."""
-        try:
-            return int(self.record.get("gpus") or 0)
-        except (OSError, ValueError):
-            return 0
+        return self._recorded_count("gpus")
 
     def recorded_mig(self) -> int:
         """The fake MIG slices of the stack as `up` recorded it (0 without a record)."""
+        return self._recorded_count("mig")
+
+    def _recorded_count(self, key: str) -> int:
         try:
-            return int(self.record.get("mig") or 0)
+            return int(self.record.get(key) or 0)
         except (OSError, ValueError):
             return 0
 
@@ -214,7 +228,9 @@ class DevStack:
         self.gpus = self.gpus if gpus is None else gpus
         self.mig = self.mig if mig is None else mig
         self.docker = self.docker if docker is None else docker
-        self._adopt_legacy_record()
+        adopted = adopt_legacy(self.record, self.marker_path)
+        if adopted:
+            self._record(adopted)
         if self.is_up():
             running = (self.recorded_gpus(), self.recorded_mig())
             wanted = (running[0] if gpus is None else gpus, running[1] if mig is None else mig)
@@ -233,8 +249,8 @@ class DevStack:
         if self.components():
             progress("a previous stack is partly running; stopping it first")
             self.down(progress)
-        self._check_ports_free()
-        self._claim_state_dir()
+        check_ports_free()
+        claim_state_dir(self.state_dir, "NOMADTF_DEV_DIR")
         bins = {name: binaries.find_or_build(name, progress) for name in ("consul", "bao", "nomad")}
         plugin = gpu_plugin.find_or_build(progress) if self.gpus or self.mig else None
         token = secrets.token_urlsafe(24)
@@ -263,55 +279,12 @@ class DevStack:
             self._record(started)
             drivers = ("raw_exec", "docker") if self.docker else ("raw_exec",)
             wait_for(lambda: probes.nomad_node_ready(api, self.gpus + self.mig, drivers=drivers), timeout, "nomad", started[-1].log)
-            gpus_line = f"; {self.gpus} fake GPUs ({gpu_plugin.DEFAULT_MODEL})" if self.gpus else ""
-            gpus_line += f"; {self.mig} MIG slices ({gpu_plugin.mig_model()})" if self.mig else ""
-            gpus_line += "; drivers raw_exec and docker" if self.docker else ""
-            progress(f"nomad ready at {NOMAD_ADDR} (UI at {NOMAD_ADDR}/ui/){gpus_line}")
+            progress(f"nomad ready at {NOMAD_ADDR} (UI at {NOMAD_ADDR}/ui/){_offers(self.gpus, self.mig, self.docker)}")
             controller.ensure_controller(self, progress)
         except BaseException:
             self.down(lambda _msg: None)
             raise
         return True
-
-    def _adopt_legacy_record(self) -> None:
-        """Take over a running stack that an older nomadtf started: its stack.json has no
-        start times and its directory no marker.
-
-        Each recorded process must still run the recorded binary and have started before
-        the record was written (so its PID was not reused since); otherwise nothing changes.
-        """
-        comps = self.components()
-        if not comps or self.marker_path.is_file() or any(c.create_time is not None for c in comps):
-            return
-        # The record's age against each process's age: both are short intervals measured
-        # now, so neither a stepped wall clock nor psutil's cached boot time moves them. A PID
-        # reused since the record was written is younger than the record; 1 s covers the
-        # kernel's clock ticks and the file system's timestamp.
-        record_age = time.time() - self.record_path.stat().st_mtime
-        adopted = []
-        for comp in comps:
-            try:
-                proc = psutil.Process(comp.pid)
-                started = proc.create_time()
-                younger = processes.age(comp.pid) + 1.0 < record_age
-                if Path(comp.binary).name not in " ".join(proc.cmdline()) or younger:
-                    return
-            except psutil.Error:
-                return
-            adopted.append(replace(comp, create_time=started))
-        write_private(self.marker_path, MARKER_TEXT)
-        self._record(adopted)
-
-    def _claim_state_dir(self) -> None:
-        claim_state_dir(self.state_dir, "NOMADTF_DEV_DIR")
-
-    def _check_ports_free(self) -> None:
-        for label, port in {**CONSUL_PORTS, **VAULT_PORTS, **NOMAD_PORTS}.items():
-            if port_is_open(port):
-                raise PortInUseError(
-                    f"port {port} ({label}) on {HOST} is already taken by another process; "
-                    f"stop it (e.g. `ss -ltnp 'sport = :{port}'` shows which) and retry"
-                )
 
     def _start_nomad(self, binary: Path, vault_token: str, plugin: Path | None = None) -> Component:
         data_dir = self.state_dir / "nomad-data"

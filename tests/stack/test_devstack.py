@@ -13,6 +13,7 @@ import secrets
 import subprocess
 import sys
 import uuid
+from dataclasses import asdict
 
 import hvac
 import psutil
@@ -21,6 +22,7 @@ import requests
 
 from nomadtf.devstack import probes, processes
 from nomadtf.devstack import stack as stack_mod
+from nomadtf.devstack.record import adopt_legacy, claim_state_dir
 from nomadtf.errors import DevStackError, PortInUseError
 from tests.helpers import nomad, nomadtf, purge, submit_raw, wait_until
 
@@ -326,7 +328,9 @@ def test_up_takes_over_a_running_stack_of_an_older_nomadtf(tmp_path, spawned):
     dev = _state_dir(tmp_path, {"nomad": server}, legacy=True)
     assert [r.state for r in dev.status().rows] == ["stopped"]  # unverifiable until taken over
 
-    dev._adopt_legacy_record()
+    adopted = adopt_legacy(dev.record, dev.marker_path)
+    assert adopted is not None
+    dev.record.save(components=[asdict(c) for c in adopted])
 
     assert dev.marker_path.is_file()
     assert [c.create_time for c in dev.components()] == [server.create_time()]
@@ -340,7 +344,7 @@ def test_a_legacy_record_older_than_its_process_is_not_taken_over(tmp_path, spaw
     dev = _state_dir(tmp_path, {"nomad": stranger}, legacy=True)
     os.utime(dev.record_path, (stranger.create_time() - 60, stranger.create_time() - 60))
 
-    dev._adopt_legacy_record()
+    assert adopt_legacy(dev.record, dev.marker_path) is None
 
     assert not dev.marker_path.exists()
     with pytest.raises(DevStackError, match="no .nomadtf-devstack"):
@@ -353,11 +357,11 @@ def test_up_refuses_a_foreign_state_directory(tmp_path):
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine\n")
     with pytest.raises(DevStackError, match=rf"{foreign} exists and was not created by `nomadtf dev up`"):
-        stack_mod.DevStack(foreign)._claim_state_dir()
+        claim_state_dir(stack_mod.DevStack(foreign).state_dir, "NOMADTF_DEV_DIR")
     assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
 
     fresh = stack_mod.DevStack(tmp_path / "new")
-    fresh._claim_state_dir()
+    claim_state_dir(fresh.state_dir, "NOMADTF_DEV_DIR")
     assert fresh.marker_path.is_file()
     fresh.down(progress=lambda _m: None)
     assert not fresh.state_dir.exists()
