@@ -17,7 +17,7 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from nomadtf.devstack import (
     agents,
@@ -35,15 +35,12 @@ from nomadtf.devstack.probes import wait_for
 from nomadtf.devstack.protocol import Progress
 from nomadtf.devstack.record import Component, write_private
 
-if TYPE_CHECKING:
-    from nomadtf.devstack.cluster import ClusterStack
-
 
 class Machines:
     """The several-client stack's machines started, each recorded in its record."""
 
-    def __init__(self, stack: ClusterStack):
-        self.stack = stack
+    def __init__(self, stack: Any):
+        self.stack = stack  # the ClusterStack (cluster.py imports this module: no import back)
 
     def binaries(self, progress: Progress, gpus: int, secure: bool) -> dict[str, Path]:
         """The servers' binaries, and the plugins this shape loads (found, or built once)."""
