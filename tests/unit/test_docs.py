@@ -140,3 +140,10 @@ def test_no_link_is_empty():
     # An empty target renders as a link to the page itself: a moved cross-reference gone wrong.
     empty = [f"{p.relative_to(REPO)}: {m}" for p in DOC_FILES for m in re.findall(r"\[[^\]]+\]\(\)", p.read_text())]
     assert not empty, empty
+
+
+def test_the_readme_stays_a_front_page():
+    # What it is, install, the two commands, a first job, versions, dependencies, tests, links:
+    # the rest lives in docs/ (the house rule, issue #35).
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= 150, f"README.md has {len(lines)} lines: move the detail to docs/ and link it"
