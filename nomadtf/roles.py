@@ -22,19 +22,29 @@ cluster" there means one of JAX's processes, worker i being process i.
 "moved": the peer's address changed (a new allocation elsewhere). "restarted": same
 address, new TensorFlow process (a parameter server that restarts has lost its variables;
 a restarted worker is simply reconnected by TensorFlow's coordinator under
-parameter_server). Soft roles (evaluator, tensorboard) are never waited for and never
-cause a restart: training is not disturbed by them.
+parameter_server). Soft roles (evaluator, tensorboard, the data roles) never cause a
+restart, and only the data dispatcher is waited for: training is not disturbed by them.
+
+Any strategy may add the tf.data service roles (`_with_data_service`):
+                           data_dispatcher no       no             never (its journal survives it)
+                           data_worker  no          no             data_dispatcher moved
+    and every role that runs user code also restarts when the data_dispatcher moved.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-ROLES = ("chief", "worker", "ps", "evaluator", "tensorboard")
-SINGLETON_ROLES = ("chief", "evaluator", "tensorboard")
-# Side roles: never waited for, never restart or fail training; the job's outcome does not
-# depend on them (their failures are warnings).
-SOFT_ROLES = ("evaluator", "tensorboard")
+# The tf.data service (any strategy may add it): one dispatcher, n data workers that run
+# the input pipelines the training code sends them (nomadtf.usercode.dataservice).
+DATA_ROLES = ("data_dispatcher", "data_worker")
+ROLES = ("chief", "worker", "ps", "evaluator", "tensorboard", *DATA_ROLES)
+SINGLETON_ROLES = ("chief", "evaluator", "tensorboard", "data_dispatcher")
+# Side roles: never restart or fail training; the job's outcome does not depend on them
+# (their failures are warnings). Nobody waits for them, but for the dispatcher: the code
+# that reads through the service needs its address before it starts.
+SOFT_ROLES = ("evaluator", "tensorboard", *DATA_ROLES)
 # Roles whose count may change while a run runs (`nomadtf scale`, an elastic count).
 SCALABLE_ROLES = ("worker",)
 STRATEGIES = ("parameter_server", "multi_worker_mirrored", "legacy_server", "jax")
@@ -99,6 +109,23 @@ TABLE: dict[str, dict[str, RoleRule]] = {
 }
 
 
+def _with_data_service(table: dict[str, dict[str, RoleRule]]) -> None:
+    """Every strategy may add the tf.data service roles. The code of a role that runs user
+    code got the dispatcher's address at its start: a dispatcher that moved restarts it (a
+    dispatcher restarted in place keeps its address and its journal: nothing to do), as it
+    restarts the data workers, which registered with the old address."""
+    on_move = (("data_dispatcher", frozenset({MOVED})),)
+    for rules in table.values():
+        for role, r in rules.items():
+            if r.runs_user_code:
+                rules[role] = dataclasses.replace(r, restart_on=r.restart_on + on_move)
+        rules["data_dispatcher"] = RoleRule(allowed=True)
+        rules["data_worker"] = RoleRule(allowed=True, restart_on=on_move)
+
+
+_with_data_service(TABLE)
+
+
 def rule(strategy: str, role: str) -> RoleRule:
     return TABLE[strategy][role]
 
@@ -108,7 +135,7 @@ def runs_user_code(strategy: str, role: str) -> bool:
 
 
 def is_soft(role: str) -> bool:
-    """A side role (evaluator, TensorBoard): its failure never fails, stops or restarts training."""
+    """A side role (evaluator, TensorBoard, the data roles): its failure never fails, stops or restarts training."""
     return role in SOFT_ROLES
 
 
@@ -125,9 +152,15 @@ def cluster_roles(strategy: str) -> tuple[str, ...]:
 def rendezvous_roles(strategy: str, role: str) -> tuple[str, ...]:
     """Whom a task of `role` waits for before its child starts: the training cluster.
     Soft roles wait for the cluster too (the evaluator needs its addresses); nobody waits
-    for a soft role."""
-    if role == "tensorboard":
+    for a soft role but for the data dispatcher, which the code (and each data worker)
+    needs the address of; the data workers wait for it alone."""
+    if role in ("tensorboard", "data_dispatcher"):
         return ()
+    if role == "data_worker":
+        return ("data_dispatcher",)  # it registers with the dispatcher; training is none of its business
+    if runs_user_code(strategy, role):
+        # The code's NOMADTF_DATA_SERVICE (a job without a dispatcher waits for none).
+        return (*cluster_roles(strategy), "data_dispatcher")
     return cluster_roles(strategy)
 
 

@@ -19,8 +19,12 @@ from typing import Any
 from nomadtf import roles as role_table
 
 # Roles that hold a slot and a registration (the evaluator registers so that it is seen;
-# nobody waits for it: see roles.rendezvous_roles). TensorBoard needs nobody.
-RENDEZVOUS_ROLES = ("chief", "worker", "ps", "evaluator")
+# nobody waits for it: see roles.rendezvous_roles). TensorBoard needs nobody. The data roles
+# are members too (the code and the data workers need the dispatcher's address), never in
+# TF_CONFIG.
+RENDEZVOUS_ROLES = ("chief", "worker", "ps", "evaluator", "data_dispatcher", "data_worker")
+# The roles that get a TF_CONFIG.
+TF_CONFIG_ROLES = ("chief", "worker", "ps", "evaluator")
 
 
 @dataclass(frozen=True, order=True)
@@ -80,7 +84,7 @@ def placeholder_members(job_id: str, counts: dict[str, int]) -> list[Member]:
 def all_tf_configs(job_id: str, strategy: str, counts: dict[str, int]) -> dict[str, dict[str, Any]]:
     """"role[i]" -> TF_CONFIG for every task that gets one, with placeholder addresses."""
     cluster = build_cluster_spec(strategy, counts, placeholder_members(job_id, counts))
-    return {f"{role}[{i}]": build_tf_config(cluster, role, i) for role, i in expected_members(counts)}
+    return {f"{role}[{i}]": build_tf_config(cluster, role, i) for role, i in expected_members(counts, TF_CONFIG_ROLES)}
 
 
 def runs_user_code(strategy: str, role: str) -> bool:

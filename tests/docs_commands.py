@@ -64,6 +64,8 @@ RUN_BY: dict[str, str] = {
         "tests/stack/test_docs.py::test_the_readme_example_command_trains_the_example",
     r"nomadtf run examples/digits/job-mwms.json --var entrypoint.workdir=\$PWD/examples/digits":
         "tests/stack/test_run.py::test_multi_worker_mirrored_example_trains_and_completes",
+    r"nomadtf run examples/data-service/job.json --var entrypoint.workdir=\$PWD/examples/data-service":
+        "tests/stack/test_data_service.py::test_the_data_service_example_trains_through_the_service_to_the_end",
     r"nomadtf run examples/legacy/job.json --var entrypoint.workdir=\$PWD/examples/digits":
         "tests/stack/test_run.py::test_legacy_server_main_gets_the_server_and_context",
     r"nomadtf run examples/jax/job.json --var entrypoint.workdir=\$PWD/examples/jax":

@@ -19,6 +19,8 @@ def child_argv(spec: JobSpec, role: str, tf_port: int, python: str = sys.executa
     if role == "tensorboard":
         bind = ["--host", host] if host else ["--bind_all"]
         return [python, "-m", "tensorboard.main", "--logdir", spec.model_dir, "--port", str(tf_port), *bind]
+    if role in roles.DATA_ROLES:
+        return [python, "-m", DATA_SERVICE_MODULE, *data_service_args(spec, role, tf_port, host)]
     if spec.strategy == "legacy_server":
         return [python, "-m", "nomadtf.tfserver", "legacy", entry.target]
     if not roles.runs_user_code(spec.strategy, role):
@@ -27,6 +29,28 @@ def child_argv(spec: JobSpec, role: str, tf_port: int, python: str = sys.executa
     if (spec.gpus.get(role) or {}).get("memory_limit_mib"):
         return [python, "-u", "-m", "nomadtf.gpulimit", *code]  # caps TF's GPU memory, then runs the code
     return [python, "-u", *code]
+
+
+DATA_SERVICE_MODULE = "nomadtf.usercode.dataservice"
+
+
+def data_service_args(spec: JobSpec, role: str, port: int, host: str) -> list[str]:
+    """What nomadtf.usercode.dataservice is told: the dispatcher its port and its journal
+    (the run's own folder, so a restart in place reads back its workers and jobs); a data
+    worker its port and the address it is reached at (Nomad's, never localhost: the
+    training tasks run elsewhere). The dispatcher's address comes in NOMADTF_DATA_SERVICE."""
+    if role == "data_dispatcher":
+        return ["dispatcher", "--port", str(port), "--work-dir", os.path.join(spec.model_dir, wire.DATA_SERVICE_DIR)]
+    return ["worker", "--port", str(port), "--address", f"{host or 'localhost'}:{port}"]
+
+
+def data_service_env(strategy: str, role: str, members: list[Member]) -> dict[str, str]:
+    """NOMADTF_DATA_SERVICE (grpc://host:port of the dispatcher) for the code of the roles
+    that run it and for the data workers; nothing when the job has no dispatcher."""
+    if role != "data_worker" and not roles.runs_user_code(strategy, role):
+        return {}
+    dispatcher = next((m for m in members if m.role == "data_dispatcher"), None)
+    return {wire.ENV_DATA_SERVICE: f"grpc://{dispatcher.address}"} if dispatcher else {}
 
 
 def assigned_gpus(environ: dict[str, str]) -> list[str]:
@@ -96,9 +120,10 @@ def child_env(
         # Only JAX's processes: the evaluator and TensorBoard are no part of its computation.
         if roles.rule(spec.strategy, role).in_cluster:
             env.update(jaxenv.process_env(jaxenv.process_addresses(spec.strategy, spec.counts, members), index))
-    elif role != "tensorboard":
+    elif role not in ("tensorboard", *roles.DATA_ROLES):
         tf_config = tfconfig.build_tf_config(tfconfig.build_cluster_spec(spec.strategy, spec.counts, members), role, index)
         env[wire.ENV_TF_CONFIG] = tfconfig.tf_config_json(tf_config)
+    env.update(data_service_env(spec.strategy, role, members))
     env[wire.ENV_GENERATION] = str(generation)
     env.update(secret_env)
     return env

@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from nomadtf.roles import ROLES
 from nomadtf.spec import schema
 from tests.docs_commands import load_reference_generator
 
@@ -89,7 +90,7 @@ def test_the_real_schema_has_every_field_on_the_page():
 
     expected = set()
     for path in list(walk(schema(), ""))[1:]:
-        if re.match(r"^roles\.(chief|worker|ps|evaluator|tensorboard)(\.|$)", path):
+        if re.match(rf"^roles\.({'|'.join(ROLES)})(\.|$)", path):
             path = re.sub(r"^roles\.\w+", "roles.<role>", path)
             if path == "roles.<role>":
                 continue

@@ -29,6 +29,7 @@ UPDATE_GOLDEN = os.environ.get("NOMADTF_UPDATE_GOLDEN") == "1"
 JOB_EXAMPLES = {
     "digits": EXAMPLES / "digits" / "job.json",
     "digits-mwms": EXAMPLES / "digits" / "job-mwms.json",
+    "data-service": EXAMPLES / "data-service" / "job.json",
     "jax": EXAMPLES / "jax" / "job.json",
     "gpu": EXAMPLES / "gpu" / "job.json",
     "legacy": EXAMPLES / "legacy" / "job.json",
