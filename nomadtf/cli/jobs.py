@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
     app.command("convert-dcos")(convert_dcos)
 
 
-def task(role: Annotated[str, typer.Option("--role", help="chief, worker, ps, evaluator or tensorboard")]) -> None:
+def task(role: Annotated[str, typer.Option("--role", help="chief, worker, ps, evaluator, tensorboard, data_dispatcher or data_worker")]) -> None:
     """The supervisor inside every allocation of a rendered job (not for interactive use)."""
     from nomadtf.runtime import run_task
 
