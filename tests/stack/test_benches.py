@@ -99,3 +99,15 @@ def test_bench_sharing_measures_fairness_utilisation_and_the_largest_runs_wait(s
     for team in range(1, 6):
         row = figures(out, f"bench-share-{team} ")
         assert measured(row) and len(row) == 5, out  # runs, size %, mean wait, core-s, held/fair
+
+
+@pytest.mark.tf
+@pytest.mark.timeout(400)
+def test_bench_data_service_measures_0_and_2_data_workers_side_by_side():
+    out = bench("bench_data_service.py", "--steps", "20", "--warmup", "5", timeout=360)
+    base = figures(out, "0 data workers (in-process pipeline):")
+    served = figures(out, "2 data workers (tf.data service):")
+    assert len(base) == 2 and len(served) == 4 and measured(base + served), out  # steps/s, ms/step; steps/s, ratio, ms/step x2
+    assert served[1] == pytest.approx(served[0] / base[0], abs=0.01)
+    assert re.search(r"trainer CPU moved to the data workers: -?[0-9]+% of the in-process trainer's", out), out
+    assert re.search(r"this machine has [0-9]+ core\(s\).*bounded by the cores", out), out
