@@ -25,7 +25,7 @@ a restarted worker is simply reconnected by TensorFlow's coordinator under
 parameter_server). Soft roles (evaluator, tensorboard, the data roles) never cause a
 restart, and only the data dispatcher is waited for: training is not disturbed by them.
 
-Any strategy may add the tf.data service roles (`_with_data_service`):
+Any TensorFlow strategy (not jax) may add the tf.data service roles (`_with_data_service`):
                            data_dispatcher no       no             never (its journal survives it)
                            data_worker  no          no             data_dispatcher moved
     and every role that runs user code also restarts when the data_dispatcher moved.
@@ -110,12 +110,16 @@ TABLE: dict[str, dict[str, RoleRule]] = {
 
 
 def _with_data_service(table: dict[str, dict[str, RoleRule]]) -> None:
-    """Every strategy may add the tf.data service roles. The code of a role that runs user
+    """Every TensorFlow strategy may add the tf.data service roles (jax may not: the service
+    feeds TensorFlow's input pipelines). The code of a role that runs user
     code got the dispatcher's address at its start: a dispatcher that moved restarts it (a
     dispatcher restarted in place keeps its address and its journal: nothing to do), as it
     restarts the data workers, which registered with the old address."""
     on_move = (("data_dispatcher", frozenset({MOVED})),)
-    for rules in table.values():
+    for strategy, rules in table.items():
+        if strategy in JAX_STRATEGIES:  # a tf.data service feeds TensorFlow, not JAX's processes
+            rules["data_dispatcher"] = rules["data_worker"] = _NOT_ALLOWED
+            continue
         for role, r in rules.items():
             if r.runs_user_code:
                 rules[role] = dataclasses.replace(r, restart_on=r.restart_on + on_move)

@@ -37,8 +37,16 @@ MEMBERS = [Member("worker", 0, "h:1", "a/1"), Member("worker", 1, "h:2", "b/1"),
            Member("data_worker", 0, "w:8", "e/1"), Member("data_worker", 1, "w:9", "f/1")]
 
 
-@pytest.mark.parametrize("strategy", roles.STRATEGIES)
-def test_every_strategy_may_add_the_data_roles_as_side_roles_outside_tf_config(strategy):
+def test_jax_may_not_add_the_data_roles_a_tf_data_service_feeds_tensorflow():
+    assert not set(roles.DATA_ROLES) & roles.allowed_roles("jax")
+    data = {"name": "j", "strategy": "jax", "entrypoint": {"script": "t.py"},
+            "roles": {"worker": {"count": 2}, "data_dispatcher": {"count": 1}, "data_worker": {"count": 1}}}
+    with pytest.raises(SpecError, match="roles.data_dispatcher: strategy 'jax' has no data_dispatcher role"):
+        parse_spec(data)
+
+
+@pytest.mark.parametrize("strategy", [s for s in roles.STRATEGIES if s not in roles.JAX_STRATEGIES])
+def test_every_tensorflow_strategy_may_add_the_data_roles_as_side_roles_outside_tf_config(strategy):
     assert set(roles.DATA_ROLES) <= roles.allowed_roles(strategy)
     assert not set(roles.DATA_ROLES) & roles.required_roles(strategy)
     for role in roles.DATA_ROLES:
