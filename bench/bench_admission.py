@@ -71,13 +71,14 @@ import requests.adapters
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from nomadtf import capacity, wire  # noqa: E402
+from nomadtf import wire  # noqa: E402
 from nomadtf.admission import fit, suspension  # noqa: E402
 from nomadtf.admission.board import MAX_LINES  # noqa: E402
 from nomadtf.admission.controller import Controller  # noqa: E402
 from nomadtf.client.queued import read_board  # noqa: E402
-from nomadtf.discovery import consul_client  # noqa: E402
-from nomadtf.nomad import NomadAPI, NomadSettings  # noqa: E402
+from nomadtf.job import capacity  # noqa: E402
+from nomadtf.servers.consul import consul_client  # noqa: E402
+from nomadtf.servers.nomad import NomadAPI, NomadSettings  # noqa: E402
 
 NOMADTF = str(Path(sys.executable).parent / "nomadtf")
 NOMAD = NomadSettings.from_env().address

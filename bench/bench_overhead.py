@@ -3,7 +3,7 @@ shape, alternating rounds in one invocation.
 
 - bare: every task started here as a plain process on 127.0.0.1 with a hand-written
   TF_CONFIG (the chief runs the script; workers and parameter servers run the same bare
-  `tf.distribute.Server` nomadtf starts, `python -m nomadtf.tfserver server`);
+  `tf.distribute.Server` nomadtf starts, `python -m nomadtf.usercode.tfserver server`);
 - nomadtf: `nomadtf run job.json` of the same script on the local stack.
 
 For each round: submit (or start) -> the chief's first training step, the whole job (to the
@@ -104,7 +104,7 @@ def bare_round(args: argparse.Namespace) -> Round:
         env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": role, "index": index}}),
                "NOMADTF_CONTEXT": context, "NOMADTF_MODEL_DIR": model_dir, "NOMADTF_ROLE": role,
                "NOMADTF_INDEX": str(index), "PYTHONUNBUFFERED": "1", "PYTHONPATH": args.workdir}
-        argv = [sys.executable, "-u", args.script] if role == "chief" else [sys.executable, "-m", "nomadtf.tfserver", "server"]
+        argv = [sys.executable, "-u", args.script] if role == "chief" else [sys.executable, "-m", "nomadtf.usercode.tfserver", "server"]
         out = subprocess.PIPE if role == "chief" else subprocess.DEVNULL
         proc = subprocess.Popen(argv, cwd=args.workdir, env=env, stdout=out, stderr=subprocess.DEVNULL, text=True)
         procs.append(proc)

@@ -12,7 +12,7 @@ signal.signal(signal.SIGHUP, signal.SIG_IGN)
 if sys.argv[1:2] == ["task"] and os.environ.get("NOMAD_PORT_health", "").isdigit():
     # A task answers its health check before the runtime (about 0.3 s of imports) loads:
     # the whole cluster's rendezvous waits for every task's first passing check.
-    from nomadtf import health
+    from nomadtf.usercode import health
 
     try:
         health.serve(int(os.environ["NOMAD_PORT_health"]))

@@ -18,7 +18,7 @@
     ├── TaskError                     the in-allocation supervisor could not continue
     │   ├── RendezvousTimeout         the cluster never became complete; lists who is missing
     │   └── CannotRecord              a task's failure that Consul cannot hold: exit 78, said on stderr
-    └── JobFailed                     the run failed (exit 1); see nomadtf/outcome.py
+    └── JobFailed                     the run failed (exit 1); see nomadtf/job/outcome.py
         ├── JobNotFound               no such job in Nomad (never submitted, or collected: the archive may hold it)
         ├── FollowTimeout             --timeout passed before the run ended; it goes on (exit 3)
         ├── QueueTimeout              --timeout passed while the run waited in the queue; removed (exit 3)

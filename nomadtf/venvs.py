@@ -66,7 +66,7 @@ STATUS_EVERY_S = 10.0  # how often a build in progress reports its elapsed time
 POLL_S = 0.2
 # What the child gets so that `import nomadtf.progress` works from the job's environment, and
 # the bare TensorFlow server and the GPU cap run there: stdlib-only modules of nomadtf.
-CHILD_MODULES = ("__init__.py", "progress.py", "tfserver.py", "gpulimit.py", "warmstart.py", "wire.py")
+CHILD_MODULES = ("__init__.py", "progress.py", "usercode/__init__.py", "usercode/tfserver.py", "usercode/gpulimit.py", "usercode/warmstart.py", "wire.py")
 # Not passed to uv: another interpreter's settings, and the task's credentials (a source
 # build's setup.py runs with this environment).
 BUILD_ENV_DROPPED = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "CONDA_PREFIX", *wire.CREDENTIAL_ENV)

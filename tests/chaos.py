@@ -35,8 +35,8 @@ from pathlib import Path
 import psutil
 
 from nomadtf import roles
-from nomadtf.discovery import ConsulDiscovery
 from nomadtf.errors import NomadtfError
+from nomadtf.servers.consul import ConsulDiscovery
 from tests import faults
 from tests.helpers import allocations, task_log
 

@@ -44,7 +44,7 @@ def processes(job_id: str) -> dict[tuple[str, str, int], int]:
         role = env.get("NOMADTF_ROLE", "?")
         if "nomadtf task" in cmdline:
             found[("task", role, int(env.get("NOMAD_ALLOC_INDEX", -1)))] = int(entry.name)
-        elif "NOMADTF_INDEX" in env and ("TF_CONFIG" in env or "KERAS_DISTRIBUTION_JOB_ADDRESSES" in env or "nomadtf.warmstart" in cmdline):
+        elif "NOMADTF_INDEX" in env and ("TF_CONFIG" in env or "KERAS_DISTRIBUTION_JOB_ADDRESSES" in env or "nomadtf.usercode.warmstart" in cmdline):
             # A child started ahead of the cluster got TF_CONFIG after it started: /proc shows
             # the environment it started with.
             found[("child", role, int(env["NOMADTF_INDEX"]))] = int(entry.name)

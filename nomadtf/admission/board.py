@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from nomadtf.capacity import Resources
+from nomadtf.job.capacity import Resources
 
 MAX_LINES = 1000  # ~270 bytes a line: well under Consul's 512 KiB value; `length` still counts every run
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from nomadtf import capacity, wire
+from nomadtf import wire
 from nomadtf.admission import board as boards
 from nomadtf.admission import elastic, fit, preemption
 from nomadtf.admission.order import QueuedRun
+from nomadtf.job import capacity
 
 STEP_WAIT_S = 5.0  # the leader looks at least this often (a gang deadline, a node's return)
 MIN_STEP_S = 0.2  # a burst of changes makes one step, not one per change

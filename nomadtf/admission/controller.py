@@ -43,7 +43,7 @@ from typing import Any
 
 import consul
 
-from nomadtf import capacity, wire
+from nomadtf import wire
 from nomadtf.admission import board as boards
 from nomadtf.admission import elastic, fit, order, preemption, suspension
 from nomadtf.admission.admitted import KnowsWhoAdmitted
@@ -69,7 +69,8 @@ from nomadtf.admission.reading import ReadsJobs
 from nomadtf.admission.sharing import Sharing
 from nomadtf.admission.walking import WalksTheQueue
 from nomadtf.errors import ServerError
-from nomadtf.nomad import NomadAPI
+from nomadtf.job import capacity
+from nomadtf.servers.nomad import NomadAPI
 
 
 class NoMetrics:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from nomadtf import wire
 
 if TYPE_CHECKING:
-    from nomadtf.nomad import NomadAPI
+    from nomadtf.servers.nomad import NomadAPI
 
 METRICS_SERVICE = wire.ADMISSION_SERVICE_JOB  # the Nomad service (provider "nomad") of the replicas' metrics ports
 SERVICE_TOKENS_VAR = f"nomad/jobs/{wire.ADMISSION_SERVICE_JOB}"  # its tasks may read it (workload identity)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Hashable
 
 from nomadtf.admission import usage
-from nomadtf.capacity import Resources
+from nomadtf.job.capacity import Resources
 
 DIMENSIONS = ("cpu", "memory", usage.GPU)
 

@@ -29,8 +29,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from nomadtf import capacity
-from nomadtf.capacity import Resources
+from nomadtf.job import capacity
+from nomadtf.job.capacity import Resources
 
 LONG_LIVED_TYPES = ("service", "system", "sysbatch")
 DOWN_GRACE_S = 600.0  # a node away longer than this is no longer counted on for "never"

@@ -16,11 +16,12 @@ from typing import Any
 
 import consul
 
-from nomadtf import capacity, wire
+from nomadtf import wire
 from nomadtf.admission import estimate, fit, suspension
 from nomadtf.admission.order import QueuedRun
 from nomadtf.admission.preemption import progress_numbers
 from nomadtf.errors import ServerError
+from nomadtf.job import capacity
 
 ESTIMATE_S = 3.0
 MAX_META_NUMBER = 1e12  # steps or seconds: beyond it, nothing a run could mean
@@ -91,7 +92,7 @@ class Forecast:
 
     def _progress(self, key: tuple[str, str], run_id: str) -> tuple[int, float] | None:
         """(step, unix time) of the run's latest progress record.  GET .../progress"""
-        from nomadtf.discovery import ConsulDiscovery
+        from nomadtf.servers.consul import ConsulDiscovery
 
         try:
             record = ConsulDiscovery(key[1], key[0], client=self.consul, run_id=run_id).progress()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from nomadtf import capacity, wire
+from nomadtf import wire
 from nomadtf.admission import elastic, fit, suspension
 from nomadtf.admission.bookkeeping import (
     RESIZE_SETTLE_S,
@@ -20,6 +20,7 @@ from nomadtf.admission.bookkeeping import (
 )
 from nomadtf.admission.order import QueuedRun
 from nomadtf.errors import ServerError
+from nomadtf.job import capacity
 
 
 class GrowsElasticRuns:
@@ -121,7 +122,7 @@ class GrowsElasticRuns:
 
     def _set_counts(self, namespace: str, job_id: str, run_id: str, counts: dict[str, int]) -> None:
         """PUT .../cluster/counts ; the generation touched (discovery.set_counts)"""
-        from nomadtf.discovery import ConsulDiscovery
+        from nomadtf.servers.consul import ConsulDiscovery
 
         if not self.lease.still_leads():
             raise LostLead(f"{self.name} lost the lead while resizing {namespace}/{job_id}")

@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from nomadtf.capacity import Resources
+from nomadtf.job.capacity import Resources
 
 COUNTS = ("admitted", "preempted", "refused", "succeeded", "failed", "stopped")
 AMOUNTS = ("cpu_core_s", "memory_gib_s", "gpu_s", "queued_s")

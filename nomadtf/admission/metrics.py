@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from nomadtf.admission import usage
 from nomadtf.admission.policy import Policy
-from nomadtf.capacity import Resources
+from nomadtf.job.capacity import Resources
 
 WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600, 86400)
 

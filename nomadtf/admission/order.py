@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from nomadtf.admission import usage
 from nomadtf.admission.fit import RunAsk
 from nomadtf.admission.policy import Policy
-from nomadtf.capacity import Resources
+from nomadtf.job.capacity import Resources
 
 NOMAD_MIN_PRIORITY, NOMAD_MAX_PRIORITY = 1, 100
 

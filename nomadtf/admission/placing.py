@@ -52,7 +52,7 @@ class WatchesPlacement:
         """Each run placed whole whose cluster had not formed: formed now (done), or past its
         ready timeout: given back and queued again after a backoff, or, past its requeue
         limit, refused.  GET .../cluster/generation per run ; GET /v1/job/:id/scale at a timeout"""
-        from nomadtf.discovery import ConsulDiscovery
+        from nomadtf.servers.consul import ConsulDiscovery
 
         for key, forming in list(self.forming.items()):
             run, job = forming.run, jobs.get(key)
@@ -107,7 +107,7 @@ class WatchesPlacement:
         admission starts afresh); it keeps its place in line. `message`/`verdict`: what the
         placeholder's scaling event says (a preemption's, else the gang timeout's). The
         JobModifyIndex the last call left; None when a call failed."""
-        from nomadtf.discovery import ConsulDiscovery
+        from nomadtf.servers.consul import ConsulDiscovery
 
         message = message or f"nomadtf admission: run {run.run_id} not placed whole within its gang timeout; queued again"
         index = None

@@ -47,8 +47,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nomadtf import durations
-from nomadtf.capacity import Resources
 from nomadtf.errors import PolicyError
+from nomadtf.job.capacity import Resources
 
 DEFAULT_HALF_LIFE_S = 3600.0
 DEFAULT_RESERVE_AFTER_S = 600.0

@@ -10,7 +10,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from nomadtf import capacity, wire
+from nomadtf import wire
 from nomadtf.admission import elastic, fit, order, preemption, suspension
 from nomadtf.admission.bookkeeping import (
     CHECKPOINT_CHECK_S,
@@ -19,6 +19,7 @@ from nomadtf.admission.bookkeeping import (
 )
 from nomadtf.admission.order import QueuedRun
 from nomadtf.errors import ServerError
+from nomadtf.job import capacity
 
 
 class Preempts:
@@ -96,7 +97,7 @@ class Preempts:
         not a sane number: the record is the team's own to write).
 
         GET /v1/kv/nomadtf/<ns>/<job>/<run>/progress"""
-        from nomadtf.discovery import ConsulDiscovery
+        from nomadtf.servers.consul import ConsulDiscovery
 
         try:
             record = ConsulDiscovery(job_id, namespace, client=self.consul, run_id=run_id).progress()

@@ -37,9 +37,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from nomadtf import capacity
 from nomadtf.admission import fit
-from nomadtf.capacity import Resources
+from nomadtf.job import capacity
+from nomadtf.job.capacity import Resources
 
 PRIORITY_GAP = 10
 MAX_CANDIDATES = 20  # the cheapest by priority and age; their progress is read, the rest not weighed

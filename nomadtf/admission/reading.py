@@ -65,7 +65,7 @@ class ReadsJobs:
     def _book_end(self, stub: dict[str, Any]) -> None:
         """A run that ended: how, in the ledger, once (the runs already ended when this
         replica took the lead are not booked again).  GET .../cluster/state"""
-        from nomadtf.discovery import ConsulDiscovery
+        from nomadtf.servers.consul import ConsulDiscovery
 
         namespace, job_id = str(stub.get("Namespace") or "default"), str(stub.get("ID"))
         run_key = (namespace, job_id, str((stub.get("Meta") or {}).get(wire.META_RUN, "")))

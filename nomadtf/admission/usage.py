@@ -22,7 +22,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from nomadtf.capacity import Resources
+from nomadtf.job.capacity import Resources
 
 GPU = "gpu"  # every device counts as GPUs: one dimension, whatever the model
 FORGOTTEN = 1.0  # less than one MHz (or MB, or GPU) for one second: the namespace is forgotten

@@ -10,7 +10,7 @@ import functools
 import time
 from typing import Any
 
-from nomadtf import capacity, wire
+from nomadtf import wire
 from nomadtf.admission import board as boards
 from nomadtf.admission import elastic, fit, preemption, suspension
 from nomadtf.admission.bookkeeping import (
@@ -26,6 +26,7 @@ from nomadtf.admission.bookkeeping import (
 )
 from nomadtf.admission.order import QueuedRun
 from nomadtf.errors import NomadError, ServerError
+from nomadtf.job import capacity
 
 
 class WalksTheQueue:

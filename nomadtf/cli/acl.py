@@ -13,8 +13,8 @@ import typer
 from nomadtf.cli.common import JobFile, NomadVersion, Vars, err
 
 if TYPE_CHECKING:
-    from nomadtf.cluster_facts import ClusterFacts
-    from nomadtf.spec import JobSpec
+    from nomadtf.client.cluster_facts import ClusterFacts
+    from nomadtf.job.spec import JobSpec
 
 acl_app = typer.Typer(no_args_is_help=True, help="The least-privilege ACL policies a job needs (Nomad, Consul, Vault).")
 
@@ -38,9 +38,10 @@ def _acl_spec(job_file: Path, var: list[str] | None, facts: ClusterFacts, allow:
     apply`, job.json may not list the Vault policy it creates yet, so it is added to the raw
     options before validation. Refused (exit 2, nothing written) when it asks for more than
     its own (acl.grant_problems)."""
-    from nomadtf import acl, wire
+    from nomadtf import wire
     from nomadtf.errors import SpecError
-    from nomadtf.spec import load_options, parse_spec, with_vault_policies
+    from nomadtf.job import acl
+    from nomadtf.job.spec import load_options, parse_spec, with_vault_policies
 
     raw = facts.fill(load_options(job_file, var or []))
     policy = wire.acl_name(raw["namespace"], raw.get("name", ""))  # acl.policy_name, before there is a JobSpec
@@ -82,7 +83,8 @@ def acl_policies(
     """Print the four policies of a job: Nomad and Consul for whoever submits it, Consul and
     Vault for its tasks; for Nomad 1.7+ also the job's Vault JWT auth role, the auth method's
     configuration and the Nomad agents' vault block. Offline."""
-    from nomadtf import acl, cluster_facts
+    from nomadtf.client import cluster_facts
+    from nomadtf.job import acl
 
     facts = cluster_facts.offline(nomad_version)
     for note in facts.notes:
@@ -136,7 +138,8 @@ def acl_apply(
     """Operator: create the job's task policies and its tasks' Consul token source (needs
     CONSUL_HTTP_TOKEN with acl write and a VAULT_TOKEN that may write policies); for Nomad
     1.7+ also its Vault JWT auth role."""
-    from nomadtf import acl, acl_setup, cluster_facts
+    from nomadtf.client import acl_setup, cluster_facts
+    from nomadtf.job import acl
 
     facts = cluster_facts.for_operator(nomad_version)
     for note in facts.notes:
@@ -170,7 +173,7 @@ def acl_apply(
 @acl_app.command("revoke")
 def acl_revoke(job_file: JobFile, var: Vars = None, nomad_version: NomadVersion = None, jwt_mount: JwtMount = "jwt-nomad") -> None:
     """Operator: delete what `acl apply` created for the job."""
-    from nomadtf import acl_setup, cluster_facts
+    from nomadtf.client import acl_setup, cluster_facts
 
     facts = cluster_facts.for_operator(nomad_version)
     spec = _acl_spec(job_file, var, facts, check=False)  # what an older apply granted goes whatever it was
@@ -185,9 +188,9 @@ def acl_profile(
 ) -> None:
     """Operator: the cluster profile every submission reads (Consul KV nomadtf/_cluster/profile):
     the clients' Consul and Vault addresses and CAs, the tasks' token source. See docs/nomad-versions.md."""
-    from nomadtf import discovery
     from nomadtf.errors import SpecError
-    from nomadtf.profile import ClusterProfile
+    from nomadtf.job.profile import ClusterProfile
+    from nomadtf.servers import consul as discovery
 
     if profile_file is None:
         text = discovery.read_cluster_profile()

@@ -50,7 +50,7 @@ def run(
     6 lost, 130 interrupted (a running run goes on; a queued one as --on-interrupt says).
     """
     from nomadtf.client.queued import LEAVE, REMOVE, AdmissionWait
-    from nomadtf.run import Run
+    from nomadtf.client.run import Run
 
     if on_interrupt not in (REMOVE, LEAVE):
         raise typer.BadParameter(f"{on_interrupt!r}: write {REMOVE} or {LEAVE}", param_hint="--on-interrupt")
@@ -133,10 +133,10 @@ def status(
 ) -> None:
     """The jobs nomadtf started (matched by their Meta), or one of them in detail."""
     from nomadtf.admission import suspension
+    from nomadtf.client.follow import alloc_slot, describe_runs, job_report, nomadtf_jobs, restarts_of
     from nomadtf.client.queued import QueueStatus, preemptions, read_board, refusal
-    from nomadtf.discovery import ConsulDiscovery
-    from nomadtf.follow import alloc_slot, describe_runs, job_report, nomadtf_jobs, restarts_of
-    from nomadtf.nomad import NomadAPI
+    from nomadtf.servers.consul import ConsulDiscovery
+    from nomadtf.servers.nomad import NomadAPI
     from nomadtf.wire import queue_ticket
 
     api = NomadAPI.from_env(namespace=namespace, region=region)
@@ -146,7 +146,7 @@ def status(
         """What a waiting run's board line says (read once per command)."""
         nonlocal board
         board = board or read_board()
-        ns, run_id = job.get("Namespace", "default"), (job.get("Meta") or {}).get("nomadtf.run", "")
+        ns, run_id = job.get("Namespace", "default"), (job.get("Meta") or {}).get("nomadtf.client.run", "")
         line = board.line_of(queue_ticket(ns, job["ID"], run_id))
         return "queued: " + QueueStatus(f"{ns}/{job['ID']}", run_id, line, board.length, board.leader if board.age_s() < 600 else "").describe()
 
@@ -216,8 +216,8 @@ def logs(
     region: Region = None,
 ) -> None:
     """A task's logs through Nomad's API (also after the job finished, until Nomad's GC)."""
-    from nomadtf.follow import log_allocations
-    from nomadtf.nomad import NomadAPI
+    from nomadtf.client.follow import log_allocations
+    from nomadtf.servers.nomad import NomadAPI
 
     api = NomadAPI.from_env(namespace=namespace, region=region)
     stream = "stderr" if stderr else "stdout"
@@ -285,8 +285,8 @@ def scale(
     region: Region = None,
 ) -> None:
     """Resize the workers of a running job; the chief restarts once from its checkpoint."""
-    from nomadtf.nomad import NomadAPI
-    from nomadtf.run import parse_scale, scale_job
+    from nomadtf.client.run import parse_scale, scale_job
+    from nomadtf.servers.nomad import NomadAPI
 
     counts = parse_scale(targets)
     before = scale_job(NomadAPI.from_env(namespace=namespace, region=region), job_id, counts)
@@ -302,13 +302,13 @@ def stop(
 ) -> None:
     """Stop a nomadtf job (a queued run leaves the queue); nothing else is touched."""
     from nomadtf.admission import suspension
-    from nomadtf.nomad import NomadAPI
-    from nomadtf.run import stop_job
+    from nomadtf.client.run import stop_job
+    from nomadtf.servers.nomad import NomadAPI
 
     api = NomadAPI.from_env(namespace=namespace, region=region)
     job = stop_job(api, job_id, purge=purge)
     if suspension.is_waiting(job):
-        typer.echo(f"removed {job_id} run {(job.get('Meta') or {}).get('nomadtf.run', '?')} from the queue")
+        typer.echo(f"removed {job_id} run {(job.get('Meta') or {}).get('nomadtf.client.run', '?')} from the queue")
     typer.echo(f"stopped {job_id}" + (" and purged it" if purge else ""))
 
 
@@ -321,9 +321,10 @@ def render(
     nomad_version: NomadVersion = None,
 ) -> None:
     """Render job.json into the Nomad job (API JSON) for a Nomad version. Offline."""
-    from nomadtf import cluster_facts, jaxenv, roles, tfconfig
-    from nomadtf import render as render_mod
-    from nomadtf.spec import load_options, parse_spec
+    from nomadtf import jaxenv, roles, tfconfig
+    from nomadtf.client import cluster_facts
+    from nomadtf.job import render as render_mod
+    from nomadtf.job.spec import load_options, parse_spec
 
     facts = cluster_facts.offline(nomad_version)
     for note in facts.notes:
@@ -347,9 +348,9 @@ def render(
 
 def validate(job_file: JobFile, var: Vars = None, templates: TemplatesDir = None) -> None:
     """Check job.json (schema, cross-field rules), then Nomad's own validation if reachable."""
+    from nomadtf.client.run import Run
     from nomadtf.errors import UnreachableError
-    from nomadtf.render import docker_image_needs
-    from nomadtf.run import Run
+    from nomadtf.job.render import docker_image_needs
 
     job_run = Run.from_job_file(job_file, var or [], templates)
     for note in job_run.notes:
@@ -370,9 +371,9 @@ def validate(job_file: JobFile, var: Vars = None, templates: TemplatesDir = None
 
 def _placement_line(job_run) -> str:
     """Whether the job fits now, later (it would queue) or never, from Nomad's plan."""
-    from nomadtf import plan as plan_mod
     from nomadtf.client import placement as placements
     from nomadtf.errors import ServerError
+    from nomadtf.job import plan as plan_mod
 
     try:
         placement = placements.check(job_run.api, job_run.job)
@@ -387,9 +388,9 @@ def _placement_line(job_run) -> str:
 
 def plan(job_file: JobFile, var: Vars = None, templates: TemplatesDir = None) -> None:
     """Nomad's plan for the job. Exit 0: no change; 1: changes or placement problems; 255: error."""
-    from nomadtf import plan as plan_mod
     from nomadtf.client import placement as placements
-    from nomadtf.run import Run
+    from nomadtf.client.run import Run
+    from nomadtf.job import plan as plan_mod
 
     try:
         job_run = Run.from_job_file(job_file, var or [], templates)
@@ -412,8 +413,8 @@ def convert_dcos(
     out: Annotated[Optional[Path], typer.Option("--out", help="Write to this file instead of stdout")] = None,
 ) -> None:
     """Convert a DC/OS beta-tensorflow options file into a nomadtf job.json. Offline."""
-    from nomadtf import dcos
-    from nomadtf import spec as spec_mod
+    from nomadtf.job import dcos
+    from nomadtf.job import spec as spec_mod
 
     conversion = dcos.convert_options(spec_mod.read_options(options_file))
     for note in conversion.notes:

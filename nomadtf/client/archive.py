@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from nomadtf import wire
-from nomadtf.spec import expand_task_vars, namespace_folder, schema
+from nomadtf.job.spec import expand_task_vars, namespace_folder, schema
 
 
 def archive_root(namespace: str, environ: Mapping[str, str]) -> str | None:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from nomadtf import capacity, plan
 from nomadtf.admission import fit
 from nomadtf.errors import NomadError
-from nomadtf.nomad import NomadAPI
+from nomadtf.job import capacity, plan
+from nomadtf.servers.nomad import NomadAPI
 
 
 def readable_nodes(api: NomadAPI, job: dict[str, Any], *, coming_back: bool = False) -> tuple[list[capacity.NodeCapacity], bool]:

@@ -24,9 +24,9 @@ import consul
 from nomadtf import wire
 from nomadtf.admission import suspension
 from nomadtf.admission.board import Board, BoardLine
-from nomadtf.capacity import Resources
 from nomadtf.errors import JobFailed, JobStopped, QueueInterrupted, QueueTimeout, ServerError
-from nomadtf.nomad import NomadAPI
+from nomadtf.job.capacity import Resources
+from nomadtf.servers.nomad import NomadAPI
 
 REMOVE, LEAVE = "remove", "leave"  # what Ctrl-C does to a queued run
 JOB_WAIT_S = 10.0  # a waiter looks at the board at least this often (its own job wakes it at once)
@@ -37,7 +37,7 @@ DETACH_LOOK_S = 10.0  # how long --detach waits for the controller's first look 
 
 def read_board(client: consul.Consul | None = None) -> Board:
     """GET /v1/kv/nomadtf/_admission/board (an empty board when it cannot be read)."""
-    from nomadtf.discovery import consul_call, consul_client
+    from nomadtf.servers.consul import consul_call, consul_client
 
     try:
         _, item = consul_call("reading the admission board", (client or consul_client()).kv.get, wire.KV_ADMISSION_BOARD)
@@ -49,7 +49,7 @@ def read_board(client: consul.Consul | None = None) -> Board:
 def controller_leader(client: consul.Consul | None = None) -> str:
     """Who leads admission ("" when no controller does).  GET /v1/kv/nomadtf/_admission/leader"""
     from nomadtf.admission.lease import leader_of
-    from nomadtf.discovery import consul_client
+    from nomadtf.servers.consul import consul_client
 
     return leader_of(client or consul_client())[1]
 

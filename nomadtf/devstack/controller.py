@@ -18,11 +18,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nomadtf import acl, wire
+from nomadtf import wire
 from nomadtf.admission.deploy import CONTROLLER_TOKEN_ENV, deploy
 from nomadtf.admission.lease import leader_of
 from nomadtf.errors import DevStackError
-from nomadtf.nomad import NomadAPI, NomadSettings
+from nomadtf.job import acl
+from nomadtf.servers.nomad import NomadAPI, NomadSettings
 
 OPS_NAMESPACE = "ops"
 POLICY_NAME = "nomadtf-admission"

@@ -34,7 +34,7 @@ from nomadtf.devstack import tls, wiring
 from nomadtf.devstack.record import write_private
 from nomadtf.errors import DevStackError
 
-# The Consul policies of the stack's own agents (never a task's: see nomadtf/acl.py), in
+# The Consul policies of the stack's own agents (never a task's: see nomadtf/job/acl.py), in
 # Consul's JSON form of rules (what py-consul sends).
 CONSUL_POLICIES: dict[str, dict[str, Any]] = {
     # Every agent registers its node and reads the catalog.

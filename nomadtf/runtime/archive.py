@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from nomadtf import wire
+from nomadtf.job.spec import JobSpec, expand_task_vars, namespace_folder
 from nomadtf.runtime.codeuser import CodeUser
-from nomadtf.spec import JobSpec, expand_task_vars, namespace_folder
 
 log = logging.getLogger("nomadtf.task")
 

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 from nomadtf import wire
+from nomadtf.job.spec import JobSpec
 from nomadtf.runtime import policy
-from nomadtf.spec import JobSpec
 
 log = logging.getLogger("nomadtf.task")
 

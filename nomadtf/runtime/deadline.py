@@ -17,8 +17,8 @@ import os
 from collections.abc import Mapping
 
 from nomadtf import roles, wire
-from nomadtf.outcome import DEADLINE_WHY
-from nomadtf.spec import JobSpec
+from nomadtf.job.outcome import DEADLINE_WHY
+from nomadtf.job.spec import JobSpec
 
 MIN_DECISION_RETRY_S = 60.0
 
@@ -63,7 +63,7 @@ def deciding_task(spec: JobSpec) -> tuple[str, int] | None:
 
 
 def passed_why(spec: JobSpec) -> str:
-    """The reason recorded when the deadline passes (nomadtf.outcome reads it as timed out)."""
+    """The reason recorded when the deadline passes (nomadtf.job.outcome reads it as timed out)."""
     return f"{DEADLINE_WHY} ({spec.recovery.deadline_s:.0f}s after submission or admission)"
 
 

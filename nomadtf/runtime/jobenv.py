@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from nomadtf import venvs
-from nomadtf.discovery import ConsulDiscovery
 from nomadtf.errors import ServerError
-from nomadtf.spec import JobSpec
+from nomadtf.job.spec import JobSpec
+from nomadtf.servers.consul import ConsulDiscovery
 
 log = logging.getLogger("nomadtf.task")
 
@@ -58,6 +58,7 @@ def install_child_modules(task_dir: Path) -> Path:
     package = lib / "nomadtf"
     package.mkdir(parents=True, exist_ok=True)
     for name in venvs.CHILD_MODULES:
+        (package / name).parent.mkdir(exist_ok=True)
         shutil.copyfile(source / name, package / name)
     return lib
 

@@ -7,7 +7,7 @@ import os
 import sys
 
 from nomadtf import jaxenv, roles, tfconfig, wire
-from nomadtf.spec import JobSpec
+from nomadtf.job.spec import JobSpec
 from nomadtf.tfconfig import Member
 
 
@@ -22,12 +22,12 @@ def child_argv(spec: JobSpec, role: str, tf_port: int, python: str = sys.executa
     if role in roles.DATA_ROLES:
         return [python, "-m", DATA_SERVICE_MODULE, *data_service_args(spec, role, tf_port, host)]
     if spec.strategy == "legacy_server":
-        return [python, "-m", "nomadtf.tfserver", "legacy", entry.target]
+        return [python, "-m", "nomadtf.usercode.tfserver", "legacy", entry.target]
     if not roles.runs_user_code(spec.strategy, role):
-        return [python, "-m", "nomadtf.tfserver", "server"]
+        return [python, "-m", "nomadtf.usercode.tfserver", "server"]
     code = ["-m", entry.target, *entry.args] if entry.kind == "module" else [entry.target, *entry.args]
     if (spec.gpus.get(role) or {}).get("memory_limit_mib"):
-        return [python, "-u", "-m", "nomadtf.gpulimit", *code]  # caps TF's GPU memory, then runs the code
+        return [python, "-u", "-m", "nomadtf.usercode.gpulimit", *code]  # caps TF's GPU memory, then runs the code
     return [python, "-u", *code]
 
 

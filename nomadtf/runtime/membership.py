@@ -21,13 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nomadtf import roles, tfconfig, wire
-from nomadtf.discovery import ConsulDiscovery, Slot, retrying
 from nomadtf.errors import CannotRecord, ServerError
+from nomadtf.job.outcome import failed_state
+from nomadtf.job.spec import JobSpec
 from nomadtf.runtime import deadline
 from nomadtf.runtime.loop import CATALOG, CLUSTER_FILE, CLUSTER_KV, Event
-from nomadtf.runtime.policy import Debounce, SlotState, failed_state, fingerprint, slot_state
+from nomadtf.runtime.policy import Debounce, SlotState, fingerprint, slot_state
 from nomadtf.runtime.watches import WATCH_WAIT_S, FileWatch, Watch
-from nomadtf.spec import JobSpec
+from nomadtf.servers.consul import ConsulDiscovery, Slot, retrying
 from nomadtf.tfconfig import Member
 
 log = logging.getLogger("nomadtf.task")

@@ -30,10 +30,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nomadtf import outcome, wire
-from nomadtf.report import FailedTask, failure_text, meaningful_lines
-from nomadtf.runtime.policy import failed_slot
-from nomadtf.spec import JobSpec
+from nomadtf import wire
+from nomadtf.job import outcome
+from nomadtf.job.outcome import failed_slot
+from nomadtf.job.report import FailedTask, failure_text, meaningful_lines
+from nomadtf.job.spec import JobSpec
 
 log = logging.getLogger("nomadtf.task")
 

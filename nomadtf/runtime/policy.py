@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import enum
 import json
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from nomadtf import roles, wire
+from nomadtf.job.outcome import failed_slot
 from nomadtf.tfconfig import Member
 
 STRAGGLER_GRACE_S = 30.0  # after success, how long user code that is still running gets
@@ -182,19 +182,6 @@ def on_job_state(state: str | None, strategy: str, role: str, completes_job: boo
     if not roles.runs_user_code(strategy, role):
         return Act.STOP_NOW
     return Act.STOP_AFTER_GRACE if succeeded_for_s < STRAGGLER_GRACE_S else Act.STOP_NOW
-
-
-_FAILED_SLOT = re.compile(r"^failed: (\w+)\[(\d+)\]")
-
-
-def failed_state(role: str, index: int, code: int, why: str) -> str:
-    """The job state a permanent failure records (read back by `failed_slot`)."""
-    return f"failed: {role}[{index}] exited {code}, {why}"
-
-
-def failed_slot(state: str | None) -> tuple[str, int] | None:
-    match = _FAILED_SLOT.match(state or "")
-    return (match[1], int(match[2])) if match else None
 
 
 def on_start(state: str | None, role: str, index: int) -> Act:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nomadtf.discovery import ConsulDiscovery
 from nomadtf.errors import ServerError
 from nomadtf.progress import read as read_progress
 from nomadtf.runtime.membership import Identity
 from nomadtf.runtime.policy import HangClock
+from nomadtf.servers.consul import ConsulDiscovery
 
 TICK_S = 0.5  # the local progress file is read this often (no Consul read)
 PUBLISH_S = 2.0  # and published at most this often

@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from nomadtf.job.spec import JobSpec
 from nomadtf.runtime import deadline
 from nomadtf.runtime.codeuser import CodeUser
-from nomadtf.spec import JobSpec
 
 log = logging.getLogger("nomadtf.task")
 
@@ -40,7 +40,7 @@ class SecretEnv:
         """
         if self.read or not self.spec.secrets:
             return self.env
-        from nomadtf import vault as vault_api  # hvac only when the job has secrets
+        from nomadtf.servers import vault as vault_api  # hvac only when the job has secrets
 
         if self.vault is None:
             self.vault = vault_api.VaultSession(self.spec.vault.document, on_error=log.warning, budget_s=deadline.server_retry_s())

@@ -13,11 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from nomadtf import roles, wire
+from nomadtf.job.spec import JobSpec
 from nomadtf.runtime import jobenv, launch, versions, warm
 from nomadtf.runtime.alloc import AllocInfo
 from nomadtf.runtime.child import Child
 from nomadtf.runtime.codeuser import CodeUser
-from nomadtf.spec import JobSpec
 from nomadtf.tfconfig import Member
 
 log = logging.getLogger("nomadtf.task")

@@ -14,13 +14,13 @@ import os
 from collections.abc import Callable
 
 from nomadtf import roles
+from nomadtf.job.spec import JobSpec
 from nomadtf.runtime import jobenv, launch, policy
 from nomadtf.runtime.alloc import AllocInfo
 from nomadtf.runtime.budget import AllocationBudget
 from nomadtf.runtime.membership import Membership
 from nomadtf.runtime.policy import Act
 from nomadtf.runtime.starter import ChildStarter
-from nomadtf.spec import JobSpec
 from nomadtf.venvs import EnvBuildError, EnvBuildStopped
 
 log = logging.getLogger("nomadtf.task")

@@ -23,10 +23,10 @@ import signal
 import time
 from dataclasses import dataclass
 
-from nomadtf import health as health_endpoint
 from nomadtf import roles, wire
-from nomadtf.discovery import ConsulDiscovery
 from nomadtf.errors import RendezvousTimeout, ServerError, TaskError, VaultError
+from nomadtf.job.outcome import failed_state
+from nomadtf.job.spec import JobSpec
 from nomadtf.runtime import codeuser, deadline, notify, oom, policy, progresswatch, startup
 from nomadtf.runtime.alloc import AllocInfo
 from nomadtf.runtime.archive import TaskArchive
@@ -46,8 +46,9 @@ from nomadtf.runtime.membership import Identity, Membership, describe, new_incar
 from nomadtf.runtime.policy import Act
 from nomadtf.runtime.secretenv import SecretEnv
 from nomadtf.runtime.starter import ChildStarter
-from nomadtf.spec import JobSpec
+from nomadtf.servers.consul import ConsulDiscovery
 from nomadtf.tfconfig import Member
+from nomadtf.usercode import health as health_endpoint
 
 log = logging.getLogger("nomadtf.task")
 
@@ -473,7 +474,7 @@ class Supervisor:
         deciding = deadline.deciding_task(self.spec) or (self.role, self.me.index)
         state = self.membership.recorded_state()
         if state is None:
-            state = policy.failed_state(deciding[0], deciding[1], 1, deadline.passed_why(self.spec))
+            state = failed_state(deciding[0], deciding[1], 1, deadline.passed_why(self.spec))
             self.membership.record(state, "marking the job failed (deadline)", deadline_s=deadline.MIN_DECISION_RETRY_S)
         log.error("the job's deadline passed (%s); stopping", state)
         self._stop_child()

@@ -15,12 +15,12 @@ import logging
 import os
 import sys
 
-from nomadtf.discovery import ConsulDiscovery, consul_client
 from nomadtf.errors import CannotRecord, NomadtfError, ServerError
+from nomadtf.job.spec import for_task, read_spec_file
 from nomadtf.runtime import deadline
 from nomadtf.runtime.alloc import AllocInfo, spec_path
 from nomadtf.runtime.supervisor import Supervisor
-from nomadtf.spec import for_task, read_spec_file
+from nomadtf.servers.consul import ConsulDiscovery, consul_client
 
 log = logging.getLogger("nomadtf.task")
 
@@ -61,7 +61,7 @@ def _supervise(role: str) -> int:
     alloc = AllocInfo.from_environ(environ)
     grant = vault = None
     if spec.discovery.consul_token_path or spec.secrets:
-        from nomadtf import vault as vault_api  # hvac only when the job reads Vault
+        from nomadtf.servers import vault as vault_api  # hvac only when the job reads Vault
 
         vault = vault_api.VaultSession(spec.vault.document, on_error=log.warning, budget_s=deadline.server_retry_s())  # one login per task
         if spec.vault.auth == "nomad":

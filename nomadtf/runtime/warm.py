@@ -3,7 +3,7 @@
 
 The task starts one (starter.py) as soon as it holds its slot, and again when it recovers through
 a new rendezvous; none is kept in reserve while training runs (it would take memory and
-CPU from the training). The waiting process (`nomadtf.warmstart`) has everything the child
+CPU from the training). The waiting process (`nomadtf.usercode.warmstart`) has everything the child
 needs before TensorFlow initialises (the job's interpreter and paths, CUDA_VISIBLE_DEVICES,
 its working directory, the child mark) and nothing that depends on the cluster or is
 secret: TF_CONFIG, the generation and the secrets come in the handoff, one JSON message on a
@@ -31,7 +31,7 @@ from nomadtf.runtime.codeuser import CodeUser
 log = logging.getLogger("nomadtf.task")
 
 WARM_ATTEMPTS = 3
-BOOTSTRAP = "nomadtf.warmstart"
+BOOTSTRAP = "nomadtf.usercode.warmstart"
 PREIMPORT = "tensorflow"
 
 
@@ -57,7 +57,7 @@ def handoff_message(env: dict[str, str], mark: str) -> bytes:
 
 _TF_IMPORT = re.compile(rb"^[ \t]*(?:import|from)[ \t]+tensorflow\b", re.M)
 # Children of nomadtf's own that always load TensorFlow.
-_TF_MODULES = ("nomadtf.tfserver", "nomadtf.gpulimit", "nomadtf.usercode.dataservice")
+_TF_MODULES = ("nomadtf.usercode.tfserver", "nomadtf.usercode.gpulimit", "nomadtf.usercode.dataservice")
 
 
 def preimports(role: str, argv: list[str] | None = None, cwd: str = ".", pythonpath: str = "") -> list[str] | None:

@@ -9,7 +9,7 @@ import pytest
 import requests
 
 from nomadtf.devstack import stack as stack_mod
-from nomadtf.discovery import ConsulDiscovery
+from nomadtf.servers.consul import ConsulDiscovery
 from tests.helpers import unique
 
 pytestmark = pytest.mark.stack

@@ -15,8 +15,8 @@ import requests
 
 from nomadtf.devstack import gpu_plugin
 from nomadtf.devstack.probes import node_gpu_count
+from nomadtf.job.spec import JobSpec, load_spec, spec_file_text
 from nomadtf.runtime.launch import child_argv, gpu_env
-from nomadtf.spec import JobSpec, load_spec, spec_file_text
 from tests.conftest import TEST_GPUS, TEST_MIG
 from tests.helpers import (
     EXAMPLES,
@@ -267,5 +267,5 @@ def test_a_memory_limit_runs_the_code_through_the_cap():
                                                      "strategy=multi_worker_mirrored", "roles.ps.count=0"])
     typed = JobSpec.from_normalized(json.loads(spec_file_text(spec)))  # as the task reads it
     argv = child_argv(typed, "worker", 2222, python="python3")
-    assert argv[:4] == ["python3", "-u", "-m", "nomadtf.gpulimit"] and argv[4] == "train_ps.py"
+    assert argv[:4] == ["python3", "-u", "-m", "nomadtf.usercode.gpulimit"] and argv[4] == "train_ps.py"
     assert child_argv(typed, "chief", 2222, python="python3")[:3] == ["python3", "-u", "train_ps.py"]

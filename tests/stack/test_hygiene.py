@@ -22,12 +22,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from nomadtf import health, render, wire
+from nomadtf import wire
 from nomadtf.devstack import binaries
 from nomadtf.errors import BinaryError
+from nomadtf.job import render
+from nomadtf.job.spec import parse_spec, spec_file_text
 from nomadtf.runtime import supervisor
 from nomadtf.runtime.child import Child, become_subreaper, reap_orphans
-from nomadtf.spec import parse_spec, spec_file_text
+from nomadtf.usercode import health
 from nomadtf.venvs import VenvCache
 from tests.helpers import (
     JOBS,

@@ -28,8 +28,8 @@ import pytest
 from nomadtf import wire
 from nomadtf.devstack import netns, processes
 from nomadtf.devstack.cluster import ClusterStack
-from nomadtf.discovery import ConsulDiscovery
-from nomadtf.spec import normalize
+from nomadtf.job.spec import normalize
+from nomadtf.servers.consul import ConsulDiscovery
 from tests import chaos, cluster_access, faults, node_loss
 from tests.helpers import nomadtf, probe_job, unique, wait_until, write_job
 from tests.stack.test_recovery import ACCURACY_FLOOR
@@ -514,12 +514,12 @@ def cluster_image(cluster) -> str:
 
 def _ps_servers() -> list[str]:
     """The allocation of every bare TensorFlow server of role ps running in a client
-    namespace (psutil: NOMADTF_ROLE=ps in the environment, nomadtf.tfserver in argv)."""
+    namespace (psutil: NOMADTF_ROLE=ps in the environment, nomadtf.usercode.tfserver in argv)."""
     spaces = {os.stat(f"/run/netns/{netns.namespace(i)}").st_ino for i in range(1, CLIENTS + 1)}
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         try:
-            if "nomadtf.tfserver" not in (proc.info["cmdline"] or []):
+            if "nomadtf.usercode.tfserver" not in (proc.info["cmdline"] or []):
                 continue
             if os.stat(f"/proc/{proc.pid}/ns/net").st_ino not in spaces:
                 continue  # the single-node stack's tasks, beside us

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from nomadtf.devstack import binaries
-from nomadtf.nomad import NomadAPI
-from nomadtf.render import job_json, render_job
-from nomadtf.spec import load_spec
+from nomadtf.job.render import job_json, render_job
+from nomadtf.job.spec import load_spec
+from nomadtf.servers.nomad import NomadAPI
 from tests.docs_commands import example_stacks
 from tests.helpers import EXAMPLES, REPO, nomad, nomadtf, unique
 

@@ -24,7 +24,7 @@ import pytest
 import requests
 
 from nomadtf.errors import NomadError, UnreachableError
-from nomadtf.nomad import NomadAPI, NomadSettings
+from nomadtf.servers.nomad import NomadAPI, NomadSettings
 from tests.helpers import nomad, nomadtf, probe_job, unique, write_job
 
 NOMAD_ENV = (

@@ -19,8 +19,8 @@ import pytest
 
 from nomadtf import wire
 from nomadtf.devstack import processes
-from nomadtf.discovery import ConsulDiscovery
-from nomadtf.spec import normalize
+from nomadtf.job.spec import normalize
+from nomadtf.servers.consul import ConsulDiscovery
 from tests.helpers import probe_job, unique, wait_until
 from tests.stack.test_task import FakeAlloc
 

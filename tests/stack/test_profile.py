@@ -117,8 +117,9 @@ def test_the_secrets_example_runs_unchanged_on_the_secure_stack(secure_cluster, 
 def test_a_profile_that_is_not_json_is_refused_naming_where_it_is(stack, tmp_path):
     """What the operator stored is read from the real Consul KV; a broken one is an error
     that says where it is, not a silent run without the cluster's settings."""
-    from nomadtf import cluster_facts, discovery
+    from nomadtf.client import cluster_facts
     from nomadtf.errors import SpecError
+    from nomadtf.servers import consul as discovery
 
     consul = stack.api().consul()
     try:
@@ -138,9 +139,9 @@ def test_a_submitter_without_agent_read_gets_the_servers_version_and_without_nod
     still learns the servers' version from their gossip tags (GET /v1/agent/members,
     node:read); one that may read neither is refused a job whose tasks get Vault tokens
     (exit 2, nothing submitted) until the version is named."""
-    from nomadtf import cluster_facts
-    from nomadtf.nomad import NomadAPI, NomadSettings
-    from nomadtf.target import NomadVersion
+    from nomadtf.client import cluster_facts
+    from nomadtf.job.target import NomadVersion
+    from nomadtf.servers.nomad import NomadAPI, NomadSettings
     from tests.cluster_access import secured
     from tests.helpers import probe_job, write_job
 

@@ -23,12 +23,13 @@ from pathlib import Path
 import pytest
 import requests
 
-from nomadtf import capacity, wire
+from nomadtf import wire
 from nomadtf.admission import suspension
 from nomadtf.admission.controller import Controller
 from nomadtf.client.queued import read_board
-from nomadtf.discovery import consul_client
-from nomadtf.nomad import NomadAPI
+from nomadtf.job import capacity
+from nomadtf.servers.consul import consul_client
+from nomadtf.servers.nomad import NomadAPI
 from tests.helpers import (
     allocations,
     nomad,

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from nomadtf.discovery import ConsulDiscovery
-from nomadtf.follow import Follower, run_of, versions_of_run
-from nomadtf.nomad import NomadAPI
+from nomadtf.client.follow import Follower, run_of, versions_of_run
+from nomadtf.servers.consul import ConsulDiscovery
+from nomadtf.servers.nomad import NomadAPI
 from tests import faults
 from tests.helpers import EXAMPLES, JOBS, allocations, nomadtf, purge, task_log, unique, wait_until, write_job
 

@@ -22,9 +22,10 @@ import psutil
 import pytest
 import requests
 
-from nomadtf import acl, wire
+from nomadtf import wire
 from nomadtf.devstack import bootstrap, security, wiring
-from nomadtf.spec import parse_spec
+from nomadtf.job import acl
+from nomadtf.job.spec import parse_spec
 from tests.cluster_access import nomad_token, secured
 from tests.helpers import EXAMPLES, nomadtf, probe_job, unique, wait_until, write_job
 
@@ -367,7 +368,7 @@ def test_the_ps_example_trains_with_acls_and_tls_and_secrets_stay_where_they_bel
 def test_a_tasks_consul_token_is_renewed_while_it_runs_and_revoked_when_it_ends(secure_cluster, tmp_path, monkeypatch):
     """`ConsulToken` as `nomadtf task` uses it, against the real engine: a role whose tokens
     live 10 s, logged in with AppRole (whose own 10 s login token must be renewed too)."""
-    from nomadtf import vault as vault_api
+    from nomadtf.servers import vault as vault_api
 
     api, found = secure_cluster.api().session(), secure_cluster.api().urls
     job = unique("renew")
@@ -533,7 +534,7 @@ def _spread_job(name: str, namespace: str, node_cpu: int, cluster, tmp_path: Pat
 
 def _node_cpu(api: requests.Session, nomad_url: str) -> tuple[int, int]:
     """(the smallest client's CPU, how many clients)."""
-    from nomadtf import capacity
+    from nomadtf.job import capacity
 
     nodes = capacity.node_capacities(api.get(f"{nomad_url}/v1/nodes", params={"resources": "true"}, timeout=10).json(), {"Datacenters": ["*"]})
     return min(n.resources.cpu for n in nodes), len(nodes)
@@ -834,7 +835,7 @@ def test_the_printed_controller_policy_may_ask_another_team_s_run_to_checkpoint_
     policies`' controller Nomad policy signals a running allocation of team-a's (its task's
     SIGUSR1 handler runs), and team-b's submitter token is refused the same call."""
     from nomadtf.errors import NomadError
-    from nomadtf.nomad import NomadAPI, NomadSettings
+    from nomadtf.servers.nomad import NomadAPI, NomadSettings
 
     api, found = secure_cluster.api().session(), secure_cluster.api().urls
     nomad_url = found["nomad"]
@@ -874,7 +875,7 @@ def test_a_team_s_submitter_token_mounts_its_own_checkpoint_volume_and_not_anoth
     """A docker job reaches checkpoints through its namespace's host volume, which the printed
     submitter policy grants for its own namespace only: team-b registering a job that mounts
     team-a's folder is refused by Nomad (403), its own is accepted (issue #33)."""
-    from nomadtf.render import render_job
+    from nomadtf.job.render import render_job
 
     api, found = secure_cluster.api().session(), secure_cluster.api().urls
     for name in (NAMESPACE_A, NAMESPACE_B):

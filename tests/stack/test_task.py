@@ -19,8 +19,8 @@ import consul
 import pytest
 
 from nomadtf import wire
-from nomadtf.discovery import ConsulDiscovery
-from nomadtf.spec import normalize
+from nomadtf.job.spec import normalize
+from nomadtf.servers.consul import ConsulDiscovery
 from tests.helpers import probe_job, unique, wait_until
 
 pytestmark = pytest.mark.stack

@@ -10,9 +10,9 @@ import uuid
 import hvac
 import pytest
 
-from nomadtf import vault as vault_api
 from nomadtf.devstack import stack as stack_mod
 from nomadtf.errors import VaultError
+from nomadtf.servers import vault as vault_api
 
 pytestmark = pytest.mark.stack
 

@@ -24,11 +24,13 @@ import pytest
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
-from nomadtf import acl, acl_setup, wire
-from nomadtf import vault as vault_api
+from nomadtf import wire
+from nomadtf.client import acl_setup
 from nomadtf.devstack import stack as stack_mod
 from nomadtf.errors import AclConflict
-from nomadtf.spec import parse_spec
+from nomadtf.job import acl
+from nomadtf.job.spec import parse_spec
+from nomadtf.servers import vault as vault_api
 from tests.helpers import nomadtf, probe_job, write_job
 
 pytestmark = pytest.mark.stack

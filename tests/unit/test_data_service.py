@@ -15,9 +15,9 @@ import pytest
 
 from nomadtf import roles, tfconfig, wire
 from nomadtf.errors import SpecError
-from nomadtf.render import render_job
+from nomadtf.job.render import render_job
+from nomadtf.job.spec import JobSpec, normalize, parse_spec
 from nomadtf.runtime import launch, policy
-from nomadtf.spec import JobSpec, normalize, parse_spec
 from nomadtf.tfconfig import Member
 from nomadtf.usercode import dataservice
 

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
+from nomadtf.job.spec import schema
 from nomadtf.roles import ROLES
-from nomadtf.spec import schema
 from tests.docs_commands import load_reference_generator
 
 generator = load_reference_generator()

@@ -23,8 +23,8 @@ pytestmark = pytest.mark.tf
 DIGITS = EXAMPLES / "digits"
 TIMEOUT_S = 300
 # What nomadtf itself starts for ps and worker tasks, and for legacy_server tasks.
-SERVER = ["-m", "nomadtf.tfserver", "server"]
-LEGACY = ["-m", "nomadtf.tfserver", "legacy", "legacy_main:main"]
+SERVER = ["-m", "nomadtf.usercode.tfserver", "server"]
+LEGACY = ["-m", "nomadtf.usercode.tfserver", "legacy", "legacy_main:main"]
 
 
 def free_ports(count):

@@ -84,3 +84,33 @@ def test_a_circle_through_a_deferred_import_is_found(tmp_path):
     (pkg / "c.py").write_text("import pkg.a\n")
     (pkg / "d.py").write_text("from pkg.a import thing\n")
     assert cycles(import_graph(tmp_path, "pkg")) == [["pkg.a", "pkg.b", "pkg.c"]]
+
+
+# The layers of docs/design/layout.md, top to bottom: a package imports only from its own
+# layer's packages' modules below it, never one above (siblings in a layer may share).
+LAYERS = [
+    {"nomadtf.cli"},
+    {"nomadtf.client", "nomadtf.admission", "nomadtf.devstack", "nomadtf.runtime"},
+    {"nomadtf.servers"},
+    {"nomadtf.job", "nomadtf.usercode"},
+]
+
+
+def layer_of(module: str) -> int | None:
+    for depth, packages in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in packages):
+            return depth
+    return None  # the modules at the top of the package: shared by every layer
+
+
+def test_no_import_goes_up_a_layer():
+    graph = import_graph(REPO, "nomadtf")
+    upward = sorted(
+        (name, target) for name, targets in graph.items() for target in targets
+        if layer_of(name) is not None and layer_of(target) is not None and layer_of(target) < layer_of(name)
+    )
+    assert upward == []
+    # and the shared modules at the top import no layer at all
+    shared = sorted((name, target) for name, targets in graph.items() if layer_of(name) is None and name not in ("nomadtf", "nomadtf.__main__")
+                    for target in targets if layer_of(target) is not None and layer_of(target) < 3)
+    assert shared == []

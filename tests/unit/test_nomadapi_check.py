@@ -11,13 +11,13 @@ import shutil
 
 import pytest
 
-from nomadtf.dcos import convert_options
-from nomadtf.render import job_json, render_job
-from nomadtf.spec import apply_overrides, load_spec, parse_spec, read_options
-from nomadtf.target import resolve
+from nomadtf.job.dcos import convert_options
+from nomadtf.job.render import job_json, render_job
+from nomadtf.job.spec import apply_overrides, load_spec, parse_spec, read_options
+from nomadtf.job.target import resolve
 from tests.helpers import EXAMPLES
 from tests.nomadapi import nomadapi_check, run_check
-from tests.unit.test_render import JOB_EXAMPLES, example_spec
+from tests.unit.job.test_render import JOB_EXAMPLES, example_spec
 
 if shutil.which("go") is None:
     # Never a skip: without Go the newer-Nomad check would pass silently (scripts/setup needs Go too).

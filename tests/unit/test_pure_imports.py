@@ -12,11 +12,11 @@ import pytest
 
 CLIENT_LIBRARIES = ("consul", "nomad", "hvac", "psutil", "requests")
 PURE = (
-    "nomadtf.spec", "nomadtf.render", "nomadtf.tfconfig", "nomadtf.roles", "nomadtf.wire", "nomadtf.plan",
-    "nomadtf.capacity", "nomadtf.outcome", "nomadtf.report", "nomadtf.acl", "nomadtf.dcos", "nomadtf.target",
-    "nomadtf.profile", "nomadtf.durations", "nomadtf.errors", "nomadtf.runtime.policy", "nomadtf.runtime.deadline",
+    "nomadtf.job.spec", "nomadtf.job.render", "nomadtf.tfconfig", "nomadtf.roles", "nomadtf.wire", "nomadtf.job.plan",
+    "nomadtf.job.capacity", "nomadtf.job.outcome", "nomadtf.job.report", "nomadtf.job.acl", "nomadtf.job.dcos", "nomadtf.job.target",
+    "nomadtf.job.profile", "nomadtf.durations", "nomadtf.errors", "nomadtf.runtime.policy", "nomadtf.runtime.deadline",
     "nomadtf.runtime.launch", "nomadtf.admission.order", "nomadtf.admission.fit", "nomadtf.admission.elastic",
-    "nomadtf.admission.preemption", "nomadtf.progress", "nomadtf.tfserver", "nomadtf.gpulimit", "nomadtf.health",
+    "nomadtf.admission.preemption", "nomadtf.progress", "nomadtf.usercode.tfserver", "nomadtf.usercode.gpulimit", "nomadtf.usercode.health",
 )
 
 

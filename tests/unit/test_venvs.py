@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from nomadtf import venvs
+from nomadtf.client.follow import describe_environment
 from nomadtf.errors import SpecError
-from nomadtf.follow import describe_environment
-from nomadtf.render import docker_image_needs, render_job
+from nomadtf.job.render import docker_image_needs, render_job
+from nomadtf.job.spec import normalize, parse_spec
 from nomadtf.runtime import jobenv
-from nomadtf.spec import normalize, parse_spec
 from nomadtf.venvs import EnvBuildError, EnvBuildStopped, VenvCache
 from tests.helpers import nomadtf
 
@@ -102,7 +102,7 @@ def test_the_child_modules_import_without_nomadtfs_dependencies(tmp_path):
     """progress, tfserver, gpulimit and warmstart work from a Python that has none of nomadtf's
     dependencies: `-S -I` leaves out every site-packages, so only the copied modules exist."""
     lib = jobenv.install_child_modules(tmp_path)
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import nomadtf.progress, nomadtf.tfserver, nomadtf.gpulimit, nomadtf.warmstart; "
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import nomadtf.progress, nomadtf.usercode.tfserver, nomadtf.usercode.gpulimit, nomadtf.usercode.warmstart; "
             "import nomadtf; print(nomadtf.__file__)")
     out = subprocess.run([sys.executable, "-S", "-I", "-c", code, str(lib)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

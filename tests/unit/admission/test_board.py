@@ -9,7 +9,7 @@ import json
 import pytest
 
 from nomadtf.admission.board import MAX_LINES, Board, BoardLine, Happened, Skipped
-from nomadtf.capacity import Resources
+from nomadtf.job.capacity import Resources
 
 
 def line(ticket: str = "t1", place: int = 1, **extra) -> BoardLine:

@@ -9,9 +9,9 @@ import pytest
 
 from nomadtf.admission import elastic, fit, preemption, suspension
 from nomadtf.admission.preemption import Candidate
-from nomadtf.capacity import Resources
 from nomadtf.errors import SpecError
-from nomadtf.spec import parse_spec
+from nomadtf.job.capacity import Resources
+from nomadtf.job.spec import parse_spec
 from tests.unit.admission.test_fit import alloc, ask, group, node
 
 

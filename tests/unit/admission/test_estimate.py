@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nomadtf.admission.estimate import Holding, Planned, end_of, plan
-from nomadtf.capacity import Resources
+from nomadtf.job.capacity import Resources
 
 NOW = 1_000.0
 

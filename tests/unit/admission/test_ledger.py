@@ -7,7 +7,7 @@ import calendar
 import pytest
 
 from nomadtf.admission.ledger import Ledger, months_between, totals
-from nomadtf.capacity import Resources
+from nomadtf.job.capacity import Resources
 
 DEC_6 = calendar.timegm((2026, 12, 6, 10, 0, 0))
 HOUR = 3600.0

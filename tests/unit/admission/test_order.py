@@ -37,7 +37,7 @@ def test_ordering_does_not_depend_on_the_order_runs_were_read_in():
 from nomadtf.admission import policy as policies  # noqa: E402
 from nomadtf.admission.fit import RunAsk, Slot  # noqa: E402
 from nomadtf.admission.order import fair_order  # noqa: E402
-from nomadtf.capacity import Resources  # noqa: E402
+from nomadtf.job.capacity import Resources  # noqa: E402
 
 CLUSTER = Resources(10_000, 10_000, {})
 

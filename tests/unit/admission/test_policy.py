@@ -8,8 +8,8 @@ import json
 import pytest
 
 from nomadtf.admission import policy
-from nomadtf.capacity import Resources
 from nomadtf.errors import PolicyError
+from nomadtf.job.capacity import Resources
 
 GPU = "nvidia/gpu/Tesla-V100-SXM2-16GB"
 

@@ -8,7 +8,7 @@ import pytest
 
 from nomadtf.admission import fit, preemption
 from nomadtf.admission.preemption import Candidate
-from nomadtf.capacity import Resources
+from nomadtf.job.capacity import Resources
 from tests.unit.admission.test_fit import alloc, ask, group, node
 
 NOW = 10_000.0

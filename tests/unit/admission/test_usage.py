@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from nomadtf.admission.usage import Usage, dominant_share
-from nomadtf.capacity import Resources
+from nomadtf.job.capacity import Resources
 
 HOUR = 3600.0
 CLUSTER = Resources(10_000, 20_000, {"nvidia/gpu/Tesla-V100": 4})

@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from nomadtf import cli
-from nomadtf.spec import schema
+from nomadtf.job.spec import schema
 from tests.helpers import EXAMPLES, nomadtf
 
 settings.register_profile(
@@ -134,7 +134,7 @@ def assert_render_outcome(code: int, out: str, err: str, path: Path) -> None:
 
 
 def assert_job_shape(job: dict[str, Any]) -> None:
-    """What tests/unit/test_render.py relies on and Nomad's Go decoder needs: a Job with groups of
+    """What tests/unit/job/test_render.py relies on and Nomad's Go decoder needs: a Job with groups of
     tasks, and every number an integer that fits Go's int64."""
     assert set(job) == {"Job"}
     body = job["Job"]

@@ -1,4 +1,4 @@
-"""Never, not now, or fits (nomadtf/plan.py classify, nomadtf/client/placement.py): a token
+"""Never, not now, or fits (nomadtf/job/plan.py classify, nomadtf/client/placement.py): a token
 that may not read nodes is never told a wrong "never" by size; a cluster whose nodes are
 all drained is "not now" (they come back). Pure, with a stand-in for the Nomad API."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from nomadtf import plan
-from nomadtf.capacity import NodeCapacity, Resources
 from nomadtf.client import placement
 from nomadtf.errors import NomadError
+from nomadtf.job import plan
+from nomadtf.job.capacity import NodeCapacity, Resources
 
 
 def metric(**fields) -> dict:

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from nomadtf.admission.board import Board, BoardLine
-from nomadtf.capacity import Resources
 from nomadtf.client.queued import QueueStatus, describe_short
+from nomadtf.job.capacity import Resources
 
 SINCE = 1_700_000_000.0  # 22:13:20 UTC
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 
+from nomadtf.job.spec import parse_spec
 from nomadtf.runtime import archive, notify
-from nomadtf.spec import parse_spec
 
 
 def test_the_oldest_attempts_are_dropped_first_never_the_current_one():

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
+from nomadtf.job.spec import JobSpec, normalize
 from nomadtf.runtime.budget import AllocationBudget
-from nomadtf.spec import JobSpec, normalize
 
 SPEC = JobSpec.from_normalized(normalize({
     "name": "j", "entrypoint": {"script": "t.py"}, "roles": {"worker": {"count": 1}}, "strategy": "multi_worker_mirrored",

@@ -181,8 +181,8 @@ def test_timers_fire_in_order_and_the_earlier_of_two_wins():
 def test_sighup_from_the_first_instant_does_not_kill_a_task():
     """The rendered command starts the interpreter with SIGHUP ignored (nohup), so even a
     SIGHUP before Python runs a line cannot end the task with exit 129."""
-    from nomadtf.render import render_job
-    from nomadtf.spec import load_spec
+    from nomadtf.job.render import render_job
+    from nomadtf.job.spec import load_spec
     from tests.helpers import EXAMPLES
 
     job = render_job(load_spec(EXAMPLES / "digits" / "job.json"))

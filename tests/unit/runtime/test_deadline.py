@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from nomadtf import outcome
+from nomadtf.job import outcome
+from nomadtf.job.spec import JobSpec, normalize
 from nomadtf.runtime import deadline
-from nomadtf.spec import JobSpec, normalize
 
 ROLES = {"chief": {"count": 1}, "worker": {"count": 2}, "ps": {"count": 1}}
 
@@ -51,7 +51,7 @@ def test_the_deadlines_failure_is_the_deciding_tasks_and_reads_as_timed_out():
     assert deadline.deciding_task(spec) == ("chief", 0)
     why = deadline.passed_why(spec)
     assert why == f"{outcome.DEADLINE_WHY} (600s after submission or admission)"
-    assert outcome.DEADLINE_WHY in why  # what nomadtf.outcome reads as timed out
+    assert outcome.DEADLINE_WHY in why  # what nomadtf.job.outcome reads as timed out
 
 
 def test_under_all_workers_the_first_worker_answers_and_with_no_task_left_none_does():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
+from nomadtf.job.spec import JobSpec, normalize
 from nomadtf.runtime import launch
-from nomadtf.spec import JobSpec, normalize
 from nomadtf.tfconfig import Member
 
 SPEC = JobSpec.from_normalized({
@@ -33,7 +33,7 @@ def test_the_child_gets_tf_config_and_names_but_no_credential():
 
 def test_who_runs_what():
     assert launch.child_argv(SPEC, "chief", 9, python="py") == ["py", "-u", "-m", "trainer.main", "--x"]
-    assert launch.child_argv(SPEC, "worker", 9, python="py") == ["py", "-m", "nomadtf.tfserver", "server"]
+    assert launch.child_argv(SPEC, "worker", 9, python="py") == ["py", "-m", "nomadtf.usercode.tfserver", "server"]
     assert launch.child_argv(SPEC, "tensorboard", 9, python="py")[:3] == ["py", "-m", "tensorboard.main"]
     # TensorBoard listens on the task's own address, not on every interface of the node.
     assert launch.child_argv(SPEC, "tensorboard", 9, python="py", host="10.1.2.3")[-2:] == ["--host", "10.1.2.3"]

@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-from nomadtf.discovery import Slot
 from nomadtf.errors import ConsulError, ServerError
+from nomadtf.job.spec import JobSpec, normalize
 from nomadtf.runtime.membership import Identity, Membership, Settled
 from nomadtf.runtime.policy import SlotState, fingerprint
-from nomadtf.spec import JobSpec, normalize
+from nomadtf.servers.consul import Slot
 from nomadtf.tfconfig import Member
 
 SPEC = JobSpec.from_normalized({

@@ -7,6 +7,7 @@ import itertools
 import pytest
 
 from nomadtf import roles, wire
+from nomadtf.job import outcome
 from nomadtf.runtime import policy
 from nomadtf.runtime.child import STOP_GRACE_S
 from nomadtf.runtime.policy import Act, Debounce, ExitClass, HangClock, RestartBudget
@@ -156,8 +157,8 @@ def test_what_the_job_state_means_for_a_running_task(state, strategy, role, comp
 
 
 def test_a_supervisor_starting_after_the_end_starts_nothing():
-    failed = policy.failed_state("chief", 0, 2, "a permanent exit code")
-    assert policy.failed_slot(failed) == ("chief", 0)
+    failed = outcome.failed_state("chief", 0, 2, "a permanent exit code")
+    assert outcome.failed_slot(failed) == ("chief", 0)
     assert policy.on_start("succeeded", "ps", 0) is Act.EXIT_OK
     assert policy.on_start(failed, "chief", 0) is Act.EXIT_FAILED  # the slot that failed stays failed
     assert policy.on_start(failed, "ps", 0) is Act.EXIT_OK  # its peers did nothing wrong
@@ -247,8 +248,8 @@ def test_a_scaled_worker_role_restarts_the_ps_chief_once_and_nobody_else(before,
 
 
 def test_scale_targets_are_parsed_or_named_with_the_fix():
+    from nomadtf.client.run import parse_scale
     from nomadtf.errors import UsageError
-    from nomadtf.run import parse_scale
 
     assert parse_scale(["worker=3"]) == {"worker": 3}
     for bad in (["ps=2"], ["worker=three"], ["worker"], []):

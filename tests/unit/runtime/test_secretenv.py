@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from nomadtf.errors import VaultError
+from nomadtf.job.spec import JobSpec, normalize
 from nomadtf.runtime.secretenv import SecretEnv
-from nomadtf.spec import JobSpec, normalize
 
 BASE = {"name": "j", "entrypoint": {"script": "t.py"}, "roles": {"chief": {"count": 1}, "worker": {"count": 1}, "ps": {"count": 1}}, "vault": {"policies": ["team"]}}
 REFS = [{"path": "secret/team/s3", "key": "access", "env": "AWS_KEY"}, {"path": "secret/team/s3", "key": "cert", "file": "s3.pem"}]

@@ -9,9 +9,9 @@ import os
 import sys
 import threading
 
+from nomadtf.job.spec import JobSpec, normalize
 from nomadtf.runtime.alloc import AllocInfo
 from nomadtf.runtime.starter import ChildStarter
-from nomadtf.spec import JobSpec, normalize
 from nomadtf.tfconfig import Member
 
 CHILD = """

@@ -4,11 +4,11 @@ failure. Consul is played by a stand-in for Membership here."""
 
 from __future__ import annotations
 
+from nomadtf.job.spec import JobSpec, normalize
 from nomadtf.runtime import startup
 from nomadtf.runtime.alloc import AllocInfo
 from nomadtf.runtime.budget import AllocationBudget
 from nomadtf.runtime.starter import ChildStarter
-from nomadtf.spec import JobSpec, normalize
 
 
 class Membership:

@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from nomadtf.errors import CannotRecord
+from nomadtf.job.spec import normalize
 from nomadtf.runtime import task
-from nomadtf.spec import normalize
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SPEC = normalize({"name": "j", "strategy": "multi_worker_mirrored", "entrypoint": {"script": "t.py"}, "roles": {"worker": {"count": 1}}})

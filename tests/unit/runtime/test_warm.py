@@ -1,4 +1,4 @@
-"""The child started ahead of the rendezvous (runtime/warm.py, nomadtf/warmstart.py): the
+"""The child started ahead of the rendezvous (runtime/warm.py, nomadtf/usercode/warmstart.py): the
 command it runs, the handoff, and that code run through it cannot tell it from `python -u`."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 
 from nomadtf import wire
 from nomadtf.runtime import warm
-from nomadtf.warmstart import decode, parse
+from nomadtf.usercode.warmstart import decode, parse
 
 PROBE = """
 import json, os, sys
@@ -85,11 +85,11 @@ def test_a_failed_preimport_leaves_the_error_to_the_code(tmp_path):
 
 def test_the_waiting_command():
     assert warm.waiting_argv(["py", "-u", "train.py", "--a"], 7, ["tensorflow"]) == [
-        "py", "-u", "-m", "nomadtf.warmstart", "7", "tensorflow", "train.py", "--a"]
-    assert warm.waiting_argv(["py", "-m", "nomadtf.tfserver", "server"], 3, ["tensorflow"]) == [
-        "py", "-u", "-m", "nomadtf.warmstart", "3", "tensorflow", "-m", "nomadtf.tfserver", "server"]
-    assert warm.waiting_argv(["py", "-u", "-m", "nomadtf.gpulimit", "t.py"], 3, []) == [
-        "py", "-u", "-m", "nomadtf.warmstart", "3", "-", "-m", "nomadtf.gpulimit", "t.py"]
+        "py", "-u", "-m", "nomadtf.usercode.warmstart", "7", "tensorflow", "train.py", "--a"]
+    assert warm.waiting_argv(["py", "-m", "nomadtf.usercode.tfserver", "server"], 3, ["tensorflow"]) == [
+        "py", "-u", "-m", "nomadtf.usercode.warmstart", "3", "tensorflow", "-m", "nomadtf.usercode.tfserver", "server"]
+    assert warm.waiting_argv(["py", "-u", "-m", "nomadtf.usercode.gpulimit", "t.py"], 3, []) == [
+        "py", "-u", "-m", "nomadtf.usercode.warmstart", "3", "-", "-m", "nomadtf.usercode.gpulimit", "t.py"]
     assert warm.waiting_argv(["py", "-c", "print(1)"], 3, []) is None
     assert warm.waiting_argv(["py", "-m"], 3, []) is None
     assert parse(["3", "tensorflow,numpy", "-m", "m", "x"]) == (3, ["tensorflow", "numpy"], ["-m", "m", "x"])
@@ -177,6 +177,6 @@ def test_tensorflow_is_imported_ahead_only_for_code_that_imports_it(tmp_path):
     assert warm.preimports("chief", ["py", "-u", "train.py"], str(tmp_path)) == ["tensorflow"]
     assert warm.preimports("chief", ["py", "-u", "probe.py"], str(tmp_path)) == []
     assert warm.preimports("chief", ["py", "-u", "-m", "pkg.main"], "/nowhere", str(tmp_path)) == ["tensorflow"]
-    assert warm.preimports("ps", ["py", "-m", "nomadtf.tfserver", "server"], str(tmp_path)) == ["tensorflow"]
+    assert warm.preimports("ps", ["py", "-m", "nomadtf.usercode.tfserver", "server"], str(tmp_path)) == ["tensorflow"]
     assert warm.preimports("chief", ["py", "-u", "missing.py"], str(tmp_path)) == ["tensorflow"]  # unknown: as before
     assert warm.preimports("tensorboard", ["py", "-m", "tensorboard.main"], str(tmp_path)) is None
