@@ -36,7 +36,7 @@ ACL objects of one job (`nomadtf acl apply`): Consul policy, Vault policy, Consu
                                          keeps `ml/team-x` and `ml-team/x` apart
     description / first line "nomadtf <namespace>/<job> tasks": whose the object is
 
-Nomad job Meta: nomadtf.version, nomadtf.spec_sha256, nomadtf.strategy, nomadtf.client.run,
+Nomad job Meta: nomadtf.version, nomadtf.spec_sha256, nomadtf.strategy, nomadtf.run,
 nomadtf.model_run (only on a run started with --resume); on a run registered suspended,
 nomadtf.admission ("suspended"), nomadtf.counts, nomadtf.gang_timeout (suspension.py);
 task Meta: nomadtf.role.
@@ -80,7 +80,7 @@ META_STRATEGY = "nomadtf.strategy"
 META_STEPS = "nomadtf.steps"  # context.steps, when a whole number: the queue's start estimates
 META_DURATION = "nomadtf.duration"  # admission.duration in seconds: the queue's start estimates
 META_ROLE = "nomadtf.role"
-META_RUN = "nomadtf.client.run"
+META_RUN = "nomadtf.run"
 META_MODEL_RUN = "nomadtf.model_run"  # the run whose model_dir a resumed run continues
 META_NOMAD_VERSION = "nomadtf.nomad_version"  # the Nomad the job was rendered for (target.py)
 META_SERVICE = "nomadtf.service"  # nomadtf's own service jobs (the admission service): not runs

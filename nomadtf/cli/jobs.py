@@ -146,7 +146,7 @@ def status(
         """What a waiting run's board line says (read once per command)."""
         nonlocal board
         board = board or read_board()
-        ns, run_id = job.get("Namespace", "default"), (job.get("Meta") or {}).get("nomadtf.client.run", "")
+        ns, run_id = job.get("Namespace", "default"), (job.get("Meta") or {}).get("nomadtf.run", "")
         line = board.line_of(queue_ticket(ns, job["ID"], run_id))
         return "queued: " + QueueStatus(f"{ns}/{job['ID']}", run_id, line, board.length, board.leader if board.age_s() < 600 else "").describe()
 
@@ -308,7 +308,7 @@ def stop(
     api = NomadAPI.from_env(namespace=namespace, region=region)
     job = stop_job(api, job_id, purge=purge)
     if suspension.is_waiting(job):
-        typer.echo(f"removed {job_id} run {(job.get('Meta') or {}).get('nomadtf.client.run', '?')} from the queue")
+        typer.echo(f"removed {job_id} run {(job.get('Meta') or {}).get('nomadtf.run', '?')} from the queue")
     typer.echo(f"stopped {job_id}" + (" and purged it" if purge else ""))
 
 

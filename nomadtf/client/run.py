@@ -1,7 +1,7 @@
 """The client-side use case of `nomadtf run`: load → render → submit a run → follow →
 stop on failure → outcome, and `nomadtf stop`.
 
-Every submission is a run with its own id (job Meta `nomadtf.client.run`, the tasks' spec file,
+Every submission is a run with its own id (job Meta `nomadtf.run`, the tasks' spec file,
 the Consul keys). Following, status and logs look only at the current run's allocations,
 so the same job name run again reports its own outcome. Every Nomad call of a run goes to
 the namespace and region its job.json names. Nothing here prints: what happens is handed

@@ -32,7 +32,7 @@ def _group(name: str, count: int) -> dict:
 
 def _body() -> dict:
     """The body of POST /v1/jobs for a chief and two workers."""
-    return {"Job": {"ID": "digits", "Namespace": "team-a", "Type": "batch", "Meta": {"nomadtf.client.run": "3f2a9c1e"},
+    return {"Job": {"ID": "digits", "Namespace": "team-a", "Type": "batch", "Meta": {"nomadtf.run": "3f2a9c1e"},
                     "TaskGroups": [_group("chief", 1), _group("worker", 2)]}}  # fmt: skip
 
 
@@ -91,7 +91,7 @@ def test_suspend_writes_the_wanted_counts_and_gang_timeout_into_meta_beside_the_
     assert meta[META_ADMISSION] == SUSPENDED
     assert json.loads(meta[META_COUNTS]) == {"chief": 1, "worker": 2}
     assert meta[META_GANG_TIMEOUT] == "2.5"
-    assert meta["nomadtf.client.run"] == "3f2a9c1e"
+    assert meta["nomadtf.run"] == "3f2a9c1e"
 
 
 # ---- Suspension.of -----------------------------------------------------------------------

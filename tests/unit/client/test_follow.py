@@ -67,9 +67,9 @@ def _alloc(name: str, version: int, create: int, status: str = "complete") -> di
 
 def test_a_run_owns_exactly_the_versions_that_carry_its_id():
     versions = [
-        {"Version": 3, "Meta": {"nomadtf.client.run": "b"}},  # `scale` made a new version of run b
-        {"Version": 2, "Meta": {"nomadtf.client.run": "b"}},
-        {"Version": 1, "Meta": {"nomadtf.client.run": "a"}},
+        {"Version": 3, "Meta": {"nomadtf.run": "b"}},  # `scale` made a new version of run b
+        {"Version": 2, "Meta": {"nomadtf.run": "b"}},
+        {"Version": 1, "Meta": {"nomadtf.run": "a"}},
         {"Version": 0, "Meta": {}},
     ]
     assert versions_of_run(versions, "b") == {2, 3}

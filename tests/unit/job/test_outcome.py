@@ -11,7 +11,7 @@ RUN = "r1"
 
 def _job(status: str = "running", stop: bool = False, run: str = RUN) -> dict:
     groups = [{"Name": "chief", "Count": 1}, {"Name": "worker", "Count": 1}, {"Name": "evaluator", "Count": 1}]
-    return {"ID": "j", "Status": status, "Stop": stop, "Meta": {"nomadtf.client.run": run}, "TaskGroups": groups}
+    return {"ID": "j", "Status": status, "Stop": stop, "Meta": {"nomadtf.run": run}, "TaskGroups": groups}
 
 
 def _alloc(slot: str, status: str, create: int = 1) -> dict:

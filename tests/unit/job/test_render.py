@@ -337,10 +337,10 @@ def test_a_run_id_reaches_the_meta_and_the_tasks_spec_file_only():
     from nomadtf.job.spec import RunInfo
 
     job = render_job(spec, run=RunInfo("r1a2b3", 1796000000.5))
-    assert job["Job"]["Meta"]["nomadtf.client.run"] == "r1a2b3"
+    assert job["Job"]["Meta"]["nomadtf.run"] == "r1a2b3"
     assert embedded_spec(task(job, "chief"))["run"] == {"id": "r1a2b3", "submitted_at": 1796000000.5}
     assert job["Job"]["Meta"]["nomadtf.spec_sha256"] == spec.sha256()  # the same spec, another run
-    assert "nomadtf.client.run" not in render_job(spec)["Job"]["Meta"]
+    assert "nomadtf.run" not in render_job(spec)["Job"]["Meta"]
 
 
 def test_gpu_affinities_become_device_affinities():
