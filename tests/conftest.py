@@ -13,16 +13,13 @@ from nomadtf.devstack.cluster import ClusterStack
 from nomadtf.devstack.stack import DevStack
 
 
-# The suite runs on two xdist workers (scripts/test: `-n 2 --dist loadgroup`). Each real
-# stack belongs to one worker for the whole run, so its tests keep the idle cluster they
-# assume: every test of the several-client stack in group "secure", every other stack test
-# in group "single", and the pure tests spread over both while the stacks start.
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if "secure_cluster" in item.fixturenames:
-            item.add_marker(pytest.mark.xdist_group("secure"))
-        elif "tests/stack/" in item.nodeid:
-            item.add_marker(pytest.mark.xdist_group("single"))
+# scripts/test runs the tests of the several-client stack (marker `cluster`, given here to
+# every test that uses it) in a pytest session of their own beside the rest, so the two
+# stacks' scenarios run side by side while each stack keeps the idle cluster its tests
+# assume. The mark goes on as each test is collected, before `-m` selects.
+def pytest_itemcollected(item):
+    if "secure_cluster" in item.fixturenames:
+        item.add_marker(pytest.mark.cluster)
 
 
 def _progress(message: str) -> None:
