@@ -23,8 +23,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from nomadtf.job.options import apply_overrides, read_options
 from nomadtf.job.render import TEMPLATE_FILES, job_json, render_job, template_set
-from nomadtf.job.spec import apply_overrides, parse_spec, read_options
+from nomadtf.job.spec import parse_spec
 
 REPO = Path(__file__).resolve().parent.parent
 

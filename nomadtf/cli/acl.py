@@ -41,7 +41,8 @@ def _acl_spec(job_file: Path, var: list[str] | None, facts: ClusterFacts, allow:
     from nomadtf import wire
     from nomadtf.errors import SpecError
     from nomadtf.job import acl
-    from nomadtf.job.spec import load_options, parse_spec, with_vault_policies
+    from nomadtf.job.options import load_options, with_vault_policies
+    from nomadtf.job.spec import parse_spec
 
     raw = facts.fill(load_options(job_file, var or []))
     policy = wire.acl_name(raw["namespace"], raw.get("name", ""))  # acl.policy_name, before there is a JobSpec

@@ -324,7 +324,8 @@ def render(
     from nomadtf import jaxenv, roles, tfconfig
     from nomadtf.client import cluster_facts
     from nomadtf.job import render as render_mod
-    from nomadtf.job.spec import load_options, parse_spec
+    from nomadtf.job.options import load_options
+    from nomadtf.job.spec import parse_spec
 
     facts = cluster_facts.offline(nomad_version)
     for note in facts.notes:
@@ -414,12 +415,13 @@ def convert_dcos(
 ) -> None:
     """Convert a DC/OS beta-tensorflow options file into a nomadtf job.json. Offline."""
     from nomadtf.job import dcos
-    from nomadtf.job import spec as spec_mod
+    from nomadtf.job.options import read_options
+    from nomadtf.job.validate import normalize
 
-    conversion = dcos.convert_options(spec_mod.read_options(options_file))
+    conversion = dcos.convert_options(read_options(options_file))
     for note in conversion.notes:
         err(f"not carried over: {note}")
-    spec_mod.normalize(conversion.job)
+    normalize(conversion.job)
     text = json.dumps(conversion.job, indent=2) + "\n"
     if out:
         out.write_text(text)

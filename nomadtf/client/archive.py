@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from nomadtf import wire
-from nomadtf.job.spec import expand_task_vars, namespace_folder, schema
+from nomadtf.job.taskfile import expand_task_vars
+from nomadtf.job.validate import namespace_folder, schema
 
 
 def archive_root(namespace: str, environ: Mapping[str, str]) -> str | None:

@@ -48,9 +48,12 @@ from nomadtf.errors import (
     UsageError,
 )
 from nomadtf.job import plan, render
+from nomadtf.job.options import load_options
 from nomadtf.job.profile import offline_check_fill
-from nomadtf.job.spec import JobSpec, RunInfo, expand_task_vars, load_options, normalize, parse_spec
+from nomadtf.job.spec import JobSpec, RunInfo, parse_spec
 from nomadtf.job.target import Target
+from nomadtf.job.taskfile import expand_task_vars
+from nomadtf.job.validate import normalize
 from nomadtf.roles import SCALABLE_ROLES
 from nomadtf.servers.consul import ConsulDiscovery
 from nomadtf.servers.nomad import NomadAPI

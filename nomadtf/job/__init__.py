@@ -1,6 +1,9 @@
 """A job and its run, in nomadtf's own words: pure, no server is asked anything here.
 
-- `spec`: job.json → the validated, normalised document → the typed `JobSpec` (with `schema/`);
+- `options`: job.json read (JSON or YAML), its `--var` overrides, the namespace filled in;
+- `validate`: the schema (`schema/`) and the checks across fields, every problem at once; defaults filled;
+- `spec`: the typed `JobSpec` every command and every task works from (`load_spec`, `parse_spec`);
+- `taskfile`: the spec file every task reads, written with its run, read back and expanded;
 - `render`: `JobSpec` (+ the target Nomad) → Nomad job JSON (Jinja2, `templates/`), a run stamped on it;
 - `target`: the Nomad version a job is rendered for and the rendering's decisions for it;
 - `profile`: the cluster profile an operator sets once and what it fills into a job's options;

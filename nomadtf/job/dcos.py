@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nomadtf.errors import SpecError
-from nomadtf.job.spec import schema
+from nomadtf.job.validate import schema
 
 MHZ_PER_CPU = 1000
 # DC/OS section -> nomadtf role (gpu_worker joins worker: nomadtf has one worker group).

@@ -29,7 +29,9 @@ from nomadtf import __version__, wire
 from nomadtf.durations import parse_ns
 from nomadtf.errors import RenderError, SpecError
 from nomadtf.job import target as target_mod
-from nomadtf.job.spec import JobSpec, Role, RunInfo, namespace_folder, spec_file_text
+from nomadtf.job.spec import JobSpec, Role, RunInfo
+from nomadtf.job.taskfile import spec_file_text
+from nomadtf.job.validate import namespace_folder
 from nomadtf.roles import ROLES
 from nomadtf.tfconfig import runs_user_code
 

@@ -36,7 +36,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from nomadtf import wire
-from nomadtf.job.spec import JobSpec, expand_task_vars, namespace_folder
+from nomadtf.job.spec import JobSpec
+from nomadtf.job.taskfile import expand_task_vars
+from nomadtf.job.validate import namespace_folder
 from nomadtf.runtime.codeuser import CodeUser
 
 log = logging.getLogger("nomadtf.task")

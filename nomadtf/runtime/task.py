@@ -16,7 +16,7 @@ import os
 import sys
 
 from nomadtf.errors import CannotRecord, NomadtfError, ServerError
-from nomadtf.job.spec import for_task, read_spec_file
+from nomadtf.job.taskfile import for_task, read_spec_file
 from nomadtf.runtime import deadline
 from nomadtf.runtime.alloc import AllocInfo, spec_path
 from nomadtf.runtime.supervisor import Supervisor

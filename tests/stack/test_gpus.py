@@ -15,7 +15,8 @@ import requests
 
 from nomadtf.devstack import gpu_plugin
 from nomadtf.devstack.probes import node_gpu_count
-from nomadtf.job.spec import JobSpec, load_spec, spec_file_text
+from nomadtf.job.spec import JobSpec, load_spec
+from nomadtf.job.taskfile import spec_file_text
 from nomadtf.runtime.launch import child_argv, gpu_env
 from tests.conftest import TEST_GPUS, TEST_MIG
 from tests.helpers import (

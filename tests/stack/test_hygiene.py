@@ -26,7 +26,8 @@ from nomadtf import wire
 from nomadtf.devstack import binaries
 from nomadtf.errors import BinaryError
 from nomadtf.job import render
-from nomadtf.job.spec import parse_spec, spec_file_text
+from nomadtf.job.spec import parse_spec
+from nomadtf.job.taskfile import spec_file_text
 from nomadtf.runtime import supervisor
 from nomadtf.runtime.child import Child, become_subreaper, reap_orphans
 from nomadtf.usercode import health

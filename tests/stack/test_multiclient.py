@@ -28,7 +28,7 @@ import pytest
 from nomadtf import wire
 from nomadtf.devstack import netns, processes
 from nomadtf.devstack.cluster import ClusterStack
-from nomadtf.job.spec import normalize
+from nomadtf.job.validate import normalize
 from nomadtf.servers.consul import ConsulDiscovery
 from tests import chaos, cluster_access, faults, node_loss
 from tests.helpers import nomadtf, probe_job, unique, wait_until, write_job

@@ -19,7 +19,7 @@ import pytest
 
 from nomadtf import wire
 from nomadtf.devstack import processes
-from nomadtf.job.spec import normalize
+from nomadtf.job.validate import normalize
 from nomadtf.servers.consul import ConsulDiscovery
 from tests.helpers import probe_job, unique, wait_until
 from tests.stack.test_task import FakeAlloc

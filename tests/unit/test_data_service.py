@@ -16,7 +16,8 @@ import pytest
 from nomadtf import roles, tfconfig, wire
 from nomadtf.errors import SpecError
 from nomadtf.job.render import render_job
-from nomadtf.job.spec import JobSpec, normalize, parse_spec
+from nomadtf.job.spec import JobSpec, parse_spec
+from nomadtf.job.validate import normalize
 from nomadtf.runtime import launch, policy
 from nomadtf.tfconfig import Member
 from nomadtf.usercode import dataservice

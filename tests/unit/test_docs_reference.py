@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from nomadtf.job.spec import schema
+from nomadtf.job.validate import schema
 from nomadtf.roles import ROLES
 from tests.docs_commands import load_reference_generator
 

@@ -12,8 +12,9 @@ import shutil
 import pytest
 
 from nomadtf.job.dcos import convert_options
+from nomadtf.job.options import apply_overrides, read_options
 from nomadtf.job.render import job_json, render_job
-from nomadtf.job.spec import apply_overrides, load_spec, parse_spec, read_options
+from nomadtf.job.spec import load_spec, parse_spec
 from nomadtf.job.target import resolve
 from tests.helpers import EXAMPLES
 from tests.nomadapi import nomadapi_check, run_check

@@ -23,7 +23,8 @@ from nomadtf import venvs
 from nomadtf.client.follow import describe_environment
 from nomadtf.errors import SpecError
 from nomadtf.job.render import docker_image_needs, render_job
-from nomadtf.job.spec import normalize, parse_spec
+from nomadtf.job.spec import parse_spec
+from nomadtf.job.validate import normalize
 from nomadtf.runtime import jobenv
 from nomadtf.venvs import EnvBuildError, EnvBuildStopped, VenvCache
 from tests.helpers import nomadtf

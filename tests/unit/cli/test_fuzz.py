@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from nomadtf import cli
-from nomadtf.job.spec import schema
+from nomadtf.job.validate import schema
 from tests.helpers import EXAMPLES, nomadtf
 
 settings.register_profile(

@@ -10,8 +10,10 @@ import pytest
 
 from nomadtf.errors import SpecError
 from nomadtf.job.dcos import convert_options
+from nomadtf.job.options import read_options
 from nomadtf.job.render import render_job
-from nomadtf.job.spec import load_spec, normalize, parse_spec, read_options
+from nomadtf.job.spec import load_spec, parse_spec
+from nomadtf.job.validate import normalize
 from tests.helpers import EXAMPLES, nomadtf
 
 OPTIONS_FILE = EXAMPLES / "dcos" / "options.json"

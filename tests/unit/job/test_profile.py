@@ -11,9 +11,10 @@ import pytest
 from nomadtf import wire
 from nomadtf.client import cluster_facts
 from nomadtf.errors import NomadError, SpecError, UnknownNomadVersion, UnreachableError
+from nomadtf.job.options import load_options
 from nomadtf.job.profile import ClusterProfile, consul_token_path, fill_job, offline_target, profile_from_file
 from nomadtf.job.render import render_job
-from nomadtf.job.spec import load_options, parse_spec
+from nomadtf.job.spec import parse_spec
 from nomadtf.job.target import BASELINE, ENV_NOMAD_VERSION, resolve
 from tests.unit.job.test_render import JOB_EXAMPLES, task
 

@@ -18,17 +18,11 @@ import pytest
 from nomadtf import __version__
 from nomadtf.errors import RenderError, SpecError
 from nomadtf.job.dcos import convert_options
+from nomadtf.job.options import read_options
 from nomadtf.job.render import default_templates_dir, embedded_spec, job_json, render_job, stamp_run
-from nomadtf.job.spec import (
-    JobSpec,
-    RunInfo,
-    load_spec,
-    namespace_folder,
-    normalize,
-    parse_spec,
-    read_options,
-)
+from nomadtf.job.spec import JobSpec, RunInfo, load_spec, parse_spec
 from nomadtf.job.target import resolve
+from nomadtf.job.validate import namespace_folder, normalize
 from tests.helpers import EXAMPLES, nomadtf
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"

@@ -12,22 +12,11 @@ import pytest
 
 from nomadtf import wire
 from nomadtf.errors import SpecError
+from nomadtf.job.options import apply_overrides, load_options, read_options, with_vault_policies
 from nomadtf.job.render import embedded_spec
-from nomadtf.job.spec import (
-    JobSpec,
-    RunInfo,
-    apply_overrides,
-    for_task,
-    load_options,
-    load_spec,
-    normalize,
-    parse_spec,
-    read_options,
-    read_spec_file,
-    schema,
-    spec_file_text,
-    with_vault_policies,
-)
+from nomadtf.job.spec import JobSpec, RunInfo, load_spec, parse_spec
+from nomadtf.job.taskfile import for_task, read_spec_file, spec_file_text
+from nomadtf.job.validate import normalize, schema
 from nomadtf.servers.nomad import NomadSettings
 from tests.helpers import EXAMPLES, nomadtf, probe_job, write_job
 
@@ -334,7 +323,8 @@ def test_spec_error_keeps_each_problem():
 def test_the_task_expands_nomad_variables_in_paths_and_arguments():
     """The spec file is not interpolated by Nomad, so the task expands ${NOMAD_...} itself:
     the default model_dir must differ per job, not be one shared directory."""
-    from nomadtf.job.spec import JobSpec, for_task
+    from nomadtf.job.spec import JobSpec
+    from nomadtf.job.taskfile import for_task
 
     data = normalize({"name": "j", "entrypoint": {"script": "${NOMAD_TASK_DIR}/t.py", "args": ["--out=${NOMAD_ALLOC_ID}", "${unknown}"]},
                       "roles": {"chief": {"count": 1}, "worker": {"count": 1}, "ps": {"count": 1}}})
@@ -347,7 +337,8 @@ def test_the_task_expands_nomad_variables_in_paths_and_arguments():
 
 
 def test_code_from_source_url_runs_where_nomad_unpacked_it():
-    from nomadtf.job.spec import JobSpec, for_task
+    from nomadtf.job.spec import JobSpec
+    from nomadtf.job.taskfile import for_task
 
     data = normalize({"name": "j", "entrypoint": {"script": "train_ps.py"}, "source": {"url": "http://127.0.0.1:1/code.zip"},
                       "roles": {"chief": {"count": 1}, "worker": {"count": 1}, "ps": {"count": 1}}})
@@ -363,7 +354,7 @@ def test_a_success_policy_that_cannot_be_met_is_named_with_the_fix():
     import pytest as _pytest
 
     from nomadtf.errors import SpecError
-    from nomadtf.job.spec import normalize
+    from nomadtf.job.validate import normalize
 
     base = {"name": "s", "entrypoint": {"script": "t.py"}}
     with _pytest.raises(SpecError, match="success: 'chief' needs a chief"):

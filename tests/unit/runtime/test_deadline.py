@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 
 from nomadtf.job import outcome
-from nomadtf.job.spec import JobSpec, normalize
+from nomadtf.job.spec import JobSpec
+from nomadtf.job.validate import normalize
 from nomadtf.runtime import deadline
 
 ROLES = {"chief": {"count": 1}, "worker": {"count": 2}, "ps": {"count": 1}}

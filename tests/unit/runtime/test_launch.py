@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from nomadtf.job.spec import JobSpec, normalize
+from nomadtf.job.spec import JobSpec
+from nomadtf.job.validate import normalize
 from nomadtf.runtime import launch
 from nomadtf.tfconfig import Member
 

@@ -11,7 +11,8 @@ import time
 import pytest
 
 from nomadtf.errors import ConsulError, ServerError
-from nomadtf.job.spec import JobSpec, normalize
+from nomadtf.job.spec import JobSpec
+from nomadtf.job.validate import normalize
 from nomadtf.runtime.membership import Identity, Membership, Settled
 from nomadtf.runtime.policy import SlotState, fingerprint
 from nomadtf.servers.consul import Slot

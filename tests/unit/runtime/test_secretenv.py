@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from nomadtf.errors import VaultError
-from nomadtf.job.spec import JobSpec, normalize
+from nomadtf.job.spec import JobSpec
+from nomadtf.job.validate import normalize
 from nomadtf.runtime.secretenv import SecretEnv
 
 BASE = {"name": "j", "entrypoint": {"script": "t.py"}, "roles": {"chief": {"count": 1}, "worker": {"count": 1}, "ps": {"count": 1}}, "vault": {"policies": ["team"]}}

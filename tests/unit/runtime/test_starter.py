@@ -9,7 +9,8 @@ import os
 import sys
 import threading
 
-from nomadtf.job.spec import JobSpec, normalize
+from nomadtf.job.spec import JobSpec
+from nomadtf.job.validate import normalize
 from nomadtf.runtime.alloc import AllocInfo
 from nomadtf.runtime.starter import ChildStarter
 from nomadtf.tfconfig import Member

@@ -4,7 +4,8 @@ failure. Consul is played by a stand-in for Membership here."""
 
 from __future__ import annotations
 
-from nomadtf.job.spec import JobSpec, normalize
+from nomadtf.job.spec import JobSpec
+from nomadtf.job.validate import normalize
 from nomadtf.runtime import startup
 from nomadtf.runtime.alloc import AllocInfo
 from nomadtf.runtime.budget import AllocationBudget

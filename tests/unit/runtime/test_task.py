@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from nomadtf.errors import CannotRecord
-from nomadtf.job.spec import normalize
+from nomadtf.job.validate import normalize
 from nomadtf.runtime import task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
