@@ -133,8 +133,10 @@ def status(
 ) -> None:
     """The jobs nomadtf started (matched by their Meta), or one of them in detail."""
     from nomadtf.admission import suspension
-    from nomadtf.client.follow import alloc_slot, describe_runs, job_report, nomadtf_jobs, restarts_of
+    from nomadtf.client.follow import alloc_slot
     from nomadtf.client.queued import QueueStatus, preemptions, read_board, refusal
+    from nomadtf.client.readback import describe_runs, job_report, nomadtf_jobs
+    from nomadtf.client.runview import restarts_of
     from nomadtf.servers.consul import ConsulDiscovery
     from nomadtf.servers.nomad import NomadAPI
     from nomadtf.wire import queue_ticket
@@ -216,7 +218,7 @@ def logs(
     region: Region = None,
 ) -> None:
     """A task's logs through Nomad's API (also after the job finished, until Nomad's GC)."""
-    from nomadtf.client.follow import log_allocations
+    from nomadtf.client.readback import log_allocations
     from nomadtf.servers.nomad import NomadAPI
 
     api = NomadAPI.from_env(namespace=namespace, region=region)

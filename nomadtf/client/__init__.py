@@ -2,7 +2,9 @@
 
 - `run`: `nomadtf run`: load, render once, submit a run (`--replace`, `--resume`; registered
   suspended where an admission controller leads), follow it, stop on failure; `scale`, `stop`;
-- `follow`: following a run to its one outcome, and reading runs back for `status` and `logs`;
+- `follow`: following a run to its one outcome;
+- `runview`: a run's allocations as the client shows them (pure);
+- `readback`: reading runs back for `status` and `logs`;
 - `cluster_facts`: at submission, the server's version and the cluster profile, with notes for
   what could not be read;
 - `acl_setup`: `acl apply` / `acl revoke`: a job's task policies, its tasks' Consul token

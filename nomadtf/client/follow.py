@@ -1,36 +1,37 @@
-"""Following a submitted job to its outcome, and reading jobs back (status, logs).
-
-The views and decisions are pure (`summarize`, `outcome`, `task_events`, `pick_allocs`);
-`Follower` and the read-back functions ask Nomad through `NomadAPI`. Nothing here prints:
-`Follower` hands `JobView`s and event lines to callbacks, and the CLI decides how they look.
-
-Waiting uses Nomad blocking queries (GET /v1/job/:id/allocations?index=&wait=), so a
-change is seen as soon as Nomad knows it, with no polling sleep in between.
+"""Following a submitted run to its one outcome (`Follower`): its allocations through Nomad
+blocking queries (GET /v1/job/:id/allocations?index=&wait=), so a change is seen as soon as
+Nomad knows it, with no polling sleep; events, environments, progress and the failure report
+handed to callbacks: nothing here prints (the CLI decides how they look).
 
 Usage:
     view = Follower(api, "digits", timeout=600, reschedule_attempts=2, on_view=show, on_event=log,
                     recorded_state=discovery.job_state, run_id=run_id).follow(eval_id)
-    [(state.job, state.view) for state in nomadtf_jobs(api)]
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from nomadtf import roles
 from nomadtf.admission import suspension
+from nomadtf.client.runview import (
+    JobView,
+    describe_environment,
+    of_run,
+    port_address,
+    run_of,
+    summarize,
+    task_events,
+    versions_of_run,
+)
 from nomadtf.errors import (
     FollowTimeout,
     JobFailed,
     JobLost,
-    JobNotFound,
     JobStopped,
     JobTimedOut,
-    NomadtfError,
     ServerError,
 )
 from nomadtf.job import outcome as outcomes
@@ -38,7 +39,7 @@ from nomadtf.job import report
 from nomadtf.job.outcome import RunOutcome, alloc_slot, latest_allocs
 from nomadtf.job.plan import explain_placement_failure, group_counts, requested_devices
 from nomadtf.servers.nomad import NomadAPI
-from nomadtf.wire import META_RUN, META_VERSION
+from nomadtf.wire import META_RUN
 
 
 class Requeued(Exception):
@@ -51,119 +52,9 @@ class Requeued(Exception):
 OUTCOME_ERRORS: dict[str, type[JobFailed]] = {
     outcomes.FAILED: JobFailed, outcomes.STOPPED: JobStopped, outcomes.TIMED_OUT: JobTimedOut, outcomes.LOST: JobLost,
 }
+
+
 STDERR_TAIL_BYTES = 16_384  # of a failed task's stderr: room for a traceback among TensorFlow's notices
-
-
-@dataclass
-class RoleView:
-    wanted: int = 0
-    pending: int = 0
-    running: int = 0
-    complete: int = 0
-    failed: int = 0
-    restarts: int = 0
-
-
-@dataclass
-class JobView:
-    job_id: str
-    status: str = "pending"
-    roles: dict[str, RoleView] = field(default_factory=dict)
-    step: int | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
-    last_line: str = ""
-    elapsed: float = 0.0
-
-
-def run_of(job: dict[str, Any]) -> str:
-    """The run id a job's current version carries ("" for a job rendered without one)."""
-    return (job.get("Meta") or {}).get(META_RUN, "")
-
-
-def versions_of_run(versions: list[dict[str, Any]], run_id: str) -> set[int]:
-    """The job versions that belong to run `run_id` (one per registration, plus one per
-    `nomadtf scale`; a later run of the same name has versions of its own). Pure."""
-    return {v.get("Version", 0) for v in versions if (v.get("Meta") or {}).get(META_RUN) == run_id}
-
-
-def of_run(allocs: list[dict[str, Any]], versions: set[int] | None) -> list[dict[str, Any]]:
-    """The allocations of one run (None: a job rendered without runs, every allocation).
-    A re-run of the same job name never counts another run's allocations. Pure."""
-    if versions is None:
-        return list(allocs)
-    return [a for a in allocs if a.get("JobVersion", 0) in versions]
-
-
-def restarts_of(alloc: dict[str, Any]) -> int:
-    return sum(state.get("Restarts", 0) for state in (alloc.get("TaskStates") or {}).values())
-
-
-def summarize(job: dict[str, Any], allocs: list[dict[str, Any]]) -> JobView:
-    """Pure: job + allocations -> one line per role."""
-    view = JobView(job_id=job["ID"], status=job.get("Status", "pending"))
-    for group in suspension.without_placeholder(job.get("TaskGroups") or []):
-        view.roles[group["Name"]] = RoleView(wanted=group.get("Count", 0))
-    for (role, _index), alloc in latest_allocs(allocs).items():
-        rv = view.roles.setdefault(role, RoleView())
-        status = alloc.get("ClientStatus")
-        if status == "running":
-            rv.running += 1
-        elif status == "complete":
-            rv.complete += 1
-        elif status in ("failed", "lost"):
-            rv.failed += 1
-        else:
-            rv.pending += 1
-    for alloc in allocs:
-        role, _ = alloc_slot(alloc)
-        view.roles.setdefault(role, RoleView()).restarts += restarts_of(alloc)
-    return view
-
-
-def deciding_alloc(allocs: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The newest allocation of the task whose exit ends the training: chief[0], else worker[0]. Pure."""
-    latest = latest_allocs(allocs)
-    return latest.get(("chief", 0)) or latest.get(("worker", 0))
-
-
-def port_address(alloc: dict[str, Any], label: str) -> str | None:
-    """"host:port" of an allocation's port (from GET /v1/allocation/:id). Pure."""
-    for port in ((alloc.get("AllocatedResources") or {}).get("Shared") or {}).get("Ports") or []:
-        if port.get("Label") == label and port.get("Value"):
-            return f"{port.get('HostIP') or '127.0.0.1'}:{port['Value']}"
-    return None
-
-
-def task_events(alloc: dict[str, Any]) -> list[tuple[int, str, str]]:
-    """(time ns, task, text) for every task event of an allocation."""
-    out = []
-    for task, state in (alloc.get("TaskStates") or {}).items():
-        for event in state.get("Events") or []:
-            text = event.get("DisplayMessage") or event.get("Type", "")
-            if event.get("ExitCode"):
-                text += f" (exit {event['ExitCode']})"
-            out.append((event.get("Time", 0), task, f"{event.get('Type')}: {text}"))
-    return sorted(out)
-
-
-def describe_environment(role: str, index: int, status: dict[str, Any]) -> str | None:
-    """One line about a task's Python environment (job.json `environment`); None for a task
-    without one (its record only says what its child runs, see `runs`). Pure."""
-    who, key = f"{role}[{index}]", status.get("key", "")
-    elapsed = status.get("elapsed_s", 0)
-    state = status.get("state")
-    if state == "started":
-        return None
-    if state == "building":
-        return f"{who} building environment {key} ({status.get('requirements', '')}; Python {status.get('python', '?')}) ({elapsed:.0f} s)"
-    if state == "waiting":
-        return f"{who} waiting for environment {key}: another task on its client is building it"
-    if state == "ready":
-        how = "reused" if status.get("reused") else "built"
-        return f"{who} environment {key} ready ({how} in {elapsed:.1f} s)"
-    if state == "failed":
-        return f"{who} environment failed: {status.get('error', '?')}"
-    return f"{who} environment: {state}"
 
 
 class Follower:
@@ -411,176 +302,3 @@ class Follower:
             stderr = self._log_tail(alloc, alloc.get("TaskGroup", role), "stderr", STDERR_TAIL_BYTES)
             lines = report.side_role_warning(role, index, report.exit_code_of(alloc), stderr, cut=len(stderr.encode()) >= STDERR_TAIL_BYTES)
             self.on_event("\n".join(lines))
-
-
-# ---- reading jobs back ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class JobState:
-    """A nomadtf job as Nomad records it, also when nobody followed it; `allocs` are its
-    current run's."""
-
-    job: dict[str, Any]
-    allocs: list[dict[str, Any]]
-
-    @property
-    def run_id(self) -> str:
-        return run_of(self.job)
-
-    @property
-    def view(self) -> JobView:
-        return summarize(self.job, self.allocs)
-
-
-def nomadtf_jobs(api: NomadAPI) -> list[JobState]:
-    """The jobs that carry our Meta (never matched by name) in the API's namespace ("*": all).
-
-    GET /v1/jobs?meta=true, then GET /v1/job/:id and GET /v1/job/:id/allocations for the
-    ones that may be ours, each in its own namespace
-    """
-    states = []
-    for stub in api.jobs():
-        if stub.get("Meta") is not None and META_VERSION not in stub["Meta"]:
-            continue  # Nomad listed its Meta and it is not ours: no need to fetch it
-        scoped = api.in_namespace(stub.get("Namespace") or api.namespace)
-        job = scoped.job(stub["ID"])
-        if job and META_VERSION in (job.get("Meta") or {}):
-            states.append(JobState(job, run_allocations(scoped, job)))
-    return states
-
-
-@dataclass(frozen=True)
-class JobReport:
-    """What `nomadtf status JOB` shows: the current run, its roles, progress and outcome."""
-
-    state: JobState
-    elapsed_s: float
-    progress: dict[str, Any] | None
-    recorded: str | None  # "succeeded", "failed: <why>", None while running (or unknown)
-    consul_error: str = ""
-    outcome: RunOutcome | None = None  # None while the run goes on (or cannot be told)
-    runs: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # what the children run -> the tasks
-
-
-def runs_of(environments: dict[tuple[str, int], dict[str, Any]]) -> dict[str, list[tuple[str, int]]]:
-    """What the tasks' children run (their Python and TensorFlow), each line with the tasks
-    that said it. Pure."""
-    out: dict[str, list[tuple[str, int]]] = {}
-    for slot, status in sorted(environments.items()):
-        if status.get("runs"):
-            out.setdefault(status["runs"], []).append(slot)
-    return out
-
-
-def describe_runs(line: str, slots: list[tuple[str, int]]) -> str:
-    """`runs Python 3.11.2 (…), tensorflow-cpu 2.21.0  (chief 1, ps 1, worker 2)`. Pure."""
-    counts = Counter(role for role, _index in slots)
-    return f"runs {line}  (" + ", ".join(f"{role} {n}" for role, n in counts.items()) + ")"
-
-
-def reschedule_attempts_of(job: dict[str, Any]) -> int:
-    """The reschedule attempts the rendered job gives its groups (the same for every group
-    nomadtf renders). Pure."""
-    attempts = [(g.get("ReschedulePolicy") or {}).get("Attempts", 0) or 0 for g in job.get("TaskGroups") or []]
-    return max(attempts, default=0)
-
-
-def run_elapsed(allocs: list[dict[str, Any]], running: bool, now_ns: int) -> float:
-    """Seconds from the run's first allocation to now (running) or to its last change. Pure."""
-    if not allocs:
-        return 0.0
-    start = min(a.get("CreateTime", now_ns) for a in allocs)
-    end = now_ns if running else max(a.get("ModifyTime", now_ns) for a in allocs)
-    return max(0.0, (end - start) / 1e9)
-
-
-def job_report(api: NomadAPI, job_id: str, discovery_for: Callable[[str], Any]) -> JobReport:
-    """The job's current run with its recorded outcome and latest progress.
-    `discovery_for(run_id)` gives the job's ConsulDiscovery for that run.
-
-    GET /v1/job/:job_id ; GET /v1/job/:job_id/versions ; GET /v1/job/:job_id/allocations ;
-    GET /v1/kv/nomadtf/<ns>/<job>/<run>/cluster/state ; GET .../progress ; GET .../environment/?recurse
-    """
-    state = job_state(api, job_id)
-    elapsed = run_elapsed(state.allocs, state.job.get("Status") != "dead", time.time_ns())
-    attempts = reschedule_attempts_of(state.job)
-    try:
-        discovery = discovery_for(state.run_id)
-        recorded = discovery.job_state()
-        result = outcomes.decide(state.job, state.allocs, recorded, state.run_id, attempts)
-        return JobReport(state, elapsed, discovery.progress(), recorded, outcome=result, runs=runs_of(discovery.environments()))
-    except ServerError as exc:
-        result = outcomes.decide(state.job, state.allocs, outcomes.UNKNOWN, state.run_id, attempts)
-        return JobReport(state, elapsed, None, None, str(exc), outcome=result)
-
-
-def run_allocations(api: NomadAPI, job: dict[str, Any]) -> list[dict[str, Any]]:
-    """The allocations of the job's current run.
-
-    GET /v1/job/:job_id/versions (when the job has a run id) ; GET /v1/job/:job_id/allocations
-    """
-    versions = versions_of_run(api.versions(job["ID"]), run_of(job)) if run_of(job) else None
-    return of_run(api.allocations(job["ID"]), versions)
-
-
-def require_nomadtf_job(api: NomadAPI, job_id: str) -> dict[str, Any]:
-    """GET /v1/job/:job_id ; JobFailed unless the job is there and carries our Meta."""
-    job = api.job(job_id)
-    if job is None:
-        raise JobNotFound(f"no job {job_id!r} in Nomad namespace {api.namespace!r}")
-    if META_VERSION not in (job.get("Meta") or {}):
-        raise JobFailed(f"job {job_id!r} was not started by nomadtf (no {META_VERSION} in its Meta); not touching it")
-    return job
-
-
-def job_state(api: NomadAPI, job_id: str) -> JobState:
-    """GET /v1/job/:job_id ; GET /v1/job/:job_id/versions ; GET /v1/job/:job_id/allocations"""
-    job = require_nomadtf_job(api, job_id)
-    return JobState(job, run_allocations(api, job))
-
-
-def pick_allocs(
-    allocs: list[dict[str, Any]], role: str | None, index: int | None, newest_only: bool = False
-) -> list[dict[str, Any]]:
-    """Every allocation of each matching (role, index), slot by slot and oldest first, so a
-    replacement never hides the attempt that trained; `newest_only`: the newest per slot. Pure."""
-    chosen = []
-    for alloc in sorted(allocs, key=lambda a: (alloc_slot(a), a.get("CreateIndex", 0))):
-        r, i = alloc_slot(alloc)
-        if (role is None or r == role) and (index is None or i == index):
-            chosen.append(alloc)
-    if newest_only:
-        chosen = list({alloc_slot(a): a for a in chosen}.values())
-    return chosen
-
-
-def log_allocations(
-    api: NomadAPI, job_id: str, role: str, index: int | None, newest_only: bool = False
-) -> list[dict[str, Any]]:
-    """The allocations of the current run whose logs `nomadtf logs` shows; NomadtfError
-    when there is none.
-
-    GET /v1/job/:job_id ; GET /v1/job/:job_id/versions ; GET /v1/job/:job_id/allocations
-    """
-    allocs = pick_allocs(job_state(api, job_id).allocs, role, index, newest_only)
-    if not allocs:
-        which = f" index {index}" if index is not None else ""
-        raise NomadtfError(f"job {job_id} has no allocation for role {role!r}{which}")
-    return allocs
-
-
-def final_lines(api: NomadAPI, job_id: str, count: int = 3, versions: set[int] | None = None) -> list[str]:
-    """The last lines printed by the task whose exit ends the training (chief, else worker 0).
-
-    GET /v1/job/:job_id/allocations ; GET /v1/client/fs/logs/:alloc_id?origin=end
-    """
-    alloc = deciding_alloc(of_run(api.allocations(job_id), versions))
-    if alloc is None:
-        return []
-    role, _index = alloc_slot(alloc)
-    try:
-        out = api.logs(alloc["ID"], role, "stdout", origin="end", offset=600)
-    except ServerError:
-        return []
-    return [f"{role}: {line}" for line in out.splitlines() if line.strip()][-count:]

@@ -29,15 +29,9 @@ from typing import Any
 from nomadtf import wire
 from nomadtf.admission import suspension
 from nomadtf.client import cluster_facts, placement, queued
-from nomadtf.client.follow import (
-    Follower,
-    JobView,
-    Requeued,
-    final_lines,
-    require_nomadtf_job,
-    run_of,
-    versions_of_run,
-)
+from nomadtf.client.follow import Follower, Requeued
+from nomadtf.client.readback import final_lines, require_nomadtf_job
+from nomadtf.client.runview import JobView, run_of, versions_of_run
 from nomadtf.errors import (
     FollowTimeout,
     JobFailed,

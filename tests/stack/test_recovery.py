@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from nomadtf.client.follow import Follower, run_of, versions_of_run
+from nomadtf.client.follow import Follower
+from nomadtf.client.runview import run_of, versions_of_run
 from nomadtf.servers.consul import ConsulDiscovery
 from nomadtf.servers.nomad import NomadAPI
 from tests import faults

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from nomadtf import venvs
-from nomadtf.client.follow import describe_environment
+from nomadtf.client.runview import describe_environment
 from nomadtf.errors import SpecError
 from nomadtf.job.render import docker_image_needs, render_job
 from nomadtf.job.spec import parse_spec

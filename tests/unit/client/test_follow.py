@@ -5,15 +5,9 @@ whatever the number of tasks, and `status` groups the tasks by it."""
 
 from __future__ import annotations
 
-from nomadtf.client.follow import (
-    Follower,
-    describe_runs,
-    of_run,
-    pick_allocs,
-    run_elapsed,
-    runs_of,
-    versions_of_run,
-)
+from nomadtf.client.follow import Follower
+from nomadtf.client.readback import describe_runs, pick_allocs, run_elapsed, runs_of
+from nomadtf.client.runview import of_run, versions_of_run
 
 TF21 = "Python 3.11.2 (/opt/nomadtf/venv/bin/python3), tensorflow-cpu 2.21.0"
 TF20 = "Python 3.11.2 (/opt/nomadtf/venv/bin/python3), tensorflow-cpu 2.20.0"

@@ -1,0 +1,125 @@
+"""Pure: a run's allocations as the client shows them: which belong to the current run, a
+role's counts and restarts (`summarize` → `JobView`), the deciding allocation, a task's
+events and addresses, an environment build's status in words.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from nomadtf.admission import suspension
+from nomadtf.job.outcome import alloc_slot, latest_allocs
+from nomadtf.wire import META_RUN
+
+
+@dataclass
+class RoleView:
+    wanted: int = 0
+    pending: int = 0
+    running: int = 0
+    complete: int = 0
+    failed: int = 0
+    restarts: int = 0
+
+
+@dataclass
+class JobView:
+    job_id: str
+    status: str = "pending"
+    roles: dict[str, RoleView] = field(default_factory=dict)
+    step: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    last_line: str = ""
+    elapsed: float = 0.0
+
+
+def run_of(job: dict[str, Any]) -> str:
+    """The run id a job's current version carries ("" for a job rendered without one)."""
+    return (job.get("Meta") or {}).get(META_RUN, "")
+
+
+def versions_of_run(versions: list[dict[str, Any]], run_id: str) -> set[int]:
+    """The job versions that belong to run `run_id` (one per registration, plus one per
+    `nomadtf scale`; a later run of the same name has versions of its own). Pure."""
+    return {v.get("Version", 0) for v in versions if (v.get("Meta") or {}).get(META_RUN) == run_id}
+
+
+def of_run(allocs: list[dict[str, Any]], versions: set[int] | None) -> list[dict[str, Any]]:
+    """The allocations of one run (None: a job rendered without runs, every allocation).
+    A re-run of the same job name never counts another run's allocations. Pure."""
+    if versions is None:
+        return list(allocs)
+    return [a for a in allocs if a.get("JobVersion", 0) in versions]
+
+
+def restarts_of(alloc: dict[str, Any]) -> int:
+    return sum(state.get("Restarts", 0) for state in (alloc.get("TaskStates") or {}).values())
+
+
+def summarize(job: dict[str, Any], allocs: list[dict[str, Any]]) -> JobView:
+    """Pure: job + allocations -> one line per role."""
+    view = JobView(job_id=job["ID"], status=job.get("Status", "pending"))
+    for group in suspension.without_placeholder(job.get("TaskGroups") or []):
+        view.roles[group["Name"]] = RoleView(wanted=group.get("Count", 0))
+    for (role, _index), alloc in latest_allocs(allocs).items():
+        rv = view.roles.setdefault(role, RoleView())
+        status = alloc.get("ClientStatus")
+        if status == "running":
+            rv.running += 1
+        elif status == "complete":
+            rv.complete += 1
+        elif status in ("failed", "lost"):
+            rv.failed += 1
+        else:
+            rv.pending += 1
+    for alloc in allocs:
+        role, _ = alloc_slot(alloc)
+        view.roles.setdefault(role, RoleView()).restarts += restarts_of(alloc)
+    return view
+
+
+def deciding_alloc(allocs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The newest allocation of the task whose exit ends the training: chief[0], else worker[0]. Pure."""
+    latest = latest_allocs(allocs)
+    return latest.get(("chief", 0)) or latest.get(("worker", 0))
+
+
+def port_address(alloc: dict[str, Any], label: str) -> str | None:
+    """"host:port" of an allocation's port (from GET /v1/allocation/:id). Pure."""
+    for port in ((alloc.get("AllocatedResources") or {}).get("Shared") or {}).get("Ports") or []:
+        if port.get("Label") == label and port.get("Value"):
+            return f"{port.get('HostIP') or '127.0.0.1'}:{port['Value']}"
+    return None
+
+
+def task_events(alloc: dict[str, Any]) -> list[tuple[int, str, str]]:
+    """(time ns, task, text) for every task event of an allocation."""
+    out = []
+    for task, state in (alloc.get("TaskStates") or {}).items():
+        for event in state.get("Events") or []:
+            text = event.get("DisplayMessage") or event.get("Type", "")
+            if event.get("ExitCode"):
+                text += f" (exit {event['ExitCode']})"
+            out.append((event.get("Time", 0), task, f"{event.get('Type')}: {text}"))
+    return sorted(out)
+
+
+def describe_environment(role: str, index: int, status: dict[str, Any]) -> str | None:
+    """One line about a task's Python environment (job.json `environment`); None for a task
+    without one (its record only says what its child runs, see `runs`). Pure."""
+    who, key = f"{role}[{index}]", status.get("key", "")
+    elapsed = status.get("elapsed_s", 0)
+    state = status.get("state")
+    if state == "started":
+        return None
+    if state == "building":
+        return f"{who} building environment {key} ({status.get('requirements', '')}; Python {status.get('python', '?')}) ({elapsed:.0f} s)"
+    if state == "waiting":
+        return f"{who} waiting for environment {key}: another task on its client is building it"
+    if state == "ready":
+        how = "reused" if status.get("reused") else "built"
+        return f"{who} environment {key} ready ({how} in {elapsed:.1f} s)"
+    if state == "failed":
+        return f"{who} environment failed: {status.get('error', '?')}"
+    return f"{who} environment: {state}"
