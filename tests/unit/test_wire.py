@@ -15,4 +15,4 @@ def test_the_job_meta_keys_are_the_documented_ones():
     assert keys == ("nomadtf.version", "nomadtf.spec_sha256", "nomadtf.strategy", "nomadtf.run", "nomadtf.model_run")
     names = (REPO / "docs" / "design" / "names.md").read_text()
     row = next(line for line in names.splitlines() if line.startswith("| Job Meta |"))
-    assert set(re.findall(r"`(nomadtf\.[a-z_]+)`", row)) >= set(keys)
+    assert set(re.findall(r"`(nomadtf\.[a-z0-9_]+)`", row)) >= set(keys)
