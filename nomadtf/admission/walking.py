@@ -96,7 +96,7 @@ class WalksTheQueue:
                 looked += 1
                 if running is None:
                     running = self._running_runs(jobs, self.by_job, committed)
-                making_room = preempted = self._preempt_for(run, unplaced, rooms, running, jobs, committed)
+                making_room = preempted = self._preempt_for(run, missing, rooms, running, jobs, committed)
             if making_room:
                 preemption.reserve_for(missing, rooms, self.making_room[run.key])  # what its victims give back is its
                 count = len(self.making_room.get(run.key, ()))
