@@ -20,6 +20,7 @@
     │   └── CannotRecord              a task's failure that Consul cannot hold: exit 78, said on stderr
     └── JobFailed                     the run failed (exit 1); see nomadtf/job/outcome.py
         ├── JobNotFound               no such job in Nomad (never submitted, or collected: the archive may hold it)
+        ├── NoAllocation              the run has no allocation for that role and index (never placed, or collected)
         ├── FollowTimeout             --timeout passed before the run ended; it goes on (exit 3)
         ├── QueueTimeout              --timeout passed while the run waited in the queue; removed (exit 3)
         ├── QueueInterrupted          Ctrl-C while queued: removed or left queued, as asked (exit 130)
@@ -154,6 +155,11 @@ class JobFailed(NomadtfError):
 class JobNotFound(JobFailed):
     """Nomad has no such job: never submitted, or purged and collected (`status` and `logs`
     then read the run's archive, client/archive.py)."""
+
+
+class NoAllocation(JobFailed):
+    """The run has no allocation for the role and index asked for: never placed, or
+    collected by Nomad (`logs` then reads the run's archive)."""
 
 
 class FollowTimeout(JobFailed):

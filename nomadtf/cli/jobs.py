@@ -12,7 +12,7 @@ import typer
 
 from nomadtf.cli.common import JobFile, Namespace, NomadVersion, Region, TemplatesDir, Vars, err, stamp, state
 from nomadtf.cli.display import Display
-from nomadtf.errors import JobNotFound, NomadtfError
+from nomadtf.errors import JobNotFound, NoAllocation, NomadtfError
 
 
 def register(app: typer.Typer) -> None:
@@ -224,10 +224,11 @@ def logs(
     api = NomadAPI.from_env(namespace=namespace, region=region)
     stream = "stderr" if stderr else "stdout"
     # Every attempt of the slot in the current run (a replacement never hides the one that
-    # trained); following streams the newest. Once Nomad has collected them: the archive.
+    # trained); following streams the newest. Once Nomad has collected them: the archive (never
+    # after a refusal: a token that may not read the job may not read its archive through us).
     try:
         allocs = log_allocations(api, job_id, role, index, newest_only=follow)
-    except NomadtfError:
+    except (JobNotFound, NoAllocation):
         if not _archived_logs(job_id, api.namespace, role, index, stream):
             raise
         return

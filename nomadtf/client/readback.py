@@ -19,7 +19,7 @@ from nomadtf.client.runview import JobView, deciding_alloc, of_run, run_of, summ
 from nomadtf.errors import (
     JobFailed,
     JobNotFound,
-    NomadtfError,
+    NoAllocation,
     ServerError,
 )
 from nomadtf.job import outcome as outcomes
@@ -180,7 +180,7 @@ def log_allocations(
     allocs = pick_allocs(job_state(api, job_id).allocs, role, index, newest_only)
     if not allocs:
         which = f" index {index}" if index is not None else ""
-        raise NomadtfError(f"job {job_id} has no allocation for role {role!r}{which}")
+        raise NoAllocation(f"job {job_id} has no allocation for role {role!r}{which}")
     return allocs
 
 
