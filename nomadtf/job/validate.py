@@ -338,6 +338,7 @@ def cross_field_problems(document: dict[str, Any]) -> list[str]:
                 problems.append(f"{section}.{key}: {value!r} is longer than Nomad can hold (about 292 years)")
     problems += environment_problems(document)
     problems += notify_problems(document)
+    problems += archive_problems(document)
     if parse_seconds(document["recovery"]["reschedule_delay"]) < 5:
         problems.append("recovery.reschedule_delay: Nomad needs at least 5s; write e.g. 5s")
     for role, cfg in roles.items():
@@ -422,6 +423,23 @@ def notify_problems(document: dict[str, Any]) -> list[str]:
             f"notify.url: {urllib.parse.urlsplit(url).hostname}'s URL carries credentials, which would be in the job; "
             f"give it without them and put the whole URL in the job's Nomad variable "
             f"(nomad var put nomad/jobs/<job> {wire.NOTIFY_URL_KEY}=URL)"
+        ]
+    return []
+
+
+def archive_problems(document: dict[str, Any]) -> list[str]:
+    """An archive folder outside the job's own namespace's folder: the supervisor (root) makes
+    the run's folders there, so a job.json could make them in another team's folder, or
+    anywhere. Like model_dir's, it holds a segment that is the namespace. Pure."""
+    folder = (document.get("archive") or {}).get("folder")
+    namespace = document.get("namespace", wire.DEFAULT_NAMESPACE)
+    if not folder:
+        return []
+    if ".." in folder.split("/") or namespace_folder(folder, namespace) is None:
+        return [
+            f"archive.folder: {folder!r} is not a folder of namespace {namespace!r}; the run's archive lies in its own "
+            "namespace's folder: give a path with ${NOMAD_NAMESPACE} as a segment and no '..', "
+            "like /shared/archive/${NOMAD_NAMESPACE}"
         ]
     return []
 

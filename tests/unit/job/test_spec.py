@@ -506,3 +506,14 @@ def test_bad_placement_options_are_named_with_their_path(worker, expected):
     with pytest.raises(SpecError) as caught:
         normalize({"name": "place", "entrypoint": {"script": "train.py"}, "roles": {"chief": {}, "worker": {"count": 3, **worker}, "ps": {}}})
     assert expected in caught.value.problems
+
+
+@pytest.mark.parametrize("folder", ["/tmp/nomadtf/team-b", "/etc", "/srv/archive/${NOMAD_NAMESPACE}/../team-b"])
+def test_an_archive_folder_outside_the_job_s_own_namespace_is_refused(folder):
+    # The supervisor makes the run's folders there: a job.json must not name another team's.
+    data = {"name": "a", "namespace": "team-a", "strategy": "multi_worker_mirrored", "entrypoint": {"script": "t.py"},
+            "roles": {"worker": {"count": 1}}, "archive": {"folder": folder}}
+    with pytest.raises(SpecError, match=r"archive.folder: .* is not a folder of namespace 'team-a'"):
+        parse_spec(data)
+    data["archive"]["folder"] = "/srv/archive/${NOMAD_NAMESPACE}"
+    assert parse_spec(data).document["archive"]["folder"] == "/srv/archive/${NOMAD_NAMESPACE}"
