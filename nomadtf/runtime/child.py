@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
@@ -42,6 +43,7 @@ log = logging.getLogger("nomadtf.task")
 # it gets a session of its own (setsid), which is a process group of its own too.
 OWN_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
 STOP_GRACE_S = 8.0  # SIGTERM -> SIGKILL (below Nomad's kill_timeout of 20 s)
+DRAIN_S = 3.0  # the most a child's exit waits for the tees to copy its last output
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
 _PR_SET_CHILD_SUBREAPER = 36
@@ -96,7 +98,7 @@ class Child:
 
     def __init__(
         self, argv: list[str], env: dict[str, str], cwd: str, on_exit: Callable[[int, int], None], pass_fds: tuple[int, ...] = (), user: CodeUser | None = None,
-        capture: Callable[[IO[bytes], IO[bytes]], object] | None = None,
+        capture: Callable[[IO[bytes], IO[bytes]], list[threading.Thread]] | None = None,
     ):
         self.argv = argv
         self.mark = secrets.token_hex(8)
@@ -116,8 +118,17 @@ class Child:
         code = self.proc.wait()
         with _children_lock:
             _children.discard(self.pid)
+        self.drain()  # before anyone acts on the exit: the task may end right after it
         if not self._stopping:
             on_exit(self.pid, code)
+
+    def drain(self, timeout: float = DRAIN_S) -> None:
+        """Wait (bounded) until the tees copied what the child wrote last. Its output would
+        otherwise be lost from Nomad's log too when the task ends right after the child:
+        the tees are daemon threads. Bounded: a grandchild may still hold the pipes open."""
+        deadline = time.monotonic() + timeout
+        for tee in self.tees or []:
+            tee.join(max(0.0, deadline - time.monotonic()))
 
     @property
     def returncode(self) -> int | None:
@@ -186,6 +197,7 @@ class Child:
             code = self._wait_for(grace) if code is None else code
             psutil.wait_procs(alive, timeout=grace)
         _reap(tree)
+        self.drain()
         return code
 
     def _wait_for(self, timeout: float) -> int | None:

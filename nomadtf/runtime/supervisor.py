@@ -500,8 +500,8 @@ class Supervisor:
             progress = None
         progress = progress or self.progress.last
         code = self.running.child.returncode if self.running else None
-        for tee in (self.running.child.tees or []) if self.running else []:
-            tee.join(1.0)  # what the child wrote last (its traceback) is in the archive
+        if self.running:
+            self.running.child.drain()  # what the child wrote last (its traceback) is in the archive
         stderr = self.archive.last_stderr() if self.archive else ""
         advice = notify.what_to_do(self.spec.name, state, stderr, code, self.alloc.alloc_id)
         record = notify.outcome_record(self.spec, state, f"{self.role}[{self.me.index}]", time.time(), progress, advice)

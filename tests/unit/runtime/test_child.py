@@ -225,3 +225,31 @@ def test_a_stopped_child_is_ended_by_sigterm_without_waiting_for_sigkill(tmp_pat
     started = time.monotonic()
     assert child.stop(grace=5.0) == -signal.SIGTERM
     assert time.monotonic() - started < 3
+
+
+def test_a_child_s_exit_is_reported_only_after_its_last_output_was_copied():
+    # The task may end right after its child: output still in the pipe would be lost from
+    # Nomad's log too (the archive's tees are daemon threads). The tee here starts late.
+    import threading
+
+    copied: list[bytes] = []
+    seen_at_exit: list[bytes] = []
+
+    def slow_tee(stdout, stderr):
+        def pump(pipe):
+            time.sleep(0.5)
+            copied.append(pipe.read())
+        threads = [threading.Thread(target=pump, args=(pipe,), daemon=True) for pipe in (stdout, stderr)]
+        for thread in threads:
+            thread.start()
+        return threads
+
+    exited = threading.Event()
+
+    def on_exit(pid, code):
+        seen_at_exit.extend(copied)
+        exited.set()
+
+    Child([sys.executable, "-c", "print('env NVIDIA_VISIBLE_DEVICES=GPU-1')"], dict(os.environ), ".", on_exit, capture=slow_tee)
+    assert exited.wait(10)
+    assert b"env NVIDIA_VISIBLE_DEVICES=GPU-1\n" in seen_at_exit, seen_at_exit
