@@ -7,9 +7,9 @@ through the service, the data workers run it and the trainers only train. nomadt
 every worker the dispatcher's address as NOMADTF_DATA_SERVICE; without it (a plain local
 run) the same pipeline runs in-process.
 
-Keras 3 cannot `fit` under MultiWorkerMirroredStrategy (its PerReplica values reach a
-Tensor conversion), so a Keras model is trained with a small custom step, as in
-examples/digits/train_mwms.py.
+Keras 3 cannot `fit` under MultiWorkerMirroredStrategy (keras-team/keras#20585), so a
+Keras 3 model is trained with a small custom step, as in examples/digits/train_mwms.py.
+Keras 2 (tf_keras) can: see docs/guide/data-service.md.
 """
 
 import json

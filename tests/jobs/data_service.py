@@ -1,6 +1,10 @@
-"""Training code for tests/stack/test_data_service.py: a small Keras model under
-MultiWorkerMirroredStrategy that reads every batch through the tf.data service
+"""Training code for tests/stack/test_data_service.py: a small Keras model whose
+`model.fit` under MultiWorkerMirroredStrategy reads every batch through the tf.data service
 (NOMADTF_DATA_SERVICE; no in-process fallback: without the service it fails).
+
+Keras 2 (tf_keras): Keras 3's `fit` cannot run under MultiWorkerMirroredStrategy
+(keras-team/keras#20585: it reduces the first batch's tuple, then the logs, across workers
+and fails).
 
 It trains until the file context["until_file"] exists, then `steps_after` more steps, and
 writes the number of steps done so far to context["step_file"] (worker 0): the test breaks
@@ -12,8 +16,8 @@ import json
 import os
 import sys
 
-import keras
 import tensorflow as tf
+import tf_keras as keras
 
 params = json.loads(os.environ["NOMADTF_CONTEXT"])
 service = os.environ["NOMADTF_DATA_SERVICE"]
@@ -29,40 +33,38 @@ dataset = (
 )
 options = tf.data.Options()
 options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-iterator = iter(strategy.experimental_distribute_dataset(dataset.with_options(options)))
 
 with strategy.scope():
     model = keras.Sequential([keras.layers.Input((8,)), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(2)])
-    optimizer = keras.optimizers.SGD(0.01)
-    optimizer.build(model.trainable_variables)
-loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
 
 @tf.function
-def train_step(iterator, stop):
-    def replica_fn(x, y, stop):
-        with tf.GradientTape() as tape:
-            loss = tf.nn.compute_average_loss(loss_fn(y, model(x, training=True)), global_batch_size=16)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-        return loss, stop
-
-    x, y = next(iterator)
-    loss, stop = strategy.run(replica_fn, args=(x, y, stop))
-    return strategy.reduce("SUM", loss, axis=None), strategy.reduce("SUM", stop, axis=None)
+def anyone(flag):
+    """The sum of every worker's flag (a collective: each worker calls it at each step)."""
+    return strategy.reduce("SUM", strategy.run(lambda: flag), axis=None)
 
 
-step, stop_at = 0, None
-while stop_at is None or step < stop_at:
-    loss, stop = train_step(iterator, tf.constant(float(os.path.exists(params["until_file"]))))
-    step += 1
-    if stop_at is None and float(stop) > 0:
-        stop_at = step + params.get("steps_after", 20)
-    if chief:
-        with open(params["step_file"] + ".tmp", "w") as fh:
-            fh.write(str(step))
-        os.replace(params["step_file"] + ".tmp", params["step_file"])
-    if step % 50 == 0:
-        print(f"step={step} loss={float(loss):.4f}", flush=True)
-print(f"done after {step} steps", flush=True)
+class Gate(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.step, self.stop_at = 0, None
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.step += 1
+        if self.stop_at is None and float(anyone(tf.constant(float(os.path.exists(params["until_file"]))))) > 0:
+            self.stop_at = self.step + params.get("steps_after", 20)
+        if chief:
+            with open(params["step_file"] + ".tmp", "w") as fh:
+                fh.write(str(self.step))
+            os.replace(params["step_file"] + ".tmp", params["step_file"])
+        if self.step % 50 == 0:
+            print(f"step={self.step} loss={logs['loss']:.4f}", flush=True)
+        if self.stop_at is not None and self.step >= self.stop_at:
+            self.model.stop_training = True
+
+
+gate = Gate()
+model.fit(dataset.with_options(options), epochs=1, steps_per_epoch=1 << 30, verbose=0, callbacks=[gate])
+print(f"done after {gate.step} steps", flush=True)
 sys.exit(0)
