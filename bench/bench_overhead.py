@@ -10,7 +10,8 @@ For each round: submit (or start) -> the chief's first training step, the whole 
 chief's exit, resp. `nomadtf run`'s), and steady training speed in steps/s (between the
 first and the last step line the chief printed). In nomadtf rounds also, per task, the CPU
 seconds and the peak RSS of `nomadtf task` itself. Medians and ratios (nomadtf / bare) are
-printed with the targets of issue 14 beside them, never asserted.
+printed with the targets beside them (issue 34: the first step <= 1.10, the whole job <= 1.15;
+issue 14: the speed >= 0.97), never asserted.
 
 Where nomadtf's time goes, per phase (medians over the nomadtf rounds, seconds from the one
 before): read after each round from Nomad (the chief's allocation: created, task started,
@@ -66,6 +67,7 @@ class Round:
     task_rss_mib: list[float] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=dict)  # phase -> seconds since the one before
     cpu_to_first_step: dict[str, float] = field(default_factory=dict)  # who -> CPU seconds, start -> first step
+    cpu_training: dict[str, float] = field(default_factory=dict)  # who -> CPU seconds per second, first -> last step
 
 
 # nomadtf's phases, in order: each is measured from the end of the one before it.
@@ -200,6 +202,15 @@ class CpuWatch:
         before = [used for when, used in self.samples if when <= at]
         return before[-1] if before else {}
 
+    def between(self, start: float, end: float) -> dict[str, float]:
+        """CPU seconds by kind per second of wall time between two moments (monotonic)."""
+        first = next(((when, used) for when, used in self.samples if when >= start), None)
+        last = next(((when, used) for when, used in reversed(self.samples) if when <= end), None)
+        if first is None or last is None or last[0] <= first[0]:
+            return {}
+        span = last[0] - first[0]
+        return {kind: (last[1].get(kind, 0.0) - first[1].get(kind, 0.0)) / span for kind in last[1]}
+
 
 def free_ports(count: int) -> list[int]:
     sockets = [socket.socket() for _ in range(count)]
@@ -244,6 +255,8 @@ def bare_round(args: argparse.Namespace) -> Round:
     if clock.steps:
         result.phases = {"first step": clock.steps[0][0], "chief exited": result.whole_s - clock.steps[-1][0]}
     result.cpu_to_first_step = cpu_watch.until(clock.steps[0][0] + started if clock.steps else None)
+    if clock.steps:
+        result.cpu_training = cpu_watch.between(clock.steps[0][0] + started, clock.steps[-1][0] + started)
     return result
 
 
@@ -286,6 +299,8 @@ def nomadtf_round(args: argparse.Namespace, number: int) -> Round:
     clock.fill(result)
     result.phases = nomadtf_phases(name, wall, [wall + t for t, _ in clock.steps], wall + result.whole_s)
     result.cpu_to_first_step = cpu_watch.until(clock.steps[0][0] + started if clock.steps else None)
+    if clock.steps:
+        result.cpu_training = cpu_watch.between(clock.steps[0][0] + started, clock.steps[-1][0] + started)
     subprocess.run([NOMADTF, "stop", name, "--purge"], capture_output=True)
     return result
 
@@ -351,7 +366,7 @@ def report(rounds: list[Round]) -> None:
     ours = [r for r in rounds if r.mode == "nomadtf"]
     print(f"\n{'':<28}{'bare':>10}{'nomadtf':>10}{'ratio':>8}  target")
     for label, attr, target in (("submit -> first step (s)", "first_step_s", "<= 1.10"),
-                                ("whole job (s)", "whole_s", "<= 1.10"),
+                                ("whole job (s)", "whole_s", "<= 1.15"),
                                 ("training speed (steps/s)", "steps_per_s", ">= 0.97")):
         b, n = median([getattr(r, attr) for r in bare]), median([getattr(r, attr) for r in ours])
         print(f"{label:<28}{b:>10.2f}{n:>10.2f}{n / b:>8.2f}  {target}")
@@ -370,12 +385,14 @@ def report(rounds: list[Round]) -> None:
         print(f"  {label:<52}{cell}{n:>9.2f}" + (f"   bare: {BARE_PHASES[phase]}" if phase in BARE_PHASES else ""))
     kinds = sorted({k for r in rounds for k in r.cpu_to_first_step}, key=lambda k: (k == "the whole machine", k))
     if kinds:
-        print("\nCPU seconds from the start to the chief's first step (medians; two cores):")
-        print(f"  {'':<30}{'bare':>8}{'nomadtf':>9}")
+        print("\nCPU by kind (medians; two cores): seconds from the start to the chief's first step | cores while it trains")
+        print(f"  {'':<30}{'bare':>8}{'nomadtf':>9}  |{'bare':>8}{'nomadtf':>9}")
         for kind in kinds:
             b = median([r.cpu_to_first_step.get(kind, 0.0) for r in bare])
             n = median([r.cpu_to_first_step.get(kind, 0.0) for r in ours])
-            print(f"  {kind:<30}{b:>8.2f}{n:>9.2f}")
+            bt = median([r.cpu_training.get(kind, 0.0) for r in bare])
+            nt = median([r.cpu_training.get(kind, 0.0) for r in ours])
+            print(f"  {kind:<30}{b:>8.2f}{n:>9.2f}  |{bt:>8.2f}{nt:>9.2f}")
     for r in rounds:
         print(f"  {r.mode:<8} first step {r.first_step_s:6.1f}s  whole {r.whole_s:6.1f}s  {r.steps_per_s:6.1f} steps/s")
 

@@ -18,8 +18,12 @@ import subprocess
 TF_DISTRIBUTIONS = ("tensorflow-cpu", "tensorflow", "tensorflow-gpu", "tf-nightly")
 
 TIMEOUT_S = 20.0
-# Run by the child's interpreter (any Python 3.8+).
+# Run by the child's interpreter (any Python 3.8+), at the lowest priority: it runs as the
+# child starts, when every task of the job loads TensorFlow at once on the same cores, and
+# its 0.1 CPU seconds (a scan of site-packages) must not delay the first step.
 SNIPPET = f"""
+import os
+os.nice(19)
 import importlib.metadata, platform, sys
 found = []
 for name in {TF_DISTRIBUTIONS!r}:

@@ -27,3 +27,9 @@ def test_an_interpreter_without_nomadtf_still_says_its_python_and_tensorflow(tmp
 
 def test_an_interpreter_that_cannot_run_is_named_not_raised(tmp_path):
     assert versions.describe(str(tmp_path / "missing")).startswith(f"{tmp_path / 'missing'}: versions unknown (")
+
+
+def test_the_probe_runs_at_the_lowest_priority():
+    # It runs while every task of the job loads TensorFlow on the same cores.
+    done = subprocess.run([sys.executable, "-c", versions.SNIPPET + "\nprint(os.nice(0))"], capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines()[-1] == "19", done.stdout
