@@ -132,80 +132,11 @@ def status(
     region: Region = None,
 ) -> None:
     """The jobs nomadtf started (matched by their Meta), or one of them in detail."""
-    from nomadtf.admission import suspension
-    from nomadtf.client.follow import alloc_slot
-    from nomadtf.client.queued import QueueStatus, preemptions, read_board, refusal
-    from nomadtf.client.readback import describe_runs, job_report, nomadtf_jobs
-    from nomadtf.client.runview import restarts_of
-    from nomadtf.servers.consul import ConsulDiscovery
-    from nomadtf.servers.nomad import NomadAPI
-    from nomadtf.wire import queue_ticket
+    from nomadtf.client import status as statuses
 
-    api = NomadAPI.from_env(namespace=namespace, region=region)
-    board = None
-
-    def queue_line(job: dict) -> str:
-        """What a waiting run's board line says (read once per command)."""
-        nonlocal board
-        board = board or read_board()
-        ns, run_id = job.get("Namespace", "default"), (job.get("Meta") or {}).get("nomadtf.run", "")
-        line = board.line_of(queue_ticket(ns, job["ID"], run_id))
-        return "queued: " + QueueStatus(f"{ns}/{job['ID']}", run_id, line, board.length, board.leader if board.age_s() < 600 else "").describe()
-
-    if job_id is None:
-        states = nomadtf_jobs(api)
-        if not states:
-            typer.echo("no nomadtf jobs")
-            return
-        for state in states:
-            job, view = state.job, state.view
-            name = job["ID"] if job.get("Namespace", "default") == "default" else f"{job['ID']}@{job['Namespace']}"
-            if suspension.is_waiting(job):
-                typer.echo(f"{name:<24} {queue_line(job)}")
-                continue
-            age = time.time() - job["SubmitTime"] / 1e9
-            roles = ", ".join(f"{r} {v.running}/{v.wanted}" + (f" ({v.restarts} restarts)" if v.restarts else "") for r, v in view.roles.items())
-            typer.echo(f"{name:<24} {job['Status']:<8} {age / 60:6.1f}m  {roles}")
-        return
-    try:
-        report = job_report(api, job_id, lambda run_id: ConsulDiscovery(job_id, api.namespace, run_id=run_id))
-    except JobNotFound:
-        if not _archived_status(job_id, api.namespace):
-            raise
-        return
-    history = preemptions(api, job_id, report.state.run_id) if report.state.run_id else []
-    if suspension.is_waiting(report.state.job):
-        typer.echo(f"{job_id}: run {report.state.run_id} {queue_line(report.state.job)}")
-        for line in history:
-            typer.echo(f"  {line}")
-        return
-    if suspension.state(report.state.job) == suspension.REFUSED:
-        typer.echo(f"{job_id}: dead  run {report.state.run_id or '-'}  not admitted: {refusal(api, job_id)}")
-        return
-    state, job = report.state, report.state.job
-    meta = job.get("Meta") or {}
-    typer.echo(
-        f"{job_id}: {job['Status']}  run {state.run_id or '-'}  {report.elapsed_s:.0f}s  "
-        f"strategy {meta.get('nomadtf.strategy', '?')}  nomadtf {meta.get('nomadtf.version', '?')}"
-    )
-    if report.outcome:
-        typer.echo(f"  outcome: {report.outcome}")
-    elif report.recorded:
-        typer.echo(f"  recorded: {report.recorded} (its tasks are still stopping)")
-    if report.progress:
-        metrics = "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in (report.progress.get("metrics") or {}).items())
-        typer.echo(f"  step {report.progress.get('step')}  {metrics}".rstrip())
-    if report.consul_error:
-        typer.echo(f"  (no outcome or progress: {report.consul_error})")
-    for line in history:
-        typer.echo(f"  {line}")
-    for line, slots in report.runs.items():
-        typer.echo(f"  {describe_runs(line, slots)}")
-    for role, rv in state.view.roles.items():
-        typer.echo(f"  {role:<11} wanted {rv.wanted}  running {rv.running}  complete {rv.complete}  failed {rv.failed}  restarts {rv.restarts}")
-    for alloc in sorted(state.allocs, key=lambda a: a.get("CreateIndex", 0)):
-        role, index = alloc_slot(alloc)
-        typer.echo(f"    {role}[{index}] {alloc['ID'][:8]} {alloc['ClientStatus']:<9} restarts {restarts_of(alloc)}")
+    lines = statuses.overview(namespace, region) if job_id is None else statuses.job_status(job_id, namespace, region)
+    for line in lines:
+        typer.echo(line)
 
 
 def logs(
@@ -218,6 +149,7 @@ def logs(
     region: Region = None,
 ) -> None:
     """A task's logs through Nomad's API (also after the job finished, until Nomad's GC)."""
+    from nomadtf.client import status as statuses
     from nomadtf.client.readback import log_allocations
     from nomadtf.servers.nomad import NomadAPI
 
@@ -229,8 +161,14 @@ def logs(
     try:
         allocs = log_allocations(api, job_id, role, index, newest_only=follow)
     except (JobNotFound, NoAllocation):
-        if not _archived_logs(job_id, api.namespace, role, index, stream):
+        kept = statuses.archived_logs(job_id, api.namespace, role, index, stream)
+        if kept is None:
             raise
+        err(kept.note)
+        for name, text in kept.attempts:
+            if len(kept.attempts) > 1:
+                typer.echo(f"==> {name}")
+            typer.echo(text, nl=False)
         return
     for alloc in allocs:
         if len(allocs) > 1:
@@ -240,45 +178,6 @@ def logs(
                 typer.echo(chunk, nl=False)
         else:
             typer.echo(api.logs(alloc["ID"], role, stream), nl=False)
-
-
-def _archived_status(job_id: str, namespace: str) -> bool:
-    """`status` of a run Nomad no longer has, from its archive; False: none kept."""
-    import os
-
-    from nomadtf.client import archive
-
-    run = archive.latest_run(archive.archive_root(namespace, os.environ), job_id)
-    record = archive.read_outcome(run) if run else None
-    if run is None:
-        return False
-    run_id = record.get("run_id") if record else run.parent.name
-    typer.echo(f"{job_id}: collected by Nomad  run {run_id}  (from its archive, {run})")
-    if record:
-        for line in archive.describe_outcome(record):
-            typer.echo(line)
-    else:
-        typer.echo("  outcome: none recorded (the run was stopped or lost before a task could record one)")
-    typer.echo(f"  tasks kept: {', '.join(archive.tasks(run)) or 'none'}")
-    return True
-
-
-def _archived_logs(job_id: str, namespace: str, role: str, index: Optional[int], stream: str) -> bool:
-    """`logs` of a run Nomad no longer has, from its archive; False: nothing kept."""
-    import os
-
-    from nomadtf.client import archive
-
-    run = archive.latest_run(archive.archive_root(namespace, os.environ), job_id)
-    kept = archive.attempts(run, role, index, stream) if run else []
-    if not kept:
-        return False
-    err(f"{job_id}: collected by Nomad; from its archive ({run})")
-    for name, text in kept:
-        if len(kept) > 1:
-            typer.echo(f"==> {name}")
-        typer.echo(text, nl=False)
-    return True
 
 
 def scale(
@@ -304,15 +203,10 @@ def stop(
     region: Region = None,
 ) -> None:
     """Stop a nomadtf job (a queued run leaves the queue); nothing else is touched."""
-    from nomadtf.admission import suspension
-    from nomadtf.client.run import stop_job
-    from nomadtf.servers.nomad import NomadAPI
+    from nomadtf.client import status as statuses
 
-    api = NomadAPI.from_env(namespace=namespace, region=region)
-    job = stop_job(api, job_id, purge=purge)
-    if suspension.is_waiting(job):
-        typer.echo(f"removed {job_id} run {(job.get('Meta') or {}).get('nomadtf.run', '?')} from the queue")
-    typer.echo(f"stopped {job_id}" + (" and purged it" if purge else ""))
+    for line in statuses.stop(job_id, namespace, region, purge):
+        typer.echo(line)
 
 
 def render(

@@ -5,6 +5,7 @@
 - `follow`: following a run to its one outcome;
 - `runview`: a run's allocations as the client shows them (pure);
 - `readback`: reading runs back for `status` and `logs`;
+- `status`: what `status` says and `stop` does, as lines (the command line only prints them);
 - `cluster_facts`: at submission, the server's version and the cluster profile, with notes for
   what could not be read;
 - `acl_setup`: `acl apply` / `acl revoke`: a job's task policies, its tasks' Consul token
