@@ -18,7 +18,8 @@ EnvDir = Annotated[
 def _venv_cache(directory: Path | None):
     import os
 
-    from nomadtf.venvs import VenvCache, default_root
+    from nomadtf.runtime.venvcache import VenvCache
+    from nomadtf.venvs import default_root
 
     return VenvCache(directory or default_root(dict(os.environ)))
 

@@ -19,6 +19,7 @@
     child.py          the TensorFlow process: start, stop, process group, parent death, reaping
     warm.py           the child started during the rendezvous, so `import tensorflow` overlaps it
     jobenv.py         the job's own Python environment: reused or built, held while the task runs
+    venvcache.py      the client's cache of job environments: locks, markers, builds with uv, gc
     oom.py            was our child killed for its memory: the cgroup's OOM counter, before and after
     versions.py       the Python and TensorFlow our child runs, read from its own interpreter
     archive.py        the run's archive: the code's stdout and stderr per attempt (a tee), the outcome record

@@ -2,7 +2,7 @@
 
 `nomadtf task` keeps running from nomadtf's installation; only the child runs with the
 environment's interpreter. Before the rendezvous the task reuses or builds the environment
-(nomadtf.venvs.VenvCache), telling `nomadtf run` how it goes through the run's
+(nomadtf.runtime.venvcache.VenvCache), telling `nomadtf run` how it goes through the run's
 `environment/<role>/<index>` key in Consul, and holds it (a shared lock) until it exits,
 so `nomadtf env gc` never removes it from under the code.
 """
@@ -20,6 +20,7 @@ from typing import Any
 from nomadtf import venvs
 from nomadtf.errors import ServerError
 from nomadtf.job.spec import JobSpec
+from nomadtf.runtime import venvcache
 from nomadtf.servers.consul import ConsulDiscovery
 
 log = logging.getLogger("nomadtf.task")
@@ -29,7 +30,7 @@ LIB_DIR = "nomadtf-lib"  # in the task directory: nomadtf's stdlib-only modules 
 
 @dataclass
 class Ready:
-    prepared: venvs.Prepared
+    prepared: venvcache.Prepared
     lib_dir: Path
     status: dict[str, Any] = field(default_factory=dict)  # the "ready" record `run` was shown (the task adds what its child runs)
 
@@ -88,7 +89,7 @@ def reuse_or_build(spec: JobSpec, role: str, index: int, task_dir: Path, discove
         return status
 
     try:
-        prepared = venvs.VenvCache(root).reuse_or_build(
+        prepared = venvcache.VenvCache(root).reuse_or_build(
             list(job_env.requirements), python, job_env.timeout_s, on_status=publish, should_stop=should_stop, log=log.info
         )
     except venvs.EnvBuildError as exc:

@@ -30,8 +30,8 @@ from nomadtf.job.spec import parse_spec
 from nomadtf.job.taskfile import spec_file_text
 from nomadtf.runtime import supervisor
 from nomadtf.runtime.child import Child, become_subreaper, reap_orphans
+from nomadtf.runtime.venvcache import VenvCache
 from nomadtf.usercode import health
-from nomadtf.venvs import VenvCache
 from tests.helpers import (
     JOBS,
     TEAM_UIDS,

@@ -1,4 +1,4 @@
-"""job.json `environment`, the job's venv (nomadtf/venvs.py): the pure parts (requirements, keys, error wording, GC selection,
+"""job.json `environment`, the job's venv (nomadtf/venvs.py, nomadtf/runtime/venvcache.py): the pure parts (requirements, keys, error wording, GC selection,
 the child's paths), the spec's rules, and the cache's locks and markers on a real
 filesystem, with real uv builds of a tiny local wheel (offline, about a second each)."""
 
@@ -26,7 +26,8 @@ from nomadtf.job.render import docker_image_needs, render_job
 from nomadtf.job.spec import parse_spec
 from nomadtf.job.validate import normalize
 from nomadtf.runtime import jobenv
-from nomadtf.venvs import EnvBuildError, EnvBuildStopped, VenvCache
+from nomadtf.runtime.venvcache import VenvCache
+from nomadtf.venvs import EnvBuildError, EnvBuildStopped
 from tests.helpers import nomadtf
 
 BASE = {"name": "envjob", "entrypoint": {"script": "train.py"}, "roles": {"chief": {"count": 1}, "worker": {"count": 1}, "ps": {"count": 1}}}
