@@ -106,9 +106,16 @@ def start_blocker(tmp_path: Path, share: float = 0.65) -> tuple[str, Path]:
     return name, release
 
 
+# Runs argv with SIGINT at its default: a session started in the background by a script
+# (`scripts/test` runs two side by side; `cmd &` in any non-interactive shell) inherits SIGINT
+# ignored, and Python then never turns a Ctrl-C into KeyboardInterrupt.
+DEFAULT_SIGINT = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
+
+
 def popen_run(path: Path, *args: str) -> subprocess.Popen:
     exe = Path(sys.executable).parent / "nomadtf"
-    return subprocess.Popen([str(exe), "run", str(path), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, "-c", DEFAULT_SIGINT, str(exe), "run", str(path), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _plain_job(job_id: str, cpu: int, seconds: int, count: int = 1, port: int = 0, job_type: str = "batch") -> dict:
