@@ -20,6 +20,7 @@ from nomadtf.devstack.stack import DevStack
 # `-m unit` selects them. The marks go on as each test is collected, before `-m` selects.
 UNIT_TESTS = Path(__file__).parent / "unit"
 
+
 def pytest_itemcollected(item):
     if "secure_cluster" in item.fixturenames:
         item.add_marker(pytest.mark.cluster)
