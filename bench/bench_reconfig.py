@@ -11,7 +11,9 @@ process watch exactly that (blocking `GET /v1/health/service/<service>?passing` 
 `GET /v1/kv/nomadtf/default/<job>/?recurse`), the way the tasks' own watches do:
 
 - **detection**: cluster change -> a staying member's supervisor has seen it (its first
-  "peers changed" or "restarting our child" line after the stop);
+  "peers changed" or "restarting our child" line after the stop). A few tens of ms below
+  zero are possible and printed as measured: a member's watch and the bench's witness wait
+  on the same Consul index, and on a loaded machine the member's may return first;
 - **total**: cluster change -> the last member (the replacement included) started its child
   with the new generation's TF_CONFIG ("generation G: starting" line).
 

