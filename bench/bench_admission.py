@@ -77,8 +77,9 @@ from nomadtf.admission.board import MAX_LINES  # noqa: E402
 from nomadtf.admission.controller import Controller  # noqa: E402
 from nomadtf.client.queued import read_board  # noqa: E402
 from nomadtf.job import capacity  # noqa: E402
-from nomadtf.servers.consul import consul_client  # noqa: E402
-from nomadtf.servers.nomad import NomadAPI, NomadSettings  # noqa: E402
+from nomadtf.servers.consulhttp import consul_client  # noqa: E402
+from nomadtf.servers.nomad import NomadAPI  # noqa: E402
+from nomadtf.servers.nomadhttp import NomadSettings  # noqa: E402
 
 NOMADTF = str(Path(sys.executable).parent / "nomadtf")
 NOMAD = NomadSettings.from_env().address

@@ -57,8 +57,8 @@ sys.path.insert(0, str(REPO))
 from nomadtf import wire  # noqa: E402
 from nomadtf.admission import suspension  # noqa: E402
 from nomadtf.job import capacity  # noqa: E402
-from nomadtf.servers.consul import consul_client  # noqa: E402
-from nomadtf.servers.nomad import NomadSettings  # noqa: E402
+from nomadtf.servers.consulhttp import consul_client  # noqa: E402
+from nomadtf.servers.nomadhttp import NomadSettings  # noqa: E402
 
 NOMAD = NomadSettings.from_env().address
 POLICY = {"half_life": "1m", "reserve_after": "20s"}

@@ -18,7 +18,7 @@ class KnowsWhoAdmitted:
 
     def _read_admitted(self) -> dict[tuple[str, str], str]:
         """GET /v1/kv/nomadtf/_admission/admitted/?recurse"""
-        from nomadtf.servers.consul import consul_call
+        from nomadtf.servers.consulhttp import consul_call
 
         _, items = consul_call("reading the admitted runs", self.consul.kv.get, wire.KV_ADMISSION_ADMITTED, recurse=True)
         self.requests += 1
@@ -33,7 +33,7 @@ class KnowsWhoAdmitted:
         again before calling anything out of turn: a predecessor may have written it late).
 
         GET /v1/kv/nomadtf/_admission/admitted/<ns>/<job>"""
-        from nomadtf.servers.consul import consul_call
+        from nomadtf.servers.consulhttp import consul_call
 
         if self.admitted.get(key) == run_id:
             return True
@@ -67,7 +67,7 @@ class KnowsWhoAdmitted:
 
     def _forget_admitted(self, jobs: dict[tuple[str, str], dict[str, Any]]) -> None:
         """A job gone from Nomad (purged) needs no record.  DELETE .../admitted/<ns>/<job>"""
-        from nomadtf.servers.consul import consul_call
+        from nomadtf.servers.consulhttp import consul_call
 
         for key in [k for k in self.admitted if k not in self.seen]:
             consul_call("forgetting an admitted run", self.consul.kv.delete, wire.kv_admitted(*key))

@@ -28,7 +28,7 @@ from typing import Any
 import consul
 
 from nomadtf import wire
-from nomadtf.servers.consul import consul_call
+from nomadtf.servers.consulhttp import consul_call
 
 SESSION_TTL_S = 15
 LOCK_DELAY_S = 15

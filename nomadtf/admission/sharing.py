@@ -51,7 +51,7 @@ class Sharing:
 
     def load(self, now: float) -> None:
         """The policy and the last leader's usage.  GET .../policy ; GET .../usage"""
-        from nomadtf.servers.consul import consul_call
+        from nomadtf.servers.consulhttp import consul_call
 
         self._read_policy(now)
         try:
@@ -66,7 +66,7 @@ class Sharing:
 
     def step(self, held: Mapping[str, Resources], now: float) -> None:
         """GET .../policy every POLICY_RECHECK_S ; PUT .../usage every USAGE_SAVE_S"""
-        from nomadtf.servers.consul import consul_call
+        from nomadtf.servers.consulhttp import consul_call
 
         if now - self._policy_checked >= POLICY_RECHECK_S:
             self._read_policy(now)
@@ -94,7 +94,7 @@ class Sharing:
 
     def _load_ledger(self, now: float) -> Ledger:
         """GET /v1/kv/nomadtf/_admission/ledger/<YYYY-MM>"""
-        from nomadtf.servers.consul import consul_call
+        from nomadtf.servers.consulhttp import consul_call
 
         month = month_of(now)
         try:
@@ -107,7 +107,7 @@ class Sharing:
 
     def _save_ledger(self) -> None:
         """PUT /v1/kv/nomadtf/_admission/ledger/<YYYY-MM>"""
-        from nomadtf.servers.consul import consul_call
+        from nomadtf.servers.consulhttp import consul_call
 
         try:
             consul_call("saving the ledger", self.consul.kv.put, wire.KV_ADMISSION_LEDGER + self.ledger.month, self.ledger.dump())
@@ -117,7 +117,7 @@ class Sharing:
             self.on_event(f"could not save the ledger: {exc}")
 
     def _read_policy(self, now: float) -> None:
-        from nomadtf.servers.consul import consul_call
+        from nomadtf.servers.consulhttp import consul_call
 
         self._policy_checked = now
         try:

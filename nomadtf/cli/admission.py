@@ -29,7 +29,7 @@ def serve(
     import socket
 
     from nomadtf.admission.controller import Controller
-    from nomadtf.servers.consul import consul_client
+    from nomadtf.servers.consulhttp import consul_client
     from nomadtf.servers.nomad import NomadAPI
 
     def interrupt(*_: object) -> None:
@@ -114,7 +114,7 @@ def policy_set(file: Annotated[Path, typer.Argument(help="The policy as JSON (do
     """Check the policy file and store it where the controller reads it (it takes effect
     within 10 s). Takes an operator's Consul token: write on nomadtf/_admission/policy."""
     from nomadtf.client.sharing import store_policy
-    from nomadtf.servers.consul import consul_client
+    from nomadtf.servers.consulhttp import consul_client
 
     parsed = store_policy(consul_client(), file.read_text())
     stamp(f"sharing policy stored: {len(parsed.namespaces)} namespace(s) listed; the controller applies it within 10s")
@@ -124,7 +124,7 @@ def policy_set(file: Annotated[Path, typer.Argument(help="The policy as JSON (do
 def policy_show() -> None:
     """The policy in force, every default spelled out (the defaults when none is stored)."""
     from nomadtf.client.sharing import stored_policy
-    from nomadtf.servers.consul import consul_client
+    from nomadtf.servers.consulhttp import consul_client
 
     parsed, stored = stored_policy(consul_client())
     stamp(f"{'stored' if stored else 'no sharing policy is stored: the defaults'}, digest {parsed.digest()} "
@@ -136,7 +136,7 @@ def policy_show() -> None:
 def policy_clear() -> None:
     """Remove the stored policy: the defaults apply again (no quota, no priority ceiling)."""
     from nomadtf.client.sharing import clear_policy
-    from nomadtf.servers.consul import consul_client
+    from nomadtf.servers.consulhttp import consul_client
 
     clear_policy(consul_client())
     stamp("sharing policy cleared: the defaults apply")
@@ -163,7 +163,7 @@ def usage(
 
     from nomadtf.client.sharing import usage_rows
     from nomadtf.durations import DurationError, parse_seconds
-    from nomadtf.servers.consul import consul_client
+    from nomadtf.servers.consulhttp import consul_client
 
     try:
         window = parse_seconds(since)

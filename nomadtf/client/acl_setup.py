@@ -42,7 +42,7 @@ import hvac.exceptions
 from nomadtf.errors import AclConflict, ConsulError, NoJwtAuthMethod, VaultError
 from nomadtf.job import acl
 from nomadtf.job.spec import JobSpec
-from nomadtf.servers.consul import consul_call, consul_client
+from nomadtf.servers.consulhttp import consul_call, consul_client
 from nomadtf.servers.vault import vault_address, vault_tls
 
 ENGINE_MOUNT = "consul"

@@ -37,7 +37,7 @@ DETACH_LOOK_S = 10.0  # how long --detach waits for the controller's first look 
 
 def read_board(client: consul.Consul | None = None) -> Board:
     """GET /v1/kv/nomadtf/_admission/board (an empty board when it cannot be read)."""
-    from nomadtf.servers.consul import consul_call, consul_client
+    from nomadtf.servers.consulhttp import consul_call, consul_client
 
     try:
         _, item = consul_call("reading the admission board", (client or consul_client()).kv.get, wire.KV_ADMISSION_BOARD)
@@ -49,7 +49,7 @@ def read_board(client: consul.Consul | None = None) -> Board:
 def controller_leader(client: consul.Consul | None = None) -> str:
     """Who leads admission ("" when no controller does).  GET /v1/kv/nomadtf/_admission/leader"""
     from nomadtf.admission.lease import leader_of
-    from nomadtf.servers.consul import consul_client
+    from nomadtf.servers.consulhttp import consul_client
 
     return leader_of(client or consul_client())[1]
 

@@ -17,7 +17,7 @@ import consul
 from nomadtf import wire
 from nomadtf.admission import ledger as ledgers
 from nomadtf.admission import policy as policies
-from nomadtf.servers.consul import consul_call
+from nomadtf.servers.consulhttp import consul_call
 
 WRITE_NEEDS = f"writing the policy takes an operator's token with write on key {wire.KV_ADMISSION_POLICY} (set CONSUL_HTTP_TOKEN)"
 

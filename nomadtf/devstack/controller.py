@@ -23,7 +23,8 @@ from nomadtf.admission.deploy import CONTROLLER_TOKEN_ENV, deploy
 from nomadtf.admission.lease import leader_of
 from nomadtf.errors import DevStackError
 from nomadtf.job import acl
-from nomadtf.servers.nomad import NomadAPI, NomadSettings
+from nomadtf.servers.nomad import NomadAPI
+from nomadtf.servers.nomadhttp import NomadSettings
 
 OPS_NAMESPACE = "ops"
 POLICY_NAME = "nomadtf-admission"

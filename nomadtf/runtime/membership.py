@@ -28,7 +28,8 @@ from nomadtf.runtime import deadline
 from nomadtf.runtime.loop import CATALOG, CLUSTER_FILE, CLUSTER_KV, Event
 from nomadtf.runtime.policy import Debounce, SlotState, fingerprint, slot_state
 from nomadtf.runtime.watches import WATCH_WAIT_S, FileWatch, Watch
-from nomadtf.servers.consul import ConsulDiscovery, Slot, retrying
+from nomadtf.servers.consul import ConsulDiscovery, Slot
+from nomadtf.servers.consulhttp import retrying
 from nomadtf.tfconfig import Member
 
 log = logging.getLogger("nomadtf.task")

@@ -20,7 +20,8 @@ from nomadtf.job.taskfile import for_task, read_spec_file
 from nomadtf.runtime import deadline
 from nomadtf.runtime.alloc import AllocInfo, spec_path
 from nomadtf.runtime.supervisor import Supervisor
-from nomadtf.servers.consul import ConsulDiscovery, consul_client
+from nomadtf.servers.consul import ConsulDiscovery
+from nomadtf.servers.consulhttp import consul_client
 
 log = logging.getLogger("nomadtf.task")
 

@@ -1,34 +1,28 @@
 """Consul (through py-consul): who is in the cluster, which index each task holds, and
-the job's shared state. Every name used here comes from `nomadtf.wire`.
+the job's shared state. Every name used here comes from `nomadtf.wire`; how Consul is
+reached, its errors mapped and the task's session renewed are `consulhttp.py`'s.
 
 Watches are Consul blocking queries (`index` + `wait`), never a sleep loop. Calls that a
 failure path depends on (bump the generation, set the job state, update our incarnation)
 retry with bounded backoff through `retrying`, so a Consul restart does not kill a task.
-
-Honours CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN, CONSUL_HTTP_SSL, CONSUL_HTTP_SSL_VERIFY,
-CONSUL_CACERT, CONSUL_CLIENT_CERT and CONSUL_CLIENT_KEY like the consul CLI.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import consul
-import requests
-import tenacity
 
 from nomadtf import wire
-from nomadtf.errors import ConsulError, ServerError, UnreachableError
+from nomadtf.errors import ServerError
+from nomadtf.servers.consulhttp import TaskSession, consul_call, consul_client
 from nomadtf.tfconfig import RENDEZVOUS_ROLES, Member
 
-SESSION_TTL_S = wire.TASK_SESSION_TTL_S
 T = TypeVar("T")
 
 
@@ -38,56 +32,6 @@ class Slot:
     incarnation: str
     session: str | None
     claimed_at: int = 0  # Consul's index of the claim (its key's ModifyIndex): claims in order
-
-
-def consul_call(what: str, fn: Callable[..., T], *args: Any, needs: str = "", **kwargs: Any) -> T:
-    """Run a py-consul call; map its failures to ours (the one place, for every caller).
-    `needs`: what the token must allow, when a denial has a better fix than `nomadtf acl`."""
-    try:
-        return fn(*args, **kwargs)
-    except (requests.ConnectionError, requests.Timeout, consul.Timeout) as exc:
-        raise UnreachableError(f"cannot reach Consul ({what}): {exc.__class__.__name__}") from exc
-    except consul.ACLPermissionDenied as exc:
-        token = "CONSUL_HTTP_TOKEN" if os.environ.get("CONSUL_HTTP_TOKEN") else "the anonymous token (CONSUL_HTTP_TOKEN is not set)"
-        fix = needs or "its policy lacks the capability; see `nomadtf acl`"
-        raise ConsulError(f"Consul denied {what} to {token}: {fix}") from exc
-    except consul.ConsulException as exc:
-        raise ConsulError(f"Consul refused {what}: {exc}") from exc
-
-
-def retrying(deadline_s: float = 60.0, give_up: Callable[[], bool] = lambda: False) -> tenacity.Retrying:
-    """Bounded retries for Consul calls on a failure path: exponential backoff up to 5 s,
-    at most `deadline_s` in all, and no longer once `give_up()` says so (a stop signal)."""
-    return tenacity.Retrying(
-        retry=tenacity.retry_if_exception_type(ServerError),
-        wait=tenacity.wait_exponential(multiplier=0.2, max=5.0),
-        stop=tenacity.stop_after_delay(deadline_s) | tenacity.stop_when_event_set(_GiveUp(give_up)),
-        reraise=True,
-    )
-
-
-class _GiveUp:
-    """tenacity's stop_when_event_set wants an object with is_set()."""
-
-    def __init__(self, check: Callable[[], bool]):
-        self.is_set = check
-
-
-def consul_client(token: str | None = None) -> consul.Consul:
-    """A py-consul client from the consul CLI's environment variables (TLS included);
-    `token` (the task's own, from Vault) replaces CONSUL_HTTP_TOKEN."""
-    verify: bool | str = True
-    if os.environ.get("CONSUL_CACERT"):
-        verify = os.environ["CONSUL_CACERT"]
-    elif os.environ.get("CONSUL_HTTP_SSL_VERIFY", "").lower() == "false":
-        verify = False
-    cert = None
-    if os.environ.get("CONSUL_CLIENT_CERT") and os.environ.get("CONSUL_CLIENT_KEY"):
-        cert = (os.environ["CONSUL_CLIENT_CERT"], os.environ["CONSUL_CLIENT_KEY"])
-    client = consul.Consul(verify=verify, cert=cert)
-    if token:
-        client.token = token  # py-consul prefers CONSUL_HTTP_TOKEN over its argument
-    return client
 
 
 def read_cluster_profile(client: consul.Consul | None = None) -> str | None:
@@ -116,24 +60,18 @@ def _instances(entries: list[dict[str, Any]]) -> dict[str, str]:
     return out
 
 
-class ConsulDiscovery:
+class ConsulDiscovery(TaskSession):
+    """One run's cluster in Consul, as its tasks, `run`, `status` and the controller see it:
+    the roles' passing registrations, the slots, the generation, the state, the progress."""
+
     def __init__(
         self, job_id: str, namespace: str = wire.DEFAULT_NAMESPACE, client: consul.Consul | None = None, run_id: str = ""
     ):
+        super().__init__(client or consul_client())
         self.job_id = job_id
         self.namespace = namespace
         self.run_id = run_id
-        self.consul = client or consul_client()
         self._kv = (namespace, job_id)
-        self.session: str | None = None
-        # Monotonic time at which the last renewal (or the creation) of our session that
-        # Consul accepted was sent: Consul lets the session lapse no sooner than one TTL
-        # after it (the supervisor fences on it, policy.must_fence). Written by the renewer
-        # thread, read by the supervisor's (one float: no lock needed).
-        self.renewed_at: float | None = None
-        self._session_name = ""
-        self._renewer: threading.Thread | None = None
-        self._stop = threading.Event()
         # role -> its passing instances as its running watch last saw them (watch threads
         # replace a whole entry at once; readers copy it)
         self._watched: dict[str, dict[str, str]] = {}
@@ -226,82 +164,7 @@ class ConsulDiscovery:
                     members.append(Member(role, index, addresses[slot.alloc_id], f"{slot.alloc_id}/{slot.incarnation}"))
         return members
 
-    # ---- the session: dies with this process ----------------------------------------------
-
-    def open_session(self, name: str) -> str:
-        """A session renewed every TTL/3 by one thread for this object's whole life; deleted
-        on close; expires (and frees our slot) when we stop renewing it. Opening again (after
-        Consul forgot it) replaces the id the same thread renews; no thread is added.
-
-        PUT /v1/session/create
-        """
-        self._session_name = name
-        sent = time.monotonic()
-        # No lock delay: Consul applies it on every end of a session, our own destroy
-        # included, so a supervisor that Nomad restarts could not take its own index back
-        # (it would take another free one), nor a clean handover happen, for that long. The
-        # margin a lapsed task needs is the fence's instead (policy.must_fence).
-        self.session = consul_call(
-            "creating a session",
-            self.consul.session.create,
-            name=name,
-            ttl=SESSION_TTL_S,
-            behavior="delete",
-            lock_delay=0,
-        )
-        self.renewed_at = sent
-        if self._renewer is None:
-            self._stop.clear()
-            self._renewer = threading.Thread(target=self._renew_loop, name="consul-session", daemon=True)
-            self._renewer.start()
-        return self.session
-
-    def _renew_loop(self) -> None:
-        while not self._stop.wait(SESSION_TTL_S / 3):
-            try:
-                self.renew_session()
-            except Exception:  # noqa: BLE001 - Consul away: renewed_at says for how long (the supervisor fences)
-                continue
-
-    def renew_session(self) -> bool:
-        """Renew our session once: True when Consul did (`renewed_at` moves), False when it
-        has no such session any more (it lapsed, or Consul restarted and forgot it: the
-        supervisor claims its index again). Raises ServerError when Consul cannot be reached.
-
-        PUT /v1/session/renew/:id
-        """
-        session = self.session
-        if not session:
-            return False
-        sent = time.monotonic()
-        try:
-            consul_call("renewing our session", self.consul.session.renew, session)
-        except ConsulError as exc:
-            if isinstance(exc.__cause__, consul.NotFound):
-                return False
-            raise
-        if session == self.session:  # not replaced meanwhile (reopen_session): its time is the new one's
-            self.renewed_at = sent
-        return True
-
-    def renewer_threads(self) -> int:
-        """How many renewer threads this object runs (0 or 1); for tests."""
-        return int(self._renewer is not None and self._renewer.is_alive())
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._renewer is not None:
-            self._renewer.join(timeout=1.0)
-            self._renewer = None
-        self._destroy_session()
-
-    def _destroy_session(self) -> None:
-        if self.session:
-            try:
-                self.consul.session.destroy(self.session)  # PUT /v1/session/destroy/:id
-            except Exception:  # noqa: BLE001 - best effort; the TTL frees it anyway
-                pass
-            self.session = None
+    # ---- the session (consulhttp.TaskSession) ---------------------------------------------
 
     def reopen_session(self) -> str:
         """After a Consul restart: drop the old id, take a new one (same renewer thread)."""

@@ -24,7 +24,8 @@ import pytest
 import requests
 
 from nomadtf.errors import NomadError, UnreachableError
-from nomadtf.servers.nomad import NomadAPI, NomadSettings
+from nomadtf.servers.nomad import NomadAPI
+from nomadtf.servers.nomadhttp import NomadSettings
 from tests.helpers import nomad, nomadtf, probe_job, unique, write_job
 
 NOMAD_ENV = (

@@ -141,7 +141,8 @@ def test_a_submitter_without_agent_read_gets_the_servers_version_and_without_nod
     (exit 2, nothing submitted) until the version is named."""
     from nomadtf.client import cluster_facts
     from nomadtf.job.target import NomadVersion
-    from nomadtf.servers.nomad import NomadAPI, NomadSettings
+    from nomadtf.servers.nomad import NomadAPI
+    from nomadtf.servers.nomadhttp import NomadSettings
     from tests.cluster_access import secured
     from tests.helpers import probe_job, write_job
 

@@ -28,7 +28,7 @@ from nomadtf.admission import suspension
 from nomadtf.admission.controller import Controller
 from nomadtf.client.queued import read_board
 from nomadtf.job import capacity
-from nomadtf.servers.consul import consul_client
+from nomadtf.servers.consulhttp import consul_client
 from nomadtf.servers.nomad import NomadAPI
 from tests.helpers import (
     allocations,

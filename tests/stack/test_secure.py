@@ -835,7 +835,8 @@ def test_the_printed_controller_policy_may_ask_another_team_s_run_to_checkpoint_
     policies`' controller Nomad policy signals a running allocation of team-a's (its task's
     SIGUSR1 handler runs), and team-b's submitter token is refused the same call."""
     from nomadtf.errors import NomadError
-    from nomadtf.servers.nomad import NomadAPI, NomadSettings
+    from nomadtf.servers.nomad import NomadAPI
+    from nomadtf.servers.nomadhttp import NomadSettings
 
     api, found = secure_cluster.api().session(), secure_cluster.api().urls
     nomad_url = found["nomad"]

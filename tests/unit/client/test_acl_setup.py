@@ -12,7 +12,7 @@ from nomadtf.client import acl_setup
 from nomadtf.errors import AclConflict, ConsulError, UnreachableError, VaultError
 from nomadtf.job import acl
 from nomadtf.job.spec import parse_spec
-from nomadtf.servers.consul import consul_call
+from nomadtf.servers.consulhttp import consul_call
 from tests.helpers import probe_job
 
 

@@ -17,7 +17,7 @@ from nomadtf.job.render import embedded_spec
 from nomadtf.job.spec import JobSpec, RunInfo, load_spec, parse_spec
 from nomadtf.job.taskfile import for_task, read_spec_file, spec_file_text
 from nomadtf.job.validate import normalize, schema
-from nomadtf.servers.nomad import NomadSettings
+from nomadtf.servers.nomadhttp import NomadSettings
 from tests.helpers import EXAMPLES, nomadtf, probe_job, write_job
 
 DIGITS_FILE = str(EXAMPLES / "digits" / "job.json")

@@ -10,7 +10,8 @@ import pytest
 import requests
 
 from nomadtf.errors import SpecError, UnreachableError
-from nomadtf.servers.consul import ConsulDiscovery, retrying
+from nomadtf.servers.consul import ConsulDiscovery
+from nomadtf.servers.consulhttp import retrying
 
 
 def _flaky(failures: int):

@@ -3,7 +3,8 @@ servers' versions (the real call runs in tests/stack/test_profile.py)."""
 
 from __future__ import annotations
 
-from nomadtf.servers.nomad import NomadAPI, NomadSettings
+from nomadtf.servers.nomad import NomadAPI
+from nomadtf.servers.nomadhttp import NomadSettings
 
 
 def _member(name: str, build: str, region: str, status: str = "alive") -> dict:
