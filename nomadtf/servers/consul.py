@@ -60,109 +60,18 @@ def _instances(entries: list[dict[str, Any]]) -> dict[str, str]:
     return out
 
 
-class ConsulDiscovery(TaskSession):
-    """One run's cluster in Consul, as its tasks, `run`, `status` and the controller see it:
-    the roles' passing registrations, the slots, the generation, the state, the progress."""
+class RunKeys(TaskSession):
+    """A run's keys in Consul's KV store (`nomadtf/<ns>/<job>/<run>/`): read (all of a step's
+    reads in one, `one_read`), written, watched with blocking queries, deleted."""
 
-    def __init__(
-        self, job_id: str, namespace: str = wire.DEFAULT_NAMESPACE, client: consul.Consul | None = None, run_id: str = ""
-    ):
-        super().__init__(client or consul_client())
+    def __init__(self, job_id: str, namespace: str, client: consul.Consul, run_id: str):
+        super().__init__(client)
         self.job_id = job_id
         self.namespace = namespace
         self.run_id = run_id
         self._kv = (namespace, job_id)
-        # role -> its passing instances as its running watch last saw them (watch threads
-        # replace a whole entry at once; readers copy it)
-        self._watched: dict[str, dict[str, str]] = {}
         # key -> item of one read of the run's cluster/ keys, inside `one_read` only
         self._view: dict[str, dict[str, Any]] | None = None
-
-    # ---- catalog ------------------------------------------------------------------------
-
-    def service_name(self, role: str) -> str:
-        return wire.service_name(self.namespace, self.job_id, role)
-
-    def wait_for_service_change(self, role: str, index: int, wait_s: float) -> int:
-        """Block until the role's passing registrations change, or `wait_s` passes; what the
-        query answered is kept, and `passing_instances` gives it without asking again.
-
-        A blocking query on one service wakes only on that service's changes: a query on
-        every health check (`/v1/health/state/any`, even filtered) would wake on every check
-        of every job in the cluster, and each wake costs a step.
-
-        GET /v1/health/service/<service>?passing=1&index=&wait=
-        """
-        try:
-            new_index, entries = consul_call(
-                f"a blocking query on service {self.service_name(role)}",
-                self.consul.health.service,
-                self.service_name(role),
-                passing=True,
-                index=index or None,
-                wait=f"{max(1, int(wait_s))}s",
-            )
-        except ServerError:
-            self._watched.pop(role, None)  # no longer known to be current: ask each time
-            raise
-        self._watched[role] = _instances(entries)
-        return int(new_index)
-
-    def wait_for_cluster_kv_change(self, index: int, wait_s: float) -> int:
-        """Block until a key that decides changes (slots, generation, state), or `wait_s` passes.
-        Progress lives outside this prefix, so it wakes nobody.
-
-        GET /v1/kv/nomadtf/<ns>/<job>/<run>/cluster/?recurse&keys&index=&wait=
-        """
-        return self._wait_for_kv("a blocking KV query", wire.kv_cluster_prefix(*self._kv, self.run_id), index, wait_s,
-                                 recurse=True, keys=True)
-
-    def wait_for_generation_change(self, index: int, wait_s: float) -> int:
-        """Block until the run's generation key is written, or `wait_s` passes: all a task
-        waits on while its cluster forms. The key is written once, when the cluster is
-        complete, so another task's arrival wakes nobody (a query per role and one on the
-        whole prefix woke every waiting task on every arrival: N x N answers). The key must
-        exist (`open_generation`): on a missing key Consul answers any write to the KV store.
-
-        GET /v1/kv/nomadtf/<ns>/<job>/<run>/cluster/generation?index=&wait=
-        """
-        return self._wait_for_kv("a blocking query on the generation", wire.kv_generation(*self._kv, self.run_id), index, wait_s)
-
-    def _wait_for_kv(self, what: str, key: str, index: int, wait_s: float, **options: Any) -> int:
-        """One Consul blocking KV query; the index it answered with."""
-        new_index, _ = consul_call(what, self.consul.kv.get, key, index=index or None, wait=f"{max(1, int(wait_s))}s", **options)
-        return int(new_index)
-
-    def watched_instances(self, role: str) -> dict[str, str] | None:
-        """What the role's running watch last answered (no request); None without one."""
-        watched = self._watched.get(role)
-        return None if watched is None else dict(watched)
-
-    def passing_instances(self, role: str) -> dict[str, str]:
-        """alloc id -> "host:port" of the role's registrations whose checks all pass.
-
-        What the role's watch last answered, while it runs (it wakes us on every change);
-        otherwise GET /v1/health/service/<service>?passing=1
-        """
-        watched = self.watched_instances(role)
-        if watched is not None:
-            return watched
-        _, entries = consul_call(f"service {self.service_name(role)}", self.consul.health.service, self.service_name(role), passing=True)
-        return _instances(entries)
-
-    def members(self, counts: dict[str, int], slots: dict[tuple[str, int], Slot] | None = None) -> list[Member]:
-        """Every task that holds a slot and whose registration passes its checks."""
-        members = []
-        slots = self.slots() if slots is None else slots
-        for role in RENDEZVOUS_ROLES:
-            if not counts.get(role):
-                continue
-            addresses = self.passing_instances(role)
-            for index in range(counts[role]):
-                slot = slots.get((role, index))
-                if slot and slot.alloc_id in addresses:
-                    members.append(Member(role, index, addresses[slot.alloc_id], f"{slot.alloc_id}/{slot.incarnation}"))
-        return members
 
     # ---- the session (consulhttp.TaskSession) ---------------------------------------------
 
@@ -204,6 +113,144 @@ class ConsulDiscovery(TaskSession):
     def _write(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         self._view = None
         return consul_call(what, fn, *args, **kwargs)
+
+    # ---- watches ------------------------------------------------------------------------------
+
+    def wait_for_cluster_kv_change(self, index: int, wait_s: float) -> int:
+        """Block until a key that decides changes (slots, generation, state), or `wait_s` passes.
+        Progress lives outside this prefix, so it wakes nobody.
+
+        GET /v1/kv/nomadtf/<ns>/<job>/<run>/cluster/?recurse&keys&index=&wait=
+        """
+        return self._wait_for_kv("a blocking KV query", wire.kv_cluster_prefix(*self._kv, self.run_id), index, wait_s,
+                                 recurse=True, keys=True)
+
+    def wait_for_generation_change(self, index: int, wait_s: float) -> int:
+        """Block until the run's generation key is written, or `wait_s` passes: all a task
+        waits on while its cluster forms. The key is written once, when the cluster is
+        complete, so another task's arrival wakes nobody (a query per role and one on the
+        whole prefix woke every waiting task on every arrival: N x N answers). The key must
+        exist (`open_generation`): on a missing key Consul answers any write to the KV store.
+
+        GET /v1/kv/nomadtf/<ns>/<job>/<run>/cluster/generation?index=&wait=
+        """
+        return self._wait_for_kv("a blocking query on the generation", wire.kv_generation(*self._kv, self.run_id), index, wait_s)
+
+    def _wait_for_kv(self, what: str, key: str, index: int, wait_s: float, **options: Any) -> int:
+        """One Consul blocking KV query; the index it answered with."""
+        new_index, _ = consul_call(what, self.consul.kv.get, key, index=index or None, wait=f"{max(1, int(wait_s))}s", **options)
+        return int(new_index)
+
+    # ---- the job's sessions, its admission, its keys' end --------------------------------------
+
+    def sessions(self) -> list[dict[str, Any]]:
+        """This job's live sessions (by name).  GET /v1/session/list"""
+        _, items = consul_call("listing sessions", self.consul.session.list)
+        return [s for s in items if s.get("Name", "").startswith(f"nomadtf {self.job_id} ")]
+
+    def admitted_at(self) -> bytes | None:
+        """When the admission controller admitted this run (None: not queued, or unreadable:
+        the deadline then counts from the submission, as without a controller).
+
+        GET /v1/kv/nomadtf/<ns>/<job>/<run>/admitted_at"""
+        try:
+            _, item = consul_call("reading when the run was admitted", self.consul.kv.get, wire.kv_admitted_at(*self._kv, self.run_id))
+        except ServerError:
+            return None
+        return (item or {}).get("Value")
+
+    def delete_run_keys(self) -> None:
+        """This run's keys, all of them (a run sent back to the admission queue starts afresh).
+
+        DELETE /v1/kv/nomadtf/<ns>/<job>/<run>/?recurse"""
+        consul_call("deleting the run's keys", self.consul.kv.delete, wire.kv_prefix(*self._kv, self.run_id), recurse=True)
+
+    def delete_job_keys(self, keep_run: str = "") -> None:
+        """Every run's keys but `keep_run`'s (a new run keeps its own: its tasks may have
+        written already).  DELETE /v1/kv/nomadtf/<ns>/<job>/?recurse (`stop --purge`), or
+        GET .../?keys&separator=/ and DELETE .../<run>/?recurse per other run"""
+        prefix = wire.kv_job_prefix(*self._kv)
+        if not keep_run:
+            consul_call("deleting job keys", self.consul.kv.delete, prefix, recurse=True)
+            return
+        _, keys = consul_call("listing the job's runs", self.consul.kv.get, prefix, keys=True, separator="/")
+        for key in keys or []:
+            if key != f"{prefix}{keep_run}/":
+                consul_call("deleting an earlier run's keys", self.consul.kv.delete, key, recurse=key.endswith("/"))
+
+
+class ConsulDiscovery(RunKeys):
+    """One run's cluster in Consul, as its tasks, `run`, `status` and the controller see it:
+    the roles' passing registrations, the slots, the generation, the state, the progress."""
+
+    def __init__(
+        self, job_id: str, namespace: str = wire.DEFAULT_NAMESPACE, client: consul.Consul | None = None, run_id: str = ""
+    ):
+        super().__init__(job_id, namespace, client or consul_client(), run_id)
+        # role -> its passing instances as its running watch last saw them (watch threads
+        # replace a whole entry at once; readers copy it)
+        self._watched: dict[str, dict[str, str]] = {}
+
+    # ---- catalog ------------------------------------------------------------------------
+
+    def service_name(self, role: str) -> str:
+        return wire.service_name(self.namespace, self.job_id, role)
+
+    def wait_for_service_change(self, role: str, index: int, wait_s: float) -> int:
+        """Block until the role's passing registrations change, or `wait_s` passes; what the
+        query answered is kept, and `passing_instances` gives it without asking again.
+
+        A blocking query on one service wakes only on that service's changes: a query on
+        every health check (`/v1/health/state/any`, even filtered) would wake on every check
+        of every job in the cluster, and each wake costs a step.
+
+        GET /v1/health/service/<service>?passing=1&index=&wait=
+        """
+        try:
+            new_index, entries = consul_call(
+                f"a blocking query on service {self.service_name(role)}",
+                self.consul.health.service,
+                self.service_name(role),
+                passing=True,
+                index=index or None,
+                wait=f"{max(1, int(wait_s))}s",
+            )
+        except ServerError:
+            self._watched.pop(role, None)  # no longer known to be current: ask each time
+            raise
+        self._watched[role] = _instances(entries)
+        return int(new_index)
+
+    def watched_instances(self, role: str) -> dict[str, str] | None:
+        """What the role's running watch last answered (no request); None without one."""
+        watched = self._watched.get(role)
+        return None if watched is None else dict(watched)
+
+    def passing_instances(self, role: str) -> dict[str, str]:
+        """alloc id -> "host:port" of the role's registrations whose checks all pass.
+
+        What the role's watch last answered, while it runs (it wakes us on every change);
+        otherwise GET /v1/health/service/<service>?passing=1
+        """
+        watched = self.watched_instances(role)
+        if watched is not None:
+            return watched
+        _, entries = consul_call(f"service {self.service_name(role)}", self.consul.health.service, self.service_name(role), passing=True)
+        return _instances(entries)
+
+    def members(self, counts: dict[str, int], slots: dict[tuple[str, int], Slot] | None = None) -> list[Member]:
+        """Every task that holds a slot and whose registration passes its checks."""
+        members = []
+        slots = self.slots() if slots is None else slots
+        for role in RENDEZVOUS_ROLES:
+            if not counts.get(role):
+                continue
+            addresses = self.passing_instances(role)
+            for index in range(counts[role]):
+                slot = slots.get((role, index))
+                if slot and slot.alloc_id in addresses:
+                    members.append(Member(role, index, addresses[slot.alloc_id], f"{slot.alloc_id}/{slot.incarnation}"))
+        return members
 
     # ---- slots: a stable, unique index per task -------------------------------------------
 
@@ -371,39 +418,3 @@ class ConsulDiscovery(TaskSession):
             if index.isdigit() and item.get("Value"):
                 out[(role, int(index))] = json.loads(item["Value"])
         return out
-
-    def sessions(self) -> list[dict[str, Any]]:
-        """This job's live sessions (by name).  GET /v1/session/list"""
-        _, items = consul_call("listing sessions", self.consul.session.list)
-        return [s for s in items if s.get("Name", "").startswith(f"nomadtf {self.job_id} ")]
-
-    def admitted_at(self) -> bytes | None:
-        """When the admission controller admitted this run (None: not queued, or unreadable:
-        the deadline then counts from the submission, as without a controller).
-
-        GET /v1/kv/nomadtf/<ns>/<job>/<run>/admitted_at"""
-        try:
-            _, item = consul_call("reading when the run was admitted", self.consul.kv.get, wire.kv_admitted_at(*self._kv, self.run_id))
-        except ServerError:
-            return None
-        return (item or {}).get("Value")
-
-    def delete_run_keys(self) -> None:
-        """This run's keys, all of them (a run sent back to the admission queue starts afresh).
-
-        DELETE /v1/kv/nomadtf/<ns>/<job>/<run>/?recurse"""
-        consul_call("deleting the run's keys", self.consul.kv.delete, wire.kv_prefix(*self._kv, self.run_id), recurse=True)
-
-    def delete_job_keys(self, keep_run: str = "") -> None:
-        """Every run's keys but `keep_run`'s (a new run keeps its own: its tasks may have
-        written already).  DELETE /v1/kv/nomadtf/<ns>/<job>/?recurse (`stop --purge`), or
-        GET .../?keys&separator=/ and DELETE .../<run>/?recurse per other run"""
-        prefix = wire.kv_job_prefix(*self._kv)
-        if not keep_run:
-            consul_call("deleting job keys", self.consul.kv.delete, prefix, recurse=True)
-            return
-        _, keys = consul_call("listing the job's runs", self.consul.kv.get, prefix, keys=True, separator="/")
-        for key in keys or []:
-            if key != f"{prefix}{keep_run}/":
-                consul_call("deleting an earlier run's keys", self.consul.kv.delete, key, recurse=key.endswith("/"))
-

@@ -28,9 +28,7 @@ STREAM_TIMEOUT_S = (5.0, 2.0)
 
 
 class NomadAPI(NomadTransport):
-    """Nomad's HTTP API as nomadtf uses it, with one NomadSettings applied to every call
-    (the sending: nomadhttp.py).
-
+    """Nomad's HTTP API as nomadtf uses it (the sending, one NomadSettings for every call: nomadhttp.py).
     Usage:
         api = NomadAPI.from_env(namespace=spec.namespace, region=spec.region)
         api.job("digits")            # None when there is no such job
