@@ -19,6 +19,7 @@ which one a command means, so the CLI never asks.
       teardown      stopping in order, unmounting, removing the state
     controller    the admission controller every `dev up` deploys (its own namespace and tokens on the secure stack)
     wiring        every agent configuration (shared with vagrant/)
+    taskhost      what a client gives its tasks: checkpoint host volumes, the docker driver
     docker        a stack's own Docker daemon (`dev up --docker`; one per client on the cluster)
     images        `dev image build`: the Dockerfile on a debootstrap base, copied between daemons
     processes     processes by PID and start time (psutil)

@@ -36,7 +36,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from nomadtf.devstack import agents, wiring
+from nomadtf.devstack import agents, taskhost
 from nomadtf.devstack.gobuild import cache_dir
 from nomadtf.devstack.probes import wait_for
 from nomadtf.devstack.record import Component
@@ -123,4 +123,4 @@ class Daemon:
 
     def plugin_hcl(self) -> str:
         """The Nomad client's `plugin "docker"` block, pointed at this daemon."""
-        return wiring.docker_plugin_hcl(self.host)
+        return taskhost.docker_plugin_hcl(self.host)

@@ -37,6 +37,7 @@ from nomadtf.devstack import (
     gpu_plugin,
     probes,
     processes,
+    taskhost,
     teardown,
     wiring,
 )
@@ -83,7 +84,7 @@ def describe_gpus(gpus: int, mig: int) -> str:
 def nomad_config(data_dir: Path) -> str:
     """The -dev Nomad agent's config, without the device plugin's lines; its host volumes
     are the namespaces' checkpoint folders."""
-    return wiring.nomad_dev_config(data_dir, HOST, CONSUL_ADDR, VAULT_ADDR, wiring.host_volumes())
+    return wiring.nomad_dev_config(data_dir, HOST, CONSUL_ADDR, VAULT_ADDR, taskhost.host_volumes())
 
 
 def check_ports_free() -> None:
