@@ -6,8 +6,10 @@
     startup.py        what a task does once before the phase machine (job ended? budget, environment, session, script)
     loop.py           one event queue: watch events, signals, child exits, timers
     policy.py         pure decisions: who restarts on which event, budgets, exit classes, hang
-    membership.py     who we are among our peers, and every Consul step of it: session, index claim,
-                      the cluster, the generation, role counts, the recorded outcome (retried writes)
+    membership.py     who we are among our peers, and every Consul step of it: index claim, the
+                      cluster, the generation, role counts, the watches
+    recording.py      the writes a decision depends on, retried: our session, the recorded outcome,
+                      a new incarnation (membership builds on it)
     watches.py        Consul blocking queries and the template's cluster file turned into loop events
     deadline.py       pure: time limits (recovery.deadline, how long a decision or a login is retried)
     budget.py         the allocation's restart budget, kept in the task directory across Nomad's restarts

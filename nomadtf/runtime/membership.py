@@ -3,9 +3,8 @@ index claim, the cluster as Consul (or the template-rendered file) sees it, the 
 the role counts `nomadtf scale` sets, and the run's recorded outcome.
 
 A read is one non-blocking step (waiting is the event loop's job, so a SIGTERM is handled
-at once, in any phase). A write that a decision depends on is retried here with bounded
-backoff (discovery.retrying) and given up early only on a stop signal: the outcome until
-recovery.deadline (at least a minute), the session for the server retry budget (deadline.py).
+at once, in any phase). The writes a decision depends on (the session, the outcome, a new
+incarnation) are `recording.py`'s, retried with bounded backoff.
 """
 
 from __future__ import annotations
@@ -13,33 +12,23 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from nomadtf import roles, tfconfig, wire
-from nomadtf.errors import CannotRecord, ServerError
-from nomadtf.job.outcome import failed_state
 from nomadtf.job.spec import JobSpec
-from nomadtf.runtime import deadline
 from nomadtf.runtime.loop import CATALOG, CLUSTER_FILE, CLUSTER_KV, Event
 from nomadtf.runtime.policy import Debounce, SlotState, fingerprint, slot_state
+from nomadtf.runtime.recording import Identity, Recording
 from nomadtf.runtime.watches import WATCH_WAIT_S, FileWatch, Watch
 from nomadtf.servers.consul import ConsulDiscovery, Slot
-from nomadtf.servers.consulhttp import retrying
 from nomadtf.tfconfig import Member
 
 log = logging.getLogger("nomadtf.task")
 
 CLOSER_AFTER_S = 2 * WATCH_WAIT_S  # a waiting task watches the checks itself after this long
-
-
-def new_incarnation() -> str:
-    """A new id for our TensorFlow process's state: peers that depend on it see it change."""
-    return uuid.uuid4().hex[:12]
 
 
 @dataclass(frozen=True)
@@ -51,21 +40,7 @@ class Settled:
     look_again_at: float | None = None  # a change that has not held for discovery.debounce yet
 
 
-@dataclass
-class Identity:
-    role: str
-    alloc_id: str
-    alloc_index: int
-    incarnation: str
-    index: int = -1  # the index we hold; -1 until claimed
-
-    @property
-    def recorded_index(self) -> int:
-        """The index a failure is recorded against: ours once claimed, Nomad's before."""
-        return self.index if self.index >= 0 else self.alloc_index
-
-
-class Membership:
+class Membership(Recording):
     """Usage (the supervisor's loop, one thread):
     membership = Membership(spec, identity, discovery, cluster_file, should_stop=lambda: loop.stop_requested)
     membership.open_session(); membership.start_watches(loop.post)
@@ -78,21 +53,15 @@ class Membership:
         self, spec: JobSpec, identity: Identity, discovery: ConsulDiscovery, cluster_file: Path,
         should_stop: Callable[[], bool] = lambda: False,
     ):
-        self.spec = spec
+        super().__init__(spec, identity, discovery, should_stop)
         self.base_counts = dict(spec.counts)  # as submitted; `nomadtf scale` may change them
-        self.me = identity
-        self.discovery = discovery
         self.cluster_file = cluster_file
-        self.should_stop = should_stop  # a retry gives up once it says so (a stop signal)
         self.debounce = Debounce(spec.discovery.debounce_s)
         self.watches: list[Watch] = []
         self.file_watch: FileWatch | None = None
         self.forming = False  # waiting on the generation key alone (start_watches)
         self.all_claimed_since: float | None = None  # monotonic: when we first saw every slot claimed
         self.post: Callable[[Event], None] = lambda event: None
-        # Called with the state once this task has recorded the run's outcome (the archive
-        # and notify: supervisor._on_recorded). It must not raise.
-        self.on_recorded: Callable[[str], None] = lambda state: None
 
     # the roles whose registrations matter to us
     @property
@@ -108,28 +77,6 @@ class Membership:
     def awaited_roles(self) -> tuple[str, ...]:
         """The roles our rendezvous waits for (every task of each), from the strategy's table."""
         return roles.rendezvous_roles(self.spec.strategy, self.me.role)
-
-    def open_session(self) -> None:
-        """Our Consul session, retried for the server retry budget; a Consul still away after
-        it is a failure Consul cannot hold: CannotRecord (exit 78) names the address.
-
-        PUT /v1/session/create
-        """
-        name = wire.session_name(self.spec.name, self.me.role, self.me.alloc_id)
-        self.consul_or_give_up(lambda: self.discovery.open_session(name), "opening a Consul session")
-
-    def consul_or_give_up(self, call, what: str):
-        """A start-up step that needs Consul, retried for the server retry budget; a Consul
-        still away after it is a failure Consul cannot hold: CannotRecord (exit 78) names
-        the address."""
-        budget = deadline.server_retry_s()
-        try:
-            return self.retry(call, what, budget)
-        except ServerError as exc:
-            raise CannotRecord(
-                f"{exc}; tried Consul at {self.consul_address()} for {budget:.0f}s: check discovery.consul_address "
-                "(CONSUL_HTTP_ADDR), its scheme (https for a TLS-only port) and discovery.consul_ca_file"
-            ) from None
 
     def start_watches(self, post: Callable[[Event], None]) -> None:
         """While the run's cluster forms for the first time, a task waits on one key, the
@@ -262,20 +209,6 @@ class Membership:
         self.me.alloc_index = self.me.index
         return self.try_claim()
 
-    def announce_restart(self) -> None:
-        """A new incarnation in our slot, so that peers that depend on our state restart too;
-        retried for a minute.
-
-        PUT .../cluster/slots/<role>/<i>?acquire=<session>
-        """
-        incarnation = new_incarnation()
-
-        def announce() -> None:
-            self.me.incarnation = incarnation
-            self.discovery.update_incarnation(self.me.role, self.me.index, self.me.alloc_id, incarnation)
-
-        self.retry(announce, "telling peers we restarted")
-
     # ---- the cluster ------------------------------------------------------------------------
 
     def rescale(self) -> JobSpec:
@@ -356,52 +289,6 @@ class Membership:
         else:
             self.debounce.reset()
         return Settled(int(generation.get("generation", 0)), generation.get("fingerprint") == current)
-
-    # ---- the run's outcome ------------------------------------------------------------------
-
-    def recorded_state(self) -> str | None:
-        """The run's recorded state ("succeeded", "failed: <why>", None), retried for 10 s;
-        None also when Consul stays away that long. GET .../cluster/state"""
-        try:
-            return self.retry(self.discovery.job_state, "reading the job state", deadline_s=10.0)
-        except ServerError:
-            return None
-
-    def record(self, state: str, what: str, deadline_s: float | None = None) -> None:
-        """Record the run's outcome. A decision is never dropped: while Consul is away it is
-        retried until the job's deadline (at least a minute), and only then given up.
-
-        PUT .../cluster/state
-        """
-        budget = deadline_s or deadline.decision_retry_s(self.spec, time.time())
-        self.retry(lambda: self.discovery.set_job_state(state), what, budget)
-        self.on_recorded(state)
-
-    def record_failure(self, code: int, why: str) -> None:
-        """Mark the job failed by our task (`failed: <role>[<i>] exited <code>, <why>`). PUT .../cluster/state"""
-        self.record(failed_state(self.me.role, self.me.recorded_index, code, why), "marking the job failed")
-
-    def mark_done(self) -> set[tuple[str, int]]:
-        """Record that our code finished (success = all_workers); every task finished so far.
-        Retried until the job's deadline.
-
-        PUT .../cluster/done/<role>/<i> ; GET .../cluster/done/?recurse
-        """
-        return self.retry(lambda: self.discovery.mark_done(self.me.role, self.me.index), "recording that we finished",
-                          deadline.decision_retry_s(self.spec, time.time()))
-
-    def retry(self, call, what: str, deadline_s: float = 60.0):
-        """`call()`, retried on a Consul error with bounded backoff for `deadline_s`."""
-        for attempt in retrying(deadline_s, give_up=self.should_stop):
-            with attempt:
-                if attempt.retry_state.attempt_number > 1:
-                    log.warning("Consul at %s: retrying %s (attempt %d)", self.consul_address(), what, attempt.retry_state.attempt_number)
-                return call()
-        raise AssertionError("unreachable")  # tenacity re-raises the last error
-
-    def consul_address(self) -> str:
-        http = getattr(self.discovery.consul, "http", None)
-        return str(getattr(http, "base_uri", "")) or os.environ.get("CONSUL_HTTP_ADDR", "127.0.0.1:8500")
 
 
 def members_from_template(path: Path, slots: dict[tuple[str, int], Slot], counts: dict[str, int]) -> list[Member]:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from nomadtf.errors import ServerError
 from nomadtf.progress import read as read_progress
-from nomadtf.runtime.membership import Identity
 from nomadtf.runtime.policy import HangClock
+from nomadtf.runtime.recording import Identity
 from nomadtf.servers.consul import ConsulDiscovery
 
 TICK_S = 0.5  # the local progress file is read this often (no Consul read)

@@ -42,8 +42,9 @@ from nomadtf.runtime.loop import (
     Event,
     EventLoop,
 )
-from nomadtf.runtime.membership import Identity, Membership, describe, new_incarnation
+from nomadtf.runtime.membership import Membership, describe
 from nomadtf.runtime.policy import Act
+from nomadtf.runtime.recording import Identity, new_incarnation
 from nomadtf.runtime.secretenv import SecretEnv
 from nomadtf.runtime.starter import ChildStarter
 from nomadtf.servers.consul import ConsulDiscovery

@@ -13,8 +13,9 @@ import pytest
 from nomadtf.errors import ConsulError, ServerError
 from nomadtf.job.spec import JobSpec
 from nomadtf.job.validate import normalize
-from nomadtf.runtime.membership import Identity, Membership, Settled
+from nomadtf.runtime.membership import Membership, Settled
 from nomadtf.runtime.policy import SlotState, fingerprint
+from nomadtf.runtime.recording import Identity
 from nomadtf.servers.consul import Slot
 from nomadtf.tfconfig import Member
 

@@ -9,8 +9,8 @@ import sys
 
 from nomadtf.errors import ConsulError
 from nomadtf.runtime import progresswatch
-from nomadtf.runtime.membership import Identity
 from nomadtf.runtime.progresswatch import ProgressWatch
+from nomadtf.runtime.recording import Identity
 
 
 class Discovery:
