@@ -16,10 +16,8 @@ from nomadtf.devstack.stack import DevStack
 # scripts/test runs the tests of the several-client stack (marker `cluster`, given here to
 # every test that uses it) in a pytest session of their own beside the rest, so the two
 # stacks' scenarios run side by side while each stack keeps the idle cluster its tests
-# assume. The unit tests (marker `unit`: everything under tests/unit) need no stack and run
-# in that session too, before its stack starts, so the single-node stack's session (the
-# longer one) does not wait for them. The marks go on as each test is collected, before
-# `-m` selects.
+# assume. The unit tests carry the marker `unit` (everything under tests/unit: no stack), so
+# `-m unit` selects them. The marks go on as each test is collected, before `-m` selects.
 UNIT_TESTS = Path(__file__).parent / "unit"
 
 
