@@ -76,7 +76,6 @@ from nomadtf.admission import fit, suspension  # noqa: E402
 from nomadtf.admission.board import MAX_LINES  # noqa: E402
 from nomadtf.admission.controller import Controller  # noqa: E402
 from nomadtf.client.queued import read_board  # noqa: E402
-from nomadtf.job import capacity  # noqa: E402
 from nomadtf.servers.consulhttp import consul_client  # noqa: E402
 from nomadtf.servers.nomad import NomadAPI  # noqa: E402
 from nomadtf.servers.nomadhttp import NomadSettings  # noqa: E402
@@ -428,7 +427,7 @@ def clean_up(ctl: InProcess, keys: list[tuple[str, str]]) -> None:
 
     def freed() -> bool:
         allocs = api.cluster_allocations()[0]
-        return not any((a.get("Namespace"), a.get("JobID")) in mine and capacity.holds_resources(a) for a in allocs)
+        return not any(a.key in mine and a.holds_resources for a in allocs)
 
     try:
         wait_until(lambda: not any(k in ctl.controller.seen for k in keys), 120 + len(keys) / 5, "the controller to forget the purged runs", interval=0.5)

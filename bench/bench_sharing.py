@@ -57,6 +57,7 @@ sys.path.insert(0, str(REPO))
 from nomadtf import wire  # noqa: E402
 from nomadtf.admission import suspension  # noqa: E402
 from nomadtf.job import capacity  # noqa: E402
+from nomadtf.job.answers import Allocation, Node  # noqa: E402
 from nomadtf.servers.consulhttp import consul_client  # noqa: E402
 from nomadtf.servers.nomadhttp import NomadSettings  # noqa: E402
 
@@ -102,9 +103,9 @@ def usable_cpu() -> int:
     """The node CPU batch runs may use: what Nomad offers less what service jobs hold (the
     controller's own replicas)."""
     nodes = nomad("get", "nodes", params={"resources": "true"})
-    offered = capacity.cluster_capacity(capacity.node_capacities(nodes, {"Datacenters": ["*"]})).cpu
+    offered = capacity.cluster_capacity(capacity.node_capacities(map(Node.from_api, nodes), {"Datacenters": ["*"]})).cpu
     allocs = nomad("get", "allocations", params={"resources": "true", "namespace": "*"})
-    held = sum(capacity.alloc_resources(a).cpu for a in allocs if capacity.holds_resources(a) and a.get("JobType") != "batch")
+    held = sum(a.resources.cpu for a in map(Allocation.from_api, allocs) if a.holds_resources and a.job_type != "batch")
     return offered - held
 
 

@@ -11,6 +11,7 @@ from nomadtf.admission import board as boards
 from nomadtf.admission import elastic, fit, preemption
 from nomadtf.admission.order import QueuedRun
 from nomadtf.job import capacity
+from nomadtf.job.answers import Allocation
 
 STEP_WAIT_S = 5.0  # the leader looks at least this often (a gang deadline, a node's return)
 MIN_STEP_S = 0.2  # a burst of changes makes one step, not one per change
@@ -61,19 +62,18 @@ class Seen:
     problem: str = ""
 
 
-def holding_by_group(allocs: list[dict[str, Any]], key: tuple[str, str], since_index: int) -> dict[str, int]:
+def holding_by_group(allocs: list[Allocation], key: tuple[str, str], since_index: int) -> dict[str, int]:
     """The allocations of this run of the job (created after its registration at
     `since_index`: an earlier run of the same name is not this one) that Nomad placed."""
     out: dict[str, int] = {}
     for alloc in allocs:
-        if (alloc.get("Namespace", "default"), alloc.get("JobID")) == key and alloc.get("DesiredStatus", "run") == "run" \
-                and int(alloc.get("CreateIndex") or 0) > since_index \
-                and alloc.get("ClientStatus") in ("pending", "running", "complete"):
-            out[alloc.get("TaskGroup", "")] = out.get(alloc.get("TaskGroup", ""), 0) + 1
+        if alloc.key == key and alloc.desired_status == "run" and alloc.create_index > since_index \
+                and alloc.client_status in ("pending", "running", "complete"):
+            out[alloc.task_group] = out.get(alloc.task_group, 0) + 1
     return out
 
 
-def unplaced(ask: fit.RunAsk, allocs: list[dict[str, Any]], key: tuple[str, str], since_index: int) -> fit.RunAsk:
+def unplaced(ask: fit.RunAsk, allocs: list[Allocation], key: tuple[str, str], since_index: int) -> fit.RunAsk:
     """`ask` less the allocations of this run that already hold their place."""
     have = holding_by_group(allocs, key, since_index)
     counted: dict[str, int] = {}
@@ -112,14 +112,14 @@ def board_line(run: QueuedRun, place: int, note: str, short: capacity.Resources 
     return boards.BoardLine(ticket, run.namespace, run.priority, place, run.since, run.ask.needs, short, note)
 
 
-def batch_held(allocs: list[dict[str, Any]]) -> dict[str, capacity.Resources]:
+def batch_held(allocs: list[Allocation]) -> dict[str, capacity.Resources]:
     """namespace -> what its batch allocations hold now (the work quotas and usage count;
     service and system jobs are long-lived and outside the queue)."""
     out: dict[str, capacity.Resources] = {}
     for alloc in allocs:
-        if capacity.holds_resources(alloc) and alloc.get("JobType", "batch") not in fit.LONG_LIVED_TYPES:
-            namespace = alloc.get("Namespace", "default")
-            out[namespace] = out.get(namespace, capacity.Resources()) + capacity.alloc_resources(alloc)
+        if alloc.holds_resources and alloc.job_type not in fit.LONG_LIVED_TYPES:
+            namespace = alloc.namespace
+            out[namespace] = out.get(namespace, capacity.Resources()) + alloc.resources
     return out
 
 

@@ -70,6 +70,7 @@ from nomadtf.admission.sharing import Sharing
 from nomadtf.admission.walking import WalksTheQueue
 from nomadtf.errors import ServerError
 from nomadtf.job import capacity
+from nomadtf.job.answers import Allocation, JobStub
 from nomadtf.servers.nomad import NomadAPI
 
 
@@ -119,7 +120,7 @@ class Controller(ReadsJobs, WalksTheQueue, KnowsWhoAdmitted, WatchesPlacement, G
         self.ended: set[tuple[str, str, str]] = set()  # runs whose end the ledger has (or that had ended when we took the lead)
         self.ended_known = False  # after the first step of a lead: an end seen now is new
         self.given_back: set[tuple[str, str]] = set()  # runs given back this step: not victims again
-        self.by_job: dict[tuple[str, str], list[dict[str, Any]]] = {}  # this step's holding allocations by job
+        self.by_job: dict[tuple[str, str], list[Allocation]] = {}  # this step's holding allocations by job
         self.making_room: dict[tuple[str, str], list[preemption.Candidate]] = {}  # waiting run -> its victims
         self.growing: dict[tuple[str, str], elastic.Growing] = {}  # elastic runs growing at a checkpoint
         self.resized_at: dict[tuple[str, str], float] = {}  # monotonic: when an elastic run was last resized
@@ -214,7 +215,7 @@ class Controller(ReadsJobs, WalksTheQueue, KnowsWhoAdmitted, WatchesPlacement, G
 
     # ---- one step ------------------------------------------------------------------------------
 
-    def step(self, stubs: list[dict[str, Any]], allocs: list[dict[str, Any]] | None = None) -> None:
+    def step(self, stubs: list[JobStub], allocs: list[Allocation] | None = None) -> None:
         """Read, decide, act, publish (see the module's docstring). `allocs`: the holding
         allocations when the caller has them already."""
         jobs, skipped = self._suspended_jobs(stubs)
@@ -228,8 +229,8 @@ class Controller(ReadsJobs, WalksTheQueue, KnowsWhoAdmitted, WatchesPlacement, G
         self.given_back = set()
         self.by_job = {}
         for alloc in allocs:
-            self.by_job.setdefault((alloc.get("Namespace", "default"), alloc.get("JobID", "")), []).append(alloc)
-        self.down_since = {n["ID"]: self.down_since.get(n["ID"], now) for n in nodes if n.get("Status") != "ready"}
+            self.by_job.setdefault(alloc.key, []).append(alloc)
+        self.down_since = {n.id: self.down_since.get(n.id, now) for n in nodes if n.status != "ready"}
         self._check_in_flight(jobs, allocs)
         self._check_forming(jobs)
         self._suspend_preempted(jobs)
@@ -240,7 +241,7 @@ class Controller(ReadsJobs, WalksTheQueue, KnowsWhoAdmitted, WatchesPlacement, G
         asked = self.sharing.requests
         self.sharing.step(held, now)
         self.requests += self.sharing.requests - asked
-        total = capacity.total(capacity._node_resources(n) for n in nodes if fit.may_return(n, now, self.down_since))
+        total = capacity.total(n.offers for n in nodes if fit.may_return(n, now, self.down_since))
         queued = []
         self._forget_admitted(jobs)
         for key, job in list(jobs.items()):
@@ -261,7 +262,7 @@ class Controller(ReadsJobs, WalksTheQueue, KnowsWhoAdmitted, WatchesPlacement, G
         queued = order.fair_order((q for q in queued if q is not None), policy, average, committed, total)
         self.metrics.observe((run.namespace for run in queued), committed, policy, average)
         waiting_keys = {run.key for run in queued}
-        holding = {(a.get("Namespace", "default"), a.get("JobID", "")) for a in allocs if capacity.holds_resources(a)}
+        holding = {a.key for a in allocs if a.holds_resources}
         for key, victims in list(self.making_room.items()):
             # Admitted, stopped or purged; or its victims are suspended and gone and it still
             # does not fit (others took the room): it may look for victims again.

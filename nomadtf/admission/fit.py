@@ -15,21 +15,22 @@ those are Nomad's to evaluate: a run they rule out is placed in part, given back
 gang timeout and requeued (gang.py), never started half.
 
 Usage:
-    rooms = node_rooms(node_stubs, allocs)
+    rooms = node_rooms(nodes, allocs)                  # NomadAPI.nodes(), cluster_allocations()
     ask = RunAsk.of(wanted_job)
     if place(ask, rooms): ...           # rooms now hold it (for the next run in line)
-    why = never(ask, node_stubs, allocs, now=time.time())   # "" when it could fit some day
+    why = never(ask, nodes, allocs, now=time.time())   # "" when it could fit some day
 """
 
 from __future__ import annotations
 
 import copy
 import fnmatch
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nomadtf.job import capacity
+from nomadtf.job.answers import Allocation, Node
 from nomadtf.job.capacity import Resources
 
 LONG_LIVED_TYPES = ("service", "system", "sysbatch")
@@ -116,52 +117,37 @@ def _static_ports(group: Mapping[str, Any]) -> list[int]:
     return [int(p["Value"]) for n in networks for p in (n or {}).get("ReservedPorts") or [] if p.get("Value")]
 
 
-def _alloc_ports(alloc: Mapping[str, Any]) -> set[int]:
-    shared = (alloc.get("AllocatedResources") or {}).get("Shared") or {}
-    ports = {int(p["Value"]) for p in shared.get("Ports") or [] if p.get("Value")}
-    for network in shared.get("Networks") or []:
-        ports |= {int(p["Value"]) for p in network.get("ReservedPorts") or [] if p.get("Value")}
-    return ports
-
-
-def _usable(stub: Mapping[str, Any]) -> bool:
-    return stub.get("Status") == "ready" and stub.get("SchedulingEligibility", "eligible") == "eligible" and not stub.get("Drain")
-
-
-def may_return(stub: Mapping[str, Any], now: float, down_since: Mapping[str, float] | None = None) -> bool:
+def may_return(node: Node, now: float, down_since: Mapping[str, float] | None = None) -> bool:
     """Usable; drained or ineligible (an operator's step, undone as easily); or down or
     disconnected for less than DOWN_GRACE_S (a reboot, a client restart). Nomad's node list
     says no time of the last status change: `down_since` (node id -> when its watcher first
     saw it away) does; without it a node away counts as coming back (errs towards waiting)."""
-    if stub.get("Status") == "ready":
+    if node.status == "ready":
         return True
-    since = (down_since or {}).get(stub.get("ID", ""))
+    since = (down_since or {}).get(node.id)
     return since is None or now - since < DOWN_GRACE_S
 
 
-def node_rooms(stubs: Iterable[Mapping[str, Any]], allocs: Iterable[Mapping[str, Any]], *, keep: Any = None) -> list[Room]:
+def node_rooms(nodes: Iterable[Node], allocs: Iterable[Allocation], *, keep: Callable[[Allocation], bool] | None = None) -> list[Room]:
     """Every node (GET /v1/nodes?resources=true) with what the holding allocations (GET
     /v1/allocations?resources=true) leave free on it; `keep(alloc)` picks the allocations
     that count (default: every one that holds resources)."""
-    keep = keep or capacity.holds_resources
+    keep = keep or (lambda alloc: alloc.holds_resources)
     rooms = {}
-    for stub in stubs:
-        offered = capacity._node_resources(stub)
-        rooms[stub["ID"]] = Room(
-            stub["ID"], stub.get("Name", stub["ID"][:8]), stub.get("Datacenter", ""), stub.get("NodePool", "default"),
-            offered.cpu, offered.memory, dict(offered.devices), usable=_usable(stub),
-        )  # fmt: skip
+    for node in nodes:
+        rooms[node.id] = Room(node.id, node.name, node.datacenter, node.node_pool, node.offers.cpu, node.offers.memory,
+                              dict(node.offers.devices), usable=node.usable)  # fmt: skip
     for alloc in allocs:
-        room = rooms.get(alloc.get("NodeID", ""))
+        room = rooms.get(alloc.node_id)
         if room is None or not keep(alloc):
             continue
-        held = capacity.alloc_resources(alloc)
+        held = alloc.resources
         room.cpu -= held.cpu
         room.memory -= held.memory
         for name, count in held.devices.items():
             room.devices[name] = room.devices.get(name, 0) - count
-        room.ports |= _alloc_ports(alloc)
-        room.jobs.setdefault((alloc.get("Namespace", "default"), alloc.get("JobID", "")), set()).add(alloc.get("TaskGroup", ""))
+        room.ports |= alloc.reserved_ports
+        room.jobs.setdefault(alloc.key, set()).add(alloc.task_group)
     return list(rooms.values())
 
 
@@ -212,12 +198,11 @@ def fits(ask: RunAsk, rooms: list[Room]) -> bool:
     return place(ask, copy.deepcopy(rooms))
 
 
-def later_rooms(stubs: Iterable[Mapping[str, Any]], allocs: Iterable[Mapping[str, Any]]) -> list[Room]:
+def later_rooms(nodes: Iterable[Node], allocs: Iterable[Allocation]) -> list[Room]:
     """The usable nodes as they will be once the batch work on them ends: only long-lived
     allocations (service, system) stay. A walk builds it once and places every reservation
     in it in turn, so that two reservations never count on the same room."""
-    usable = [s for s in stubs if _usable(s)]
-    return node_rooms(usable, allocs, keep=lambda a: capacity.holds_resources(a) and a.get("JobType") in LONG_LIVED_TYPES)
+    return node_rooms([n for n in nodes if n.usable], allocs, keep=lambda a: a.holds_resources and a.job_type in LONG_LIVED_TYPES)
 
 
 def reserve(ask: RunAsk, rooms: list[Room], later: list[Room]) -> bool:
@@ -252,13 +237,12 @@ def hold_back(rooms: list[Room], taken: Iterable[tuple[str, Slot]]) -> None:
 
 
 def never(
-    ask: RunAsk, stubs: Iterable[Mapping[str, Any]], allocs: Iterable[Mapping[str, Any]], now: float,
+    ask: RunAsk, nodes: Iterable[Node], allocs: Iterable[Allocation], now: float,
     down_since: Mapping[str, float] | None = None,
 ) -> str:
     """Why `ask` could not fit even once every batch run ended ("" when it could): only
     long-lived allocations stay, on the nodes that are usable or may come back."""
-    stubs = [s for s in stubs if may_return(s, now, down_since)]
-    rooms = node_rooms(stubs, allocs, keep=lambda a: capacity.holds_resources(a) and a.get("JobType") in LONG_LIVED_TYPES)
+    rooms = node_rooms([n for n in nodes if may_return(n, now, down_since)], allocs, keep=lambda a: a.holds_resources and a.job_type in LONG_LIVED_TYPES)
     mine = [r for r in rooms if _takes(r, ask)]
     if not mine:
         return f"no client node in datacenters {', '.join(ask.datacenters)} of node pool {ask.pool}"

@@ -22,6 +22,7 @@ from nomadtf.admission.order import QueuedRun
 from nomadtf.admission.preemption import progress_numbers
 from nomadtf.errors import ServerError
 from nomadtf.job import capacity
+from nomadtf.job.answers import Allocation, Node
 
 ESTIMATE_S = 3.0
 MAX_META_NUMBER = 1e12  # steps or seconds: beyond it, nothing a run could mean
@@ -45,19 +46,19 @@ class Forecast:
         self.requests = 0
         self._at = 0.0
 
-    def update(self, now: float, jobs: Mapping[tuple[str, str], dict[str, Any]], allocs: list[dict[str, Any]], nodes: list[dict[str, Any]],
+    def update(self, now: float, jobs: Mapping[tuple[str, str], dict[str, Any]], allocs: list[Allocation], nodes: list[Node],
                queued: Iterable[QueuedRun], in_flight: Iterable[tuple[str, str]]) -> None:  # fmt: skip
         """GET .../progress per running nomadtf run that declares its steps"""
         if now - self._at < ESTIMATE_S:
             return
         self._at = now
-        rooms = fit.node_rooms([n for n in nodes if fit._usable(n)], allocs)
+        rooms = fit.node_rooms([n for n in nodes if n.usable], allocs)
         free = capacity.total(capacity.Resources(max(r.cpu, 0), max(r.memory, 0), {k: max(v, 0) for k, v in r.devices.items()}) for r in rooms)
-        held: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        held: dict[tuple[str, str], list[Allocation]] = {}
         for alloc in allocs:
-            if capacity.holds_resources(alloc):
-                held.setdefault((alloc.get("Namespace", "default"), alloc.get("JobID", "")), []).append(alloc)
-        holding = [estimate.Holding(capacity.total(capacity.alloc_resources(a) for a in own), self._end(key, jobs.get(key), own))
+            if alloc.holds_resources:
+                held.setdefault(alloc.key, []).append(alloc)
+        holding = [estimate.Holding(capacity.total(a.resources for a in own), self._end(key, jobs.get(key), own))
                    for key, own in held.items()]  # fmt: skip
         waiting = []
         for run in list(queued)[:MAX_PLANNED]:
@@ -72,7 +73,7 @@ class Forecast:
         live = {(ns, job_id, str((j.get("Meta") or {}).get(wire.META_RUN, ""))) for (ns, job_id), j in jobs.items()}
         self.rates = {k: v for k, v in self.rates.items() if k in live}
 
-    def _end(self, key: tuple[str, str], job: dict[str, Any] | None, own: list[dict[str, Any]]) -> float | None:
+    def _end(self, key: tuple[str, str], job: dict[str, Any] | None, own: list[Allocation]) -> float | None:
         """When a running job ends (None: not known): a nomadtf run's step rate against its
         declared steps, or its declared duration from its first allocation's creation."""
         if job is None or suspension.state(job) not in (suspension.ADMITTED, suspension.ADMITTING):
@@ -87,7 +88,7 @@ class Forecast:
                 first, _ = self.rates.get((*key, run_id), (report, report))
                 self.rates[(*key, run_id)] = (first, report)
                 last = report
-        started = min((int(a.get("CreateTime") or 0) / 1e9 for a in own), default=None) or time.time()
+        started = min((a.create_time / 1e9 for a in own), default=None) or time.time()
         return estimate.end_of(int(steps) if steps else None, first, last, started, _number(meta, wire.META_DURATION))
 
     def _progress(self, key: tuple[str, str], run_id: str) -> tuple[int, float] | None:

@@ -23,12 +23,13 @@ from nomadtf.admission.bookkeeping import (
 )
 from nomadtf.admission.order import QueuedRun
 from nomadtf.errors import NomadError, ServerError
+from nomadtf.job.answers import Allocation
 
 
 class WatchesPlacement:
     """Admitted runs until placed whole and formed, or given back."""
 
-    def _check_in_flight(self, jobs: dict[tuple[str, str], dict[str, Any]], allocs: list[dict[str, Any]]) -> None:
+    def _check_in_flight(self, jobs: dict[tuple[str, str], dict[str, Any]], allocs: list[Allocation]) -> None:
         """Each admitted run not yet placed whole: placed now (done), or past its gang
         timeout (given back). Its own allocations, terminal ones too: a short task may have
         ended before it is looked at.  GET /v1/job/:id/allocations per run in flight"""
@@ -130,7 +131,7 @@ class WatchesPlacement:
         self._note(run, f"not placed whole within {run.gang_timeout_s:g}s: gave back its placed part; queued again")
         return index
 
-    def _reserve_in_flight(self, rooms: list[fit.Room], allocs: list[dict[str, Any]]) -> None:
+    def _reserve_in_flight(self, rooms: list[fit.Room], allocs: list[Allocation]) -> None:
         """Take from `rooms` what admitted runs still wait for Nomad to place."""
         for key, flight in self.in_flight.items():
             assert flight.run.ask is not None

@@ -20,29 +20,30 @@ from nomadtf.admission.bookkeeping import (
 from nomadtf.admission.order import QueuedRun
 from nomadtf.errors import ServerError
 from nomadtf.job import capacity
+from nomadtf.job.answers import Allocation
 
 
 class Preempts:
     """Victims chosen, asked to checkpoint, then suspended or shrunk."""
 
-    def _running_runs(self, jobs: dict[tuple[str, str], dict[str, Any]], by_job: dict[tuple[str, str], list[dict[str, Any]]],
+    def _running_runs(self, jobs: dict[tuple[str, str], dict[str, Any]], by_job: dict[tuple[str, str], list[Allocation]],
                       committed: dict[str, capacity.Resources]) -> list[preemption.Candidate]:  # fmt: skip
         """The admitted runs placed whole and running that a waiting run might preempt (their
         progress not read yet); none given back or asked to checkpoint this step."""
         policy = self.sharing.policy
         out = []
         for key, job in jobs.items():
-            own = [a for a in by_job.get(key, []) if capacity.holds_resources(a)]
+            own = [a for a in by_job.get(key, []) if a.holds_resources]
             if not own or key in self.in_flight or key in self.preempting or key in self.given_back or job.get("Status") == "dead":
                 continue
             if suspension.state(job) != suspension.ADMITTED:
                 continue
             owner = policy.of(key[0])
             borrowing = owner.nominal is not None and bool(owner.over(committed.get(key[0], capacity.Resources()), capacity.Resources(), nominal_only=True))
-            started = min(int(a.get("CreateTime") or 0) for a in own) / 1e9
+            started = min(a.create_time for a in own) / 1e9
             out.append(preemption.Candidate(key[0], key[1], (job.get("Meta") or {}).get(wire.META_RUN, ""),
                                             owner.priority(order.clamp_priority(job.get("Priority"))),
-                                            tuple((a.get("NodeID", ""), capacity.alloc_resources(a)) for a in own), started, borrowing))  # fmt: skip
+                                            tuple((a.node_id, a.resources) for a in own), started, borrowing))  # fmt: skip
         return out
 
     def _preempt_for(self, run: QueuedRun, missing: fit.RunAsk, rooms: list[fit.Room], running: list[preemption.Candidate],
@@ -126,11 +127,11 @@ class Preempts:
         GET /v1/job/:id/allocations ; POST /v1/client/allocation/:id/signal per allocation"""
         api = self._api(namespace)
         for alloc in api.allocations(job_id):
-            if capacity.holds_resources(alloc) and alloc.get("ClientStatus") == "running":
+            if alloc.client_status == "running":
                 try:
-                    api.signal_allocation(alloc["ID"], "SIGUSR1")
+                    api.signal_allocation(alloc.id, "SIGUSR1")
                 except ServerError as exc:
-                    self.on_event(f"could not ask {namespace}/{job_id} allocation {alloc['ID'][:8]} to checkpoint: {exc}")
+                    self.on_event(f"could not ask {namespace}/{job_id} allocation {alloc.id[:8]} to checkpoint: {exc}")
                 self.requests += 1
         self.requests += 1
 

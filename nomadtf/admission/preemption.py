@@ -35,10 +35,9 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 from nomadtf.admission import fit
-from nomadtf.job import capacity
+from nomadtf.job.answers import Allocation
 from nomadtf.job.capacity import Resources
 
 PRIORITY_GAP = 10
@@ -90,26 +89,26 @@ class Candidate:
 _ALLOC_INDEX = re.compile(r"\[(\d+)\]$")
 
 
-def as_shrink(candidate: Candidate, allocs: Iterable[Mapping[str, Any]], counts: Mapping[str, int],
+def as_shrink(candidate: Candidate, allocs: Iterable[Allocation], counts: Mapping[str, int],
               minimum: Mapping[str, int]) -> Candidate | None:  # fmt: skip
     """`candidate` shrunk to its minimums instead of suspended whole: it gives back only its
     elastic groups' allocations numbered at or above their minimums. None: none to give."""
     target = {group: min(count, minimum[group]) for group, count in counts.items() if group in minimum}
     if all(counts[group] <= least for group, least in target.items()):
         return None  # at its minimums already
-    surplus = [(str(a.get("NodeID", "")), capacity.alloc_resources(a)) for a in beyond(allocs, target)]
+    surplus = [(a.node_id, a.resources) for a in beyond(allocs, target)]
     if not surplus:
         return None
     return replace(candidate, held=tuple(surplus), shrink_to=tuple(sorted(target.items())))
 
 
-def beyond(allocs: Iterable[Mapping[str, Any]], counts: Mapping[str, int]) -> list[Mapping[str, Any]]:
+def beyond(allocs: Iterable[Allocation], counts: Mapping[str, int]) -> list[Allocation]:
     """The allocations still holding room in `counts`' groups numbered at or above those
     counts: what a group scaled down to them gives back (Nomad stops the highest first)."""
     out = []
     for alloc in allocs:
-        group, found = alloc.get("TaskGroup", ""), _ALLOC_INDEX.search(str(alloc.get("Name", "")))
-        if group in counts and found and int(found.group(1)) >= counts[group] and capacity.holds_resources(alloc):
+        group, found = alloc.task_group, _ALLOC_INDEX.search(alloc.name)
+        if group in counts and found and int(found.group(1)) >= counts[group] and alloc.holds_resources:
             out.append(alloc)
     return out
 

@@ -17,12 +17,13 @@ from nomadtf.admission.bookkeeping import (
 )
 from nomadtf.admission.order import QueuedRun
 from nomadtf.errors import NomadError, ServerError
+from nomadtf.job.answers import JobStub
 
 
 class ReadsJobs:
     """What the leader reads each step."""
 
-    def _suspended_jobs(self, stubs: list[dict[str, Any]]) -> tuple[dict[tuple[str, str], dict[str, Any]], list[boards.Skipped]]:
+    def _suspended_jobs(self, stubs: list[JobStub]) -> tuple[dict[tuple[str, str], dict[str, Any]], list[boards.Skipped]]:
         """The live suspended-design jobs, read again only when changed; the unreadable ones.
 
         GET /v1/job/:id per changed job"""
@@ -30,26 +31,25 @@ class ReadsJobs:
         skipped: list[boards.Skipped] = []
         live = set()
         for stub in stubs:
-            meta = stub.get("Meta") or {}
-            if meta.get(suspension.META_ADMISSION) == suspension.SUSPENDED and stub.get("Status") == "dead":
+            suspended = (stub.meta or {}).get(suspension.META_ADMISSION) == suspension.SUSPENDED
+            if suspended and stub.status == "dead":
                 self._book_end(stub)
-            if meta.get(suspension.META_ADMISSION) != suspension.SUSPENDED or stub.get("Stop"):
+            if not suspended or stub.stop:
                 continue
-            key = (str(stub.get("Namespace") or "default"), str(stub.get("ID")))
+            key = stub.key
             live.add(key)
-            modify_index = int(stub.get("JobModifyIndex") or 0)
+            modify_index = stub.job_modify_index
             seen = self.seen.get(key)
             if seen is None or seen.modify_index != modify_index:
                 seen = self._read(key, modify_index)
                 self.seen[key] = seen
             if seen.problem:
-                run_id = str((stub.get("Meta") or {}).get(wire.META_RUN, ""))
-                skipped.append(boards.Skipped(key[0], wire.queue_ticket(key[0], key[1], run_id), seen.problem))
+                skipped.append(boards.Skipped(key[0], wire.queue_ticket(key[0], key[1], stub.run_id), seen.problem))
             elif seen.job is not None and not seen.job.get("Stop"):
                 jobs[key] = seen.job
         for key in set(self.seen) - live:
             del self.seen[key]
-        present = {(str(st.get("Namespace") or "default"), str(st.get("ID")), str((st.get("Meta") or {}).get(wire.META_RUN, ""))) for st in stubs}
+        present = {(*st.key, st.run_id) for st in stubs}
         self.ended &= present  # a purged run's end needs no remembering
         for run_key in [k for k in self.arrival if k[:2] not in live]:
             self.arrival.pop(run_key, None)
@@ -62,21 +62,19 @@ class ReadsJobs:
             self.in_flight.pop(key)  # stopped or purged while it was being placed
         return jobs, skipped
 
-    def _book_end(self, stub: dict[str, Any]) -> None:
+    def _book_end(self, stub: JobStub) -> None:
         """A run that ended: how, in the ledger, once (the runs already ended when this
         replica took the lead are not booked again).  GET .../cluster/state"""
         from nomadtf.servers.consul import ConsulDiscovery
 
-        namespace, job_id = str(stub.get("Namespace") or "default"), str(stub.get("ID"))
-        run_key = (namespace, job_id, str((stub.get("Meta") or {}).get(wire.META_RUN, "")))
+        namespace, job_id = stub.key
+        run_key = (namespace, job_id, stub.run_id)
         if run_key in self.ended:
             return
         self.ended.add(run_key)
         if not self.ended_known:
             return
-        summary = (stub.get("JobSummary") or {}).get("Summary") or {}
-        ran = {k: sum(int((g or {}).get(k) or 0) for g in summary.values()) for k in ("Complete", "Failed", "Lost")}
-        if not any(ran.values()):
+        if not any(stub.ran.values()):
             return  # never ran: refused (booked then) or removed from the queue
         # The run's recorded state first: a follower stops the job of a run that failed.
         try:
@@ -86,10 +84,10 @@ class ReadsJobs:
         self.requests += 1
         if state == "succeeded" or state.startswith("failed"):
             how = "succeeded" if state == "succeeded" else "failed"
-        elif ran["Failed"] or ran["Lost"]:
+        elif stub.ran.get("failed") or stub.ran.get("lost"):
             how = "failed"  # its allocations failed (a follower then stops the job): not a stop
         else:
-            how = "stopped" if stub.get("Stop") else "succeeded"
+            how = "stopped" if stub.stop else "succeeded"
         self.sharing.record(namespace, how, time.time())
 
     def _read(self, key: tuple[str, str], modify_index: int) -> Seen:

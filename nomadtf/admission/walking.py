@@ -27,12 +27,13 @@ from nomadtf.admission.bookkeeping import (
 from nomadtf.admission.order import QueuedRun
 from nomadtf.errors import NomadError, ServerError
 from nomadtf.job import capacity
+from nomadtf.job.answers import Allocation, Node
 
 
 class WalksTheQueue:
     """The walk in order and the admitting calls."""
 
-    def _walk(self, queued: list[QueuedRun], rooms: list[fit.Room], nodes: list[dict[str, Any]], allocs: list[dict[str, Any]],
+    def _walk(self, queued: list[QueuedRun], rooms: list[fit.Room], nodes: list[Node], allocs: list[Allocation],
               committed: dict[str, capacity.Resources], jobs: dict[tuple[str, str], dict[str, Any]]) -> list[boards.BoardLine]:  # fmt: skip
         """Admit what fits, in order (controller.py's docstring, step 2); the board's lines.
         `committed`: what each namespace holds and has admitted (its quota's use)."""

@@ -88,8 +88,7 @@ def status() -> None:
         api = NomadAPI.from_env(namespace="*")
         readable = set(api.namespaces())
         for stub in api.jobs():
-            ns, run_id = stub.get("Namespace", "default"), (stub.get("Meta") or {}).get(wire.META_RUN, "")
-            names[wire.queue_ticket(ns, stub["ID"], run_id)] = f"{ns}/{stub['ID']}"
+            names[wire.queue_ticket(stub.namespace, stub.id, stub.run_id)] = f"{stub.namespace}/{stub.id}"
     except ServerError:
         readable = set()  # Nomad unreadable: name no namespace rather than every one
     typer.echo(f"leader: {leader or 'none (no admission controller runs: nomadtf admission deploy)'}")

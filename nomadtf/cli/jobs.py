@@ -172,12 +172,12 @@ def logs(
         return
     for alloc in allocs:
         if len(allocs) > 1:
-            typer.echo(f"==> {alloc['Name']} ({alloc['ID'][:8]}, {alloc.get('ClientStatus')})")
+            typer.echo(f"==> {alloc.name} ({alloc.id[:8]}, {alloc.client_status})")
         if follow:
-            for chunk in api.follow_logs(alloc["ID"], role, stream):
+            for chunk in api.follow_logs(alloc.id, role, stream):
                 typer.echo(chunk, nl=False)
         else:
-            typer.echo(api.logs(alloc["ID"], role, stream), nl=False)
+            typer.echo(api.logs(alloc.id, role, stream), nl=False)
 
 
 def scale(

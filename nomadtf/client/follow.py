@@ -20,7 +20,6 @@ from nomadtf.client.runview import (
     JobView,
     describe_environment,
     of_run,
-    port_address,
     run_of,
     summarize,
     task_events,
@@ -36,7 +35,8 @@ from nomadtf.errors import (
 )
 from nomadtf.job import outcome as outcomes
 from nomadtf.job import report
-from nomadtf.job.outcome import RunOutcome, alloc_slot, latest_allocs
+from nomadtf.job.answers import Allocation
+from nomadtf.job.outcome import RunOutcome, latest_allocs
 from nomadtf.job.plan import explain_placement_failure, group_counts, requested_devices
 from nomadtf.servers.nomad import NomadAPI
 from nomadtf.wire import META_RUN
@@ -164,7 +164,7 @@ class Follower:
         except ServerError:
             return outcomes.UNKNOWN
 
-    def _ending_report(self, result: RunOutcome, view: JobView, allocs: list[dict[str, Any]]) -> str:
+    def _ending_report(self, result: RunOutcome, view: JobView, allocs: list[Allocation]) -> str:
         """What `run` prints for an outcome other than success."""
         if result.kind == outcomes.STOPPED:
             step = f" at step {view.step}" if view.step is not None else ""
@@ -186,29 +186,29 @@ class Follower:
             evaluation, index = self.api.watch_evaluation(eval_id, index)
             if not evaluation:
                 continue
-            failed = evaluation.get("FailedTGAllocs") or {}
+            failed = evaluation.failed_groups
             if failed:
                 job = self.api.job(self.job_id) or {}
                 devices, counts = requested_devices(job), group_counts(job)
                 reasons = [explain_placement_failure(g, m, devices.get(g), counts.get(g)) for g, m in sorted(failed.items())]
                 raise JobFailed("the job cannot be placed:\n  " + "\n  ".join(reasons))
-            if evaluation.get("Status") in ("complete", "failed", "canceled"):
-                if evaluation["Status"] != "complete":
-                    raise JobFailed(f"evaluation {eval_id[:8]} {evaluation['Status']}: {evaluation.get('StatusDescription', '')}")
+            if evaluation.ended:
+                if evaluation.status != "complete":
+                    raise JobFailed(f"evaluation {eval_id[:8]} {evaluation.status}: {evaluation.status_description}")
                 self.on_event(f"placed: evaluation {eval_id[:8]} complete")
                 return
 
-    def _report_events(self, allocs: list[dict[str, Any]]) -> None:
-        for alloc in sorted(allocs, key=lambda a: a.get("CreateIndex", 0)):
-            role, index = alloc_slot(alloc)
+    def _report_events(self, allocs: list[Allocation]) -> None:
+        for alloc in sorted(allocs, key=lambda a: a.create_index):
+            role, index = alloc.slot
             for when, _task, text in task_events(alloc):
-                key = (alloc["ID"], when, text)
+                key = (alloc.id, when, text)
                 if key in self.seen_events:
                     continue
                 self.seen_events.add(key)
                 if any(word in text for word in ("Received", "Task Setup", "Building Task Directory", "Downloading")):
                     continue  # routine steps; keep the output about what matters
-                self.on_event(f"{role}[{index}] ({alloc['ID'][:8]}) {text}")
+                self.on_event(f"{role}[{index}] ({alloc.id[:8]}) {text}")
 
     def _report_environments(self) -> None:
         """A line whenever a task's environment changes state (a build: every 10 s or so)."""
@@ -227,22 +227,22 @@ class Follower:
                 self.runs_said.add(runs)
                 self.on_event(f"{slot[0]}[{slot[1]}] runs {runs}")
 
-    def _announce_tensorboard(self, allocs: list[dict[str, Any]]) -> None:
+    def _announce_tensorboard(self, allocs: list[Allocation]) -> None:
         """Once: where TensorBoard serves, as soon as its task runs.  GET /v1/allocation/:id"""
         if self.tensorboard_announced:
             return
-        running = [a for (r, _i), a in latest_allocs(allocs).items() if r == "tensorboard" and a.get("ClientStatus") == "running"]
+        running = [a for (r, _i), a in latest_allocs(allocs).items() if r == "tensorboard" and a.client_status == "running"]
         if not running:
             return
         try:
-            address = port_address(self.api.allocation(running[0]["ID"]), "tf")
+            address = self.api.allocation(running[0].id).port_address("tf")
         except ServerError:
             return
         if address:
             self.tensorboard_announced = True
             self.on_event(f"TensorBoard: http://{address}/")
 
-    def _fill_progress(self, view: JobView, allocs: list[dict[str, Any]]) -> None:
+    def _fill_progress(self, view: JobView, allocs: list[Allocation]) -> None:
         view.elapsed = time.monotonic() - self.started
         try:
             progress = self.progress()
@@ -253,21 +253,21 @@ class Follower:
             view.metrics = progress.get("metrics") or {}
         if time.monotonic() - self.last_line_at > 3:
             self.last_line_at = time.monotonic()
-            chief = [a for (r, _i), a in latest_allocs(allocs).items() if r == "chief" and a.get("ClientStatus") == "running"]
+            chief = [a for (r, _i), a in latest_allocs(allocs).items() if r == "chief" and a.client_status == "running"]
             if chief:
                 tail = self._log_tail(chief[0], "chief", "stdout", 1024)
                 lines = [line for line in tail.splitlines() if line.strip()]
                 self.last_line = lines[-1][:120] if lines else self.last_line
         view.last_line = self.last_line
 
-    def _log_tail(self, alloc: dict[str, Any], task: str, stream: str, size: int) -> str:
+    def _log_tail(self, alloc: Allocation, task: str, stream: str, size: int) -> str:
         """GET /v1/client/fs/logs/:alloc_id?origin=end ; "" when Nomad cannot say."""
         try:
-            return self.api.logs(alloc["ID"], task, stream, origin="end", offset=size)
+            return self.api.logs(alloc.id, task, stream, origin="end", offset=size)
         except ServerError:
             return ""
 
-    def _failure_report(self, allocs: list[dict[str, Any]], decided: str = "") -> str:
+    def _failure_report(self, allocs: list[Allocation], decided: str = "") -> str:
         """The job's recorded reason (else `decided`, the outcome's), then the failing task
         (report.failing_alloc: the one the record names, else the newest failed one, else
         the deciding one): its exit code, last events, traceback or last meaningful stderr
@@ -283,22 +283,22 @@ class Follower:
         alloc = report.failing_alloc(allocs, recorded, decided)
         task = None
         if alloc is not None:
-            stderr = self._log_tail(alloc, alloc.get("TaskGroup", alloc_slot(alloc)[0]), "stderr", STDERR_TAIL_BYTES)
+            stderr = self._log_tail(alloc, alloc.task_group or alloc.slot[0], "stderr", STDERR_TAIL_BYTES)
             events = [text for _w, _t, text in task_events(alloc)[-4:]]
             task = report.FailedTask.of(alloc, stderr, events, cut=len(stderr.encode()) >= STDERR_TAIL_BYTES)
         return report.failure_text(self.job_id, told.reason if told else decided, task)
 
-    def _warn_side_roles(self, allocs: list[dict[str, Any]]) -> None:
+    def _warn_side_roles(self, allocs: list[Allocation]) -> None:
         """Once per failed evaluator or TensorBoard allocation: a warning with its own stderr.
         Training goes on (outcome.decide never counts side roles).
 
         GET /v1/client/fs/logs/:alloc_id?type=stderr&origin=end
         """
-        for alloc in sorted(allocs, key=lambda a: a.get("CreateIndex", 0)):
-            role, index = alloc_slot(alloc)
-            if not roles.is_soft(role) or alloc.get("ClientStatus") != "failed" or alloc["ID"] in self.warned_side_allocs:
+        for alloc in sorted(allocs, key=lambda a: a.create_index):
+            role, index = alloc.slot
+            if not roles.is_soft(role) or alloc.client_status != "failed" or alloc.id in self.warned_side_allocs:
                 continue
-            self.warned_side_allocs.add(alloc["ID"])
-            stderr = self._log_tail(alloc, alloc.get("TaskGroup", role), "stderr", STDERR_TAIL_BYTES)
+            self.warned_side_allocs.add(alloc.id)
+            stderr = self._log_tail(alloc, alloc.task_group or role, "stderr", STDERR_TAIL_BYTES)
             lines = report.side_role_warning(role, index, report.exit_code_of(alloc), stderr, cut=len(stderr.encode()) >= STDERR_TAIL_BYTES)
             self.on_event("\n".join(lines))

@@ -8,6 +8,7 @@ Usage:
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 from nomadtf.admission import fit
@@ -23,15 +24,15 @@ def readable_nodes(api: NomadAPI, job: dict[str, Any], *, coming_back: bool = Fa
 
     GET /v1/nodes?resources=true"""
     try:
-        stubs = api.nodes()
+        nodes = api.nodes()
     except NomadError as exc:
         if exc.status == 403:
             return [], False
         raise
     if coming_back:
         now = time.time()
-        stubs = [{**s, "Status": "ready", "SchedulingEligibility": "eligible", "Drain": False} for s in stubs if fit.may_return(s, now)]
-    return capacity.node_capacities(stubs, job), True
+        nodes = [replace(n, status="ready", eligibility="eligible", drain=False) for n in nodes if fit.may_return(n, now)]
+    return capacity.node_capacities(nodes, job), True
 
 
 def classify(api: NomadAPI, result: dict[str, Any], job: dict[str, Any]) -> plan.Placement:

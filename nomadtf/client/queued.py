@@ -265,7 +265,7 @@ class AdmissionWait:
 
         DELETE /v1/job/:job_id ; GET /v1/job/:job_id/allocations"""
         self.api.stop(self.job_id)
-        started = [a for a in self.api.allocations(self.job_id) if int(a.get("CreateIndex") or 0) > self.registered_index]
+        started = [a for a in self.api.allocations(self.job_id) if a.create_index > self.registered_index]
         if not started:
             return "nothing of it ran"
         return f"it had just been admitted: stopped its {len(started)} allocation(s) before they trained"

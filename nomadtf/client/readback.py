@@ -23,7 +23,8 @@ from nomadtf.errors import (
     ServerError,
 )
 from nomadtf.job import outcome as outcomes
-from nomadtf.job.outcome import RunOutcome, alloc_slot
+from nomadtf.job.answers import Allocation
+from nomadtf.job.outcome import RunOutcome
 from nomadtf.servers.nomad import NomadAPI
 from nomadtf.wire import META_VERSION
 
@@ -36,7 +37,7 @@ class JobState:
     current run's."""
 
     job: dict[str, Any]
-    allocs: list[dict[str, Any]]
+    allocs: list[Allocation]
 
     @property
     def run_id(self) -> str:
@@ -55,10 +56,10 @@ def nomadtf_jobs(api: NomadAPI) -> list[JobState]:
     """
     states = []
     for stub in api.jobs():
-        if stub.get("Meta") is not None and META_VERSION not in stub["Meta"]:
+        if stub.meta is not None and META_VERSION not in stub.meta:
             continue  # Nomad listed its Meta and it is not ours: no need to fetch it
-        scoped = api.in_namespace(stub.get("Namespace") or api.namespace)
-        job = scoped.job(stub["ID"])
+        scoped = api.in_namespace(stub.namespace)
+        job = scoped.job(stub.id)
         if job and META_VERSION in (job.get("Meta") or {}):
             states.append(JobState(job, run_allocations(scoped, job)))
     return states
@@ -100,12 +101,12 @@ def reschedule_attempts_of(job: dict[str, Any]) -> int:
     return max(attempts, default=0)
 
 
-def run_elapsed(allocs: list[dict[str, Any]], running: bool, now_ns: int) -> float:
+def run_elapsed(allocs: list[Allocation], running: bool, now_ns: int) -> float:
     """Seconds from the run's first allocation to now (running) or to its last change. Pure."""
     if not allocs:
         return 0.0
-    start = min(a.get("CreateTime", now_ns) for a in allocs)
-    end = now_ns if running else max(a.get("ModifyTime", now_ns) for a in allocs)
+    start = min(a.create_time or now_ns for a in allocs)
+    end = now_ns if running else max(a.modify_time or now_ns for a in allocs)
     return max(0.0, (end - start) / 1e9)
 
 
@@ -129,7 +130,7 @@ def job_report(api: NomadAPI, job_id: str, discovery_for: Callable[[str], Any]) 
         return JobReport(state, elapsed, None, None, str(exc), outcome=result)
 
 
-def run_allocations(api: NomadAPI, job: dict[str, Any]) -> list[dict[str, Any]]:
+def run_allocations(api: NomadAPI, job: dict[str, Any]) -> list[Allocation]:
     """The allocations of the job's current run.
 
     GET /v1/job/:job_id/versions (when the job has a run id) ; GET /v1/job/:job_id/allocations
@@ -154,24 +155,22 @@ def job_state(api: NomadAPI, job_id: str) -> JobState:
     return JobState(job, run_allocations(api, job))
 
 
-def pick_allocs(
-    allocs: list[dict[str, Any]], role: str | None, index: int | None, newest_only: bool = False
-) -> list[dict[str, Any]]:
+def pick_allocs(allocs: list[Allocation], role: str | None, index: int | None, newest_only: bool = False) -> list[Allocation]:
     """Every allocation of each matching (role, index), slot by slot and oldest first, so a
     replacement never hides the attempt that trained; `newest_only`: the newest per slot. Pure."""
     chosen = []
-    for alloc in sorted(allocs, key=lambda a: (alloc_slot(a), a.get("CreateIndex", 0))):
-        r, i = alloc_slot(alloc)
+    for alloc in sorted(allocs, key=lambda a: (a.slot, a.create_index)):
+        r, i = alloc.slot
         if (role is None or r == role) and (index is None or i == index):
             chosen.append(alloc)
     if newest_only:
-        chosen = list({alloc_slot(a): a for a in chosen}.values())
+        chosen = list({a.slot: a for a in chosen}.values())
     return chosen
 
 
 def log_allocations(
     api: NomadAPI, job_id: str, role: str, index: int | None, newest_only: bool = False
-) -> list[dict[str, Any]]:
+) -> list[Allocation]:
     """The allocations of the current run whose logs `nomadtf logs` shows; NomadtfError
     when there is none.
 
@@ -192,9 +191,9 @@ def final_lines(api: NomadAPI, job_id: str, count: int = 3, versions: set[int] |
     alloc = deciding_alloc(of_run(api.allocations(job_id), versions))
     if alloc is None:
         return []
-    role, _index = alloc_slot(alloc)
+    role, _index = alloc.slot
     try:
-        out = api.logs(alloc["ID"], role, "stdout", origin="end", offset=600)
+        out = api.logs(alloc.id, role, "stdout", origin="end", offset=600)
     except ServerError:
         return []
     return [f"{role}: {line}" for line in out.splitlines() if line.strip()][-count:]

@@ -282,7 +282,7 @@ class Run:
         index = 0
         while time.monotonic() < deadline:
             allocs, index = self.api.watch_allocations(self.job_id, index, wait_s=min(5.0, deadline - time.monotonic()))
-            if all(a.get("ClientStatus") not in ("pending", "running") for a in allocs):
+            if all(a.client_status not in ("pending", "running") for a in allocs):
                 break
         if suspension.is_waiting(existing):
             notes.append(f"took the queued run {run_of(existing) or '?'} of {self.job_id} out of the queue (--replace)")

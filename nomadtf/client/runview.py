@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nomadtf.admission import suspension
-from nomadtf.job.outcome import alloc_slot, latest_allocs
+from nomadtf.job.answers import Allocation
+from nomadtf.job.outcome import latest_allocs
 from nomadtf.wire import META_RUN
 
 
@@ -45,26 +46,22 @@ def versions_of_run(versions: list[dict[str, Any]], run_id: str) -> set[int]:
     return {v.get("Version", 0) for v in versions if (v.get("Meta") or {}).get(META_RUN) == run_id}
 
 
-def of_run(allocs: list[dict[str, Any]], versions: set[int] | None) -> list[dict[str, Any]]:
+def of_run(allocs: list[Allocation], versions: set[int] | None) -> list[Allocation]:
     """The allocations of one run (None: a job rendered without runs, every allocation).
     A re-run of the same job name never counts another run's allocations. Pure."""
     if versions is None:
         return list(allocs)
-    return [a for a in allocs if a.get("JobVersion", 0) in versions]
+    return [a for a in allocs if a.job_version in versions]
 
 
-def restarts_of(alloc: dict[str, Any]) -> int:
-    return sum(state.get("Restarts", 0) for state in (alloc.get("TaskStates") or {}).values())
-
-
-def summarize(job: dict[str, Any], allocs: list[dict[str, Any]]) -> JobView:
+def summarize(job: dict[str, Any], allocs: list[Allocation]) -> JobView:
     """Pure: job + allocations -> one line per role."""
     view = JobView(job_id=job["ID"], status=job.get("Status", "pending"))
     for group in suspension.without_placeholder(job.get("TaskGroups") or []):
         view.roles[group["Name"]] = RoleView(wanted=group.get("Count", 0))
     for (role, _index), alloc in latest_allocs(allocs).items():
         rv = view.roles.setdefault(role, RoleView())
-        status = alloc.get("ClientStatus")
+        status = alloc.client_status
         if status == "running":
             rv.running += 1
         elif status == "complete":
@@ -74,34 +71,22 @@ def summarize(job: dict[str, Any], allocs: list[dict[str, Any]]) -> JobView:
         else:
             rv.pending += 1
     for alloc in allocs:
-        role, _ = alloc_slot(alloc)
-        view.roles.setdefault(role, RoleView()).restarts += restarts_of(alloc)
+        view.roles.setdefault(alloc.slot[0], RoleView()).restarts += alloc.restarts
     return view
 
 
-def deciding_alloc(allocs: list[dict[str, Any]]) -> dict[str, Any] | None:
+def deciding_alloc(allocs: list[Allocation]) -> Allocation | None:
     """The newest allocation of the task whose exit ends the training: chief[0], else worker[0]. Pure."""
     latest = latest_allocs(allocs)
     return latest.get(("chief", 0)) or latest.get(("worker", 0))
 
 
-def port_address(alloc: dict[str, Any], label: str) -> str | None:
-    """"host:port" of an allocation's port (from GET /v1/allocation/:id). Pure."""
-    for port in ((alloc.get("AllocatedResources") or {}).get("Shared") or {}).get("Ports") or []:
-        if port.get("Label") == label and port.get("Value"):
-            return f"{port.get('HostIP') or '127.0.0.1'}:{port['Value']}"
-    return None
-
-
-def task_events(alloc: dict[str, Any]) -> list[tuple[int, str, str]]:
+def task_events(alloc: Allocation) -> list[tuple[int, str, str]]:
     """(time ns, task, text) for every task event of an allocation."""
     out = []
-    for task, state in (alloc.get("TaskStates") or {}).items():
-        for event in state.get("Events") or []:
-            text = event.get("DisplayMessage") or event.get("Type", "")
-            if event.get("ExitCode"):
-                text += f" (exit {event['ExitCode']})"
-            out.append((event.get("Time", 0), task, f"{event.get('Type')}: {text}"))
+    for task, event in alloc.events():
+        text = event.text + (f" (exit {event.exit_code})" if event.exit_code else "")
+        out.append((event.time, task, f"{event.type}: {text}"))
     return sorted(out)
 
 

@@ -17,11 +17,9 @@ from dataclasses import dataclass
 
 from nomadtf.admission import suspension
 from nomadtf.client import archive
-from nomadtf.client.follow import alloc_slot
 from nomadtf.client.queued import QueueStatus, preemptions, read_board, refusal
 from nomadtf.client.readback import describe_runs, job_report, nomadtf_jobs
 from nomadtf.client.run import stop_job
-from nomadtf.client.runview import restarts_of
 from nomadtf.errors import JobNotFound
 from nomadtf.servers.consul import ConsulDiscovery
 from nomadtf.servers.nomad import NomadAPI
@@ -81,9 +79,9 @@ def job_status(job_id: str, namespace: str | None, region: str | None) -> list[s
     lines += [f"  {describe_runs(line, slots)}" for line, slots in report.runs.items()]
     for role, rv in state.view.roles.items():
         lines.append(f"  {role:<11} wanted {rv.wanted}  running {rv.running}  complete {rv.complete}  failed {rv.failed}  restarts {rv.restarts}")
-    for alloc in sorted(state.allocs, key=lambda a: a.get("CreateIndex", 0)):
-        role, index = alloc_slot(alloc)
-        lines.append(f"    {role}[{index}] {alloc['ID'][:8]} {alloc['ClientStatus']:<9} restarts {restarts_of(alloc)}")
+    for alloc in sorted(state.allocs, key=lambda a: a.create_index):
+        role, index = alloc.slot
+        lines.append(f"    {role}[{index}] {alloc.id[:8]} {alloc.client_status:<9} restarts {alloc.restarts}")
     return lines
 
 

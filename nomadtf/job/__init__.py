@@ -10,6 +10,8 @@
 - `acl`: the least-privilege policies of a job and of the admission controller, as text;
 - `dcos`: DC/OS options → job.json;
 - `capacity`: what a job asks and the cluster holds (CPU, memory, devices);
+- `answers`: Nomad's answers as read-only views (an allocation, its tasks' states and events, an
+  evaluation), built by the Nomad adapter: nothing above it reads Nomad's key names;
 - `plan`: placement failures in words, and never against not now;
 - `outcome`: a run's one outcome and its exit code, shared by `run` and `status`;
 - `report`: the failure report and side-role warnings (TensorFlow's notices filtered out).

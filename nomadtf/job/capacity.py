@@ -1,16 +1,15 @@
 """What a job asks of the cluster and what the cluster holds, in CPU, memory and devices. Pure.
 
-The inputs are Nomad's own JSON: a rendered job (POST /v1/jobs), the node stubs of
-GET /v1/nodes?resources=true, the allocations of GET /v1/allocations?resources=true.
+The inputs are a rendered job (Nomad's JSON, POST /v1/jobs) and Nomad's answers as views
+(answers.Node.offers: what a node offers; answers.Allocation.resources: what it holds).
 Admission uses it for two things: whether a job could fit on the cluster were it empty
 (`fits_when_empty`: "never" against "not now"), and the words a queued run shows (what it
 needs, what is free, who holds it).
 
 Usage:
     asks = job_asks(job)                       # one Ask per allocation the job places
-    nodes = node_capacities(node_stubs, job)   # the nodes that could take the job
+    nodes = node_capacities(api.nodes(), job)   # the nodes that could take the job
     fits_when_empty(asks, nodes)               # False: no amount of waiting places it
-    used = usage(allocs)                       # (namespace, job) -> Resources held
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 # Allocations in these client states hold their resources. One Nomad was told to stop still
 # holds them until its client reports it ended (Nomad's ClientTerminalStatus): plans count
@@ -114,36 +113,37 @@ class NodeCapacity:
     resources: Resources
 
 
-def _node_resources(stub: Mapping[str, Any]) -> Resources:
-    offered = stub.get("NodeResources") or {}
-    reserved = stub.get("ReservedResources") or {}
-    cpu = ((offered.get("Cpu") or {}).get("CpuShares") or 0) - ((reserved.get("Cpu") or {}).get("CpuShares") or 0)
-    memory = ((offered.get("Memory") or {}).get("MemoryMB") or 0) - ((reserved.get("Memory") or {}).get("MemoryMB") or 0)
-    devices = {}
-    for group in offered.get("Devices") or []:
-        healthy = sum(1 for instance in group.get("Instances") or [] if instance.get("Healthy"))
-        devices[f"{group.get('Vendor')}/{group.get('Type')}/{group.get('Name')}"] = healthy
-    return Resources(max(cpu, 0), max(memory, 0), devices)
+class OffersRoom(Protocol):
+    """A client node as this module reads it (answers.Node, which builds on this module's
+    Resources, is one)."""
+
+    id: str
+    name: str
+    datacenter: str
+    node_pool: str
+    offers: Resources
+
+    @property
+    def usable(self) -> bool: ...
 
 
-def _takes_jobs_of(stub: Mapping[str, Any], job: Mapping[str, Any]) -> bool:
+def _takes_jobs_of(node: OffersRoom, job: Mapping[str, Any]) -> bool:
     """A ready, eligible node in one of the job's datacenters (globs, as Nomad 1.5+ reads
     them) and its node pool ("all": any)."""
-    if stub.get("Status") != "ready" or stub.get("SchedulingEligibility", "eligible") != "eligible" or stub.get("Drain"):
+    if not node.usable:
         return False
-    datacenters = job.get("Datacenters") or ["*"]
-    if not any(fnmatch.fnmatchcase(stub.get("Datacenter", ""), pattern) for pattern in datacenters):
+    if not any(fnmatch.fnmatchcase(node.datacenter, pattern) for pattern in job.get("Datacenters") or ["*"]):
         return False
     pool = job.get("NodePool") or "default"
-    return pool == "all" or stub.get("NodePool", "default") == pool
+    return pool == "all" or node.node_pool == pool
 
 
-def node_capacities(stubs: Iterable[Mapping[str, Any]], job: Mapping[str, Any]) -> list[NodeCapacity]:
+def node_capacities(nodes: Iterable[OffersRoom], job: Mapping[str, Any]) -> list[NodeCapacity]:
     """The nodes that could ever take `job`'s allocations, by datacenter, pool and status.
     Constraints are not evaluated here (Nomad's plan did that): a node they rule out still
     counts, so the check errs towards "wait" rather than "never"."""
     inner = job.get("Job", job)
-    return [NodeCapacity(s["ID"], s.get("Name", s["ID"][:8]), _node_resources(s)) for s in stubs if _takes_jobs_of(s, inner)]
+    return [NodeCapacity(n.id, n.name, n.offers) for n in nodes if _takes_jobs_of(n, inner)]
 
 
 def cluster_capacity(nodes: Iterable[NodeCapacity]) -> Resources:
@@ -188,35 +188,6 @@ def largest_node(nodes: Iterable[NodeCapacity]) -> Resources:
     """The most CPU and the most memory any one node offers (not necessarily one node's)."""
     nodes = list(nodes)
     return Resources(max((n.resources.cpu for n in nodes), default=0), max((n.resources.memory for n in nodes), default=0))
-
-
-def holds_resources(alloc: Mapping[str, Any]) -> bool:
-    return alloc.get("ClientStatus") in HOLDING_CLIENT_STATES
-
-
-def alloc_resources(alloc: Mapping[str, Any]) -> Resources:
-    """What an allocation holds (AllocatedResources.Tasks, as GET /v1/allocations?resources=true
-    lists it)."""
-    out = Resources()
-    for task in ((alloc.get("AllocatedResources") or {}).get("Tasks") or {}).values():
-        devices: dict[str, int] = {}
-        for device in task.get("Devices") or []:
-            name = f"{device.get('Vendor')}/{device.get('Type')}/{device.get('Name')}"
-            devices[name] = devices.get(name, 0) + len(device.get("DeviceIDs") or [])
-        out = out + Resources(
-            int((task.get("Cpu") or {}).get("CpuShares") or 0), int((task.get("Memory") or {}).get("MemoryMB") or 0), devices
-        )
-    return out
-
-
-def usage(allocs: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Resources]:
-    """(namespace, job) -> what its allocations hold now, for every job that holds anything."""
-    out: dict[tuple[str, str], Resources] = {}
-    for alloc in allocs:
-        if holds_resources(alloc):
-            key = (alloc.get("Namespace", "default"), alloc.get("JobID", "?"))
-            out[key] = out.get(key, Resources()) + alloc_resources(alloc)
-    return out
 
 
 def short_of(needs: Resources, free: Resources) -> list[str]:

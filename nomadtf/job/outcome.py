@@ -30,6 +30,7 @@ from typing import Any
 
 from nomadtf import roles, wire
 from nomadtf.errors import CannotRecord
+from nomadtf.job.answers import Allocation
 
 SUCCEEDED = "succeeded"
 FAILED = "failed"
@@ -74,31 +75,18 @@ class RunOutcome:
         return f"{self.kind}: {self.reason}" if self.reason else self.kind
 
 
-def alloc_slot(alloc: dict[str, Any]) -> tuple[str, int]:
-    """("worker", 1) from the allocation name "digits.worker[1]"."""
-    name = alloc.get("Name", "")
-    head, _, rest = name.rpartition("[")
-    if head and rest.endswith("]") and rest[:-1].isdigit():
-        return head.rpartition(".")[2], int(rest[:-1])
-    return alloc.get("TaskGroup", "?"), 0
-
-
-def latest_allocs(allocs: list[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
+def latest_allocs(allocs: list[Allocation]) -> dict[tuple[str, int], Allocation]:
     """The newest allocation for every (role, index): replacements supersede what they replace."""
-    latest: dict[tuple[str, int], dict[str, Any]] = {}
-    for alloc in sorted(allocs, key=lambda a: a.get("CreateIndex", 0)):
-        latest[alloc_slot(alloc)] = alloc
+    latest: dict[tuple[str, int], Allocation] = {}
+    for alloc in sorted(allocs, key=lambda a: a.create_index):
+        latest[alloc.slot] = alloc
     return latest
 
 
-def exited_cannot_record(alloc: dict[str, Any]) -> bool:
+def exited_cannot_record(alloc: Allocation) -> bool:
     """Whether a task of the allocation ended with CannotRecord's exit code: a failure it
     could not record in Consul (unreachable), which no restart of Nomad's would fix."""
-    return any(
-        event.get("Type") == "Terminated" and event.get("ExitCode") == CannotRecord.exit_code
-        for state in (alloc.get("TaskStates") or {}).values()
-        for event in state.get("Events") or []
-    )
+    return any(event.type == "Terminated" and event.exit_code == CannotRecord.exit_code for _task, event in alloc.events())
 
 
 # Nomad's docker driver reports an image it could not pull as a "Driver Failure" task event,
@@ -131,16 +119,15 @@ class PullFailure:
         return self.tries >= PULL_TRIES or bool(_IMAGE_MISSING.search(self.reason))
 
 
-def pull_failure(alloc: dict[str, Any]) -> PullFailure | None:
+def pull_failure(alloc: Allocation) -> PullFailure | None:
     """The allocation's last image pull failure (its task events), None when it had none."""
     found = []
-    for state in (alloc.get("TaskStates") or {}).values():
-        for event in state.get("Events") or []:
-            if event.get("Type") != DRIVER_FAILURE:
-                continue
-            match = _PULL_FAILED.search(event.get("DriverError") or event.get("DisplayMessage") or "")
-            if match:
-                found.append((event.get("Time", 0), match[1], " ".join(match[2].split())))
+    for _task, event in alloc.events():
+        if event.type != DRIVER_FAILURE:
+            continue
+        match = _PULL_FAILED.search(event.driver_error or event.display_message)
+        if match:
+            found.append((event.time, match[1], " ".join(match[2].split())))
     if not found:
         return None
     _time, image, reason = max(found)
@@ -163,12 +150,11 @@ def image_field(job: dict[str, Any], role: str, image: str) -> str:
     return "driver.gpu_image" if plain_images else "driver.gpu_image (driver.image when gpu_image is not set)"
 
 
-def describe_pull_failure(job: dict[str, Any], alloc: dict[str, Any], failure: PullFailure) -> str:
+def describe_pull_failure(job: dict[str, Any], alloc: Allocation, failure: PullFailure) -> str:
     """"worker[0]: driver.image X could not be pulled on client N: REASON; build it …". Pure."""
-    role, index = alloc_slot(alloc)
-    node = alloc.get("NodeName") or (alloc.get("NodeID") or "?")[:8]
+    role, index = alloc.slot
     field = image_field(job, role, failure.image)
-    return f"{role}[{index}]: {field} {failure.image} could not be pulled on client {node}: {failure.reason}; {PULL_FIX}"
+    return f"{role}[{index}]: {field} {failure.image} could not be pulled on client {alloc.short_node}: {failure.reason}; {PULL_FIX}"
 
 
 def from_record(recorded: str | None) -> RunOutcome | None:
@@ -183,7 +169,7 @@ def from_record(recorded: str | None) -> RunOutcome | None:
 
 def decide(
     job: dict[str, Any] | None,
-    allocs: list[dict[str, Any]],
+    allocs: list[Allocation],
     recorded: Any,
     run_id: str,
     reschedule_attempts: int,
@@ -197,7 +183,7 @@ def decide(
         told = from_record(recorded)
         if told and told.kind == SUCCEEDED and job is not None and job.get("Status") != "dead":
             # Succeeded; the run ends once every task has stopped and freed its capacity.
-            ending = any(a.get("ClientStatus") in ("pending", "running") for a in latest_allocs(allocs).values())
+            ending = any(a.client_status in ("pending", "running") for a in latest_allocs(allocs).values())
             return None if ending else told
         if told:
             return told
@@ -208,15 +194,15 @@ def decide(
         return RunOutcome(STOPPED, f"replaced by run {current} of the same job")
     if job.get("Stop"):
         return RunOutcome(STOPPED, "stopped from outside (nomadtf stop, nomad job stop, another run with --replace)")
-    training = [a for a in allocs if not roles.is_soft(alloc_slot(a)[0])]
-    for alloc in sorted(training, key=lambda a: a.get("CreateIndex", 0)):
+    training = [a for a in allocs if not roles.is_soft(a.slot[0])]
+    for alloc in sorted(training, key=lambda a: a.create_index):
         # A task that never starts records nothing: its image is the fault, not the code.
         failure = pull_failure(alloc)
         if failure and failure.final:
             return RunOutcome(FAILED, describe_pull_failure(job, alloc, failure))
     unrecorded = [a for a in training if exited_cannot_record(a)]
     if unrecorded:
-        role, index = alloc_slot(min(unrecorded, key=lambda a: a.get("CreateIndex", 0)))
+        role, index = min(unrecorded, key=lambda a: a.create_index).slot
         return RunOutcome(
             FAILED, f"{role}[{index}] exited {CannotRecord.exit_code}: it failed and could not record why in Consul; its stderr says why"
         )
@@ -224,18 +210,18 @@ def decide(
     for alloc in training:
         # A `lost` allocation (its node went down) is replaced by Nomad whatever the
         # reschedule policy says: it spends none of the job's reschedule attempts.
-        if alloc.get("ClientStatus") == "failed":
-            failures[alloc_slot(alloc)] = failures.get(alloc_slot(alloc), 0) + 1
+        if alloc.client_status == "failed":
+            failures[alloc.slot] = failures.get(alloc.slot, 0) + 1
     over = sorted(slot for slot, count in failures.items() if count > reschedule_attempts)
     if over:
         role, index = over[0]
         return RunOutcome(FAILED, f"{role}[{index}] failed {failures[over[0]]} times, more than recovery.reschedule_attempts ({reschedule_attempts}) allow")
     latest = {slot: a for slot, a in latest_allocs(training).items()}
     if job.get("Status") == "dead" and latest:
-        broken = sorted(slot for slot, a in latest.items() if a.get("ClientStatus") in ("failed", "lost"))
+        broken = sorted(slot for slot, a in latest.items() if a.client_status in ("failed", "lost"))
         if broken:
             role, index = broken[0]
-            return RunOutcome(FAILED, f"{role}[{index}] ended {latest[broken[0]].get('ClientStatus')} and Nomad will not replace it")
+            return RunOutcome(FAILED, f"{role}[{index}] ended {latest[broken[0]].client_status} and Nomad will not replace it")
         if recorded is UNKNOWN:
             return None  # the record may say succeeded: wait until it can be read
         return RunOutcome(LOST, "every task ended without recording an outcome (see nomadtf logs)")

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 from nomadtf import roles
-from nomadtf.job.outcome import alloc_slot, failed_slot, latest_allocs
+from nomadtf.job.answers import Allocation
+from nomadtf.job.outcome import failed_slot, latest_allocs
 
 STDERR_LINES = 15  # at most this many lines of a task's stderr in a report
 
@@ -93,18 +93,13 @@ def _without_bootstrap_frames(traceback: list[str]) -> list[str]:
     return out
 
 
-def exit_code_of(alloc: dict[str, Any]) -> int | None:
+def exit_code_of(alloc: Allocation) -> int | None:
     """The exit code of the allocation's task's last termination, None if it never ended."""
-    codes = [
-        (event.get("Time", 0), event.get("ExitCode", 0))
-        for state in (alloc.get("TaskStates") or {}).values()
-        for event in state.get("Events") or []
-        if event.get("Type") == "Terminated"
-    ]
+    codes = [(event.time, event.exit_code) for _task, event in alloc.events() if event.type == "Terminated"]
     return max(codes)[1] if codes else None
 
 
-def failing_alloc(allocs: list[dict[str, Any]], recorded: str | None, decided: str = "") -> dict[str, Any] | None:
+def failing_alloc(allocs: list[Allocation], recorded: str | None, decided: str = "") -> Allocation | None:
     """The allocation whose failure ended the run: the newest of the slot the recorded
     state names (`failed: chief[0] ...`) or, with no record, the slot the outcome's reason
     `decided` starts with (`worker[0]: driver.image ...`), else the newest failed allocation
@@ -113,12 +108,9 @@ def failing_alloc(allocs: list[dict[str, Any]], recorded: str | None, decided: s
     named = failed_slot(recorded) or _slot_named(decided)
     if named and named in latest:
         return latest[named]
-    failed = [
-        a for a in allocs
-        if a.get("ClientStatus") in ("failed", "lost") and not roles.is_soft(alloc_slot(a)[0])
-    ]
+    failed = [a for a in allocs if a.client_status in ("failed", "lost") and not roles.is_soft(a.slot[0])]
     if failed:
-        return max(failed, key=lambda a: a.get("CreateIndex", 0))
+        return max(failed, key=lambda a: a.create_index)
     return latest.get(("chief", 0)) or latest.get(("worker", 0))
 
 
@@ -144,10 +136,10 @@ class FailedTask:
         return f"{self.role}[{self.index}]"
 
     @classmethod
-    def of(cls, alloc: dict[str, Any], stderr: str, events: list[str] | None = None, cut: bool = False) -> FailedTask:
-        role, index = alloc_slot(alloc)
+    def of(cls, alloc: Allocation, stderr: str, events: list[str] | None = None, cut: bool = False) -> FailedTask:
+        role, index = alloc.slot
         return cls(
-            role, index, alloc.get("ID", "")[:8], alloc.get("ClientStatus", "?"), exit_code_of(alloc),
+            role, index, alloc.id[:8], alloc.client_status or "?", exit_code_of(alloc),
             meaningful_lines(stderr, cut=cut), list(events or []),
         )
 

@@ -20,6 +20,7 @@ import requests
 
 from nomadtf.errors import NomadError
 from nomadtf.job import capacity
+from nomadtf.job.answers import Allocation, Evaluation, JobStub, Node, TaskState
 from nomadtf.servers.nomadhttp import NomadTransport, is_read_pause, translated
 
 # A follow stream stays open after its task ended; pausing this long without bytes is our
@@ -115,9 +116,9 @@ class NomadAPI(NomadTransport):
         """GET /v1/job/:job_id?index=&wait= (blocking: answers when this job changes) ; (None when no such job, index)"""
         return self._blocking(f"job {job_id}", self.client.job, job_id, index=index, wait_s=wait_s)
 
-    def jobs(self) -> list[dict[str, Any]]:
+    def jobs(self) -> list[JobStub]:
         """GET /v1/jobs?meta=true (namespace "*": every namespace the token may list)"""
-        return self._json("the job list", "list-jobs", self.client.jobs, params={"meta": "true"})
+        return [JobStub.from_api(j) for j in self._json("the job list", "list-jobs", self.client.jobs, params={"meta": "true"})]
 
     def versions(self, job_id: str) -> list[dict[str, Any]]:
         """GET /v1/job/:job_id/versions ; newest first"""
@@ -128,17 +129,17 @@ class NomadAPI(NomadTransport):
         """GET /v1/job/:job_id/summary"""
         return self._json(f"summary of {job_id}", "read-job", self.client.job, job_id, "summary")
 
-    def watch_jobs(self, index: int = 0, wait_s: float = 5.0) -> tuple[list[dict[str, Any]], int]:
+    def watch_jobs(self, index: int = 0, wait_s: float = 5.0) -> tuple[list[JobStub], int]:
         """(every job the token may list, with Meta and summaries; X-Nomad-Index); with
         `index` a blocking query that answers on the next change of any job or summary.
 
         GET /v1/jobs?meta=true[&index=&wait=]"""
         if index:
             stubs, new_index = self._blocking("the job list", self.client.jobs, index=index, wait_s=wait_s, params={"meta": "true"})
-            return stubs or [], new_index
+            return [JobStub.from_api(j) for j in stubs or []], new_index
         with translated(self.settings, "the job list", "list-jobs"):
             resp = self._send(self.client.jobs, params={"meta": "true"})
-        return resp.json(), int(resp.headers.get("X-Nomad-Index", 0))
+        return [JobStub.from_api(j) for j in resp.json()], int(resp.headers.get("X-Nomad-Index", 0))
 
     def scale(
         self, job_id: str, group: str, count: int, message: str, modify_index: int = 0, meta: Mapping[str, str] | None = None
@@ -171,13 +172,11 @@ class NomadAPI(NomadTransport):
 
     # ---- the cluster: nodes, every namespace's allocations -------------------------------
 
-    def nodes(self) -> list[dict[str, Any]]:
-        """Every client node with its resources and what its operator reserved.
+    def nodes(self) -> list[Node]:
+        """Every client node with what it offers allocations.  GET /v1/nodes?resources=true"""
+        return [Node.from_api(n) for n in self._json("the node list", "node:read", self.client.nodes, params={"resources": "true"})]
 
-        GET /v1/nodes?resources=true"""
-        return self._json("the node list", "node:read", self.client.nodes, params={"resources": "true"})
-
-    def cluster_allocations(self, index: int = 0, wait_s: float = 30.0, holding_only: bool = False) -> tuple[list[dict[str, Any]], int]:
+    def cluster_allocations(self, index: int = 0, wait_s: float = 30.0, holding_only: bool = False) -> tuple[list[Allocation], int]:
         """(allocations with their resources, X-Nomad-Index) in every namespace the token
         may read; with `index` a blocking query that answers on the next change of any;
         `holding_only`: only those whose client status holds resources (Nomad filters: the
@@ -189,10 +188,10 @@ class NomadAPI(NomadTransport):
             params["filter"] = " or ".join(f'ClientStatus == "{state}"' for state in capacity.HOLDING_CLIENT_STATES)
         if index:
             allocs, new_index = self._blocking("the allocation list", self.client.allocations, index=index, wait_s=wait_s, params=params)
-            return allocs or [], new_index
+            return [Allocation.from_api(a) for a in allocs or []], new_index
         with translated(self.settings, "the allocation list", "read-job"):
             resp = self._send(self.client.allocations, params=params)
-        return resp.json(), int(resp.headers.get("X-Nomad-Index", 0))
+        return [Allocation.from_api(a) for a in resp.json()], int(resp.headers.get("X-Nomad-Index", 0))
 
     def put_variable(self, path: str, items: Mapping[str, str]) -> dict[str, Any]:
         """Write a Nomad variable in this namespace (a job's tasks may read `nomad/jobs/<job>`
@@ -206,18 +205,18 @@ class NomadAPI(NomadTransport):
 
     # ---- allocations and evaluations ------------------------------------------------------
 
-    def allocations(self, job_id: str) -> list[dict[str, Any]]:
+    def allocations(self, job_id: str) -> list[Allocation]:
         """GET /v1/job/:job_id/allocations"""
-        return self._json(f"allocations of {job_id}", "read-job", self.client.job, job_id, "allocations")
+        return [Allocation.from_api(a) for a in self._json(f"allocations of {job_id}", "read-job", self.client.job, job_id, "allocations")]
 
-    def watch_allocations(self, job_id: str, index: int, wait_s: float = 5.0) -> tuple[list[dict[str, Any]], int]:
+    def watch_allocations(self, job_id: str, index: int, wait_s: float = 5.0) -> tuple[list[Allocation], int]:
         """GET /v1/job/:job_id/allocations?index=&wait= (blocking) ; ([] when no such job, index)"""
         allocs, index = self._blocking(f"allocations of {job_id}", self.client.job, job_id, "allocations", index=index, wait_s=wait_s)
-        return allocs or [], index
+        return [Allocation.from_api(a) for a in allocs or []], index
 
-    def allocation(self, alloc_id: str) -> dict[str, Any]:
+    def allocation(self, alloc_id: str) -> Allocation:
         """GET /v1/allocation/:alloc_id"""
-        return self._json(f"allocation {alloc_id[:8]}", "read-job", self.client.allocation, alloc_id)
+        return Allocation.from_api(self._json(f"allocation {alloc_id[:8]}", "read-job", self.client.allocation, alloc_id))
 
     def stop_allocation(self, alloc_id: str) -> dict[str, Any]:
         """POST /v1/allocation/:alloc_id/stop"""
@@ -235,9 +234,10 @@ class NomadAPI(NomadTransport):
         """GET /v1/job/:job_id/evaluations"""
         return self._json(f"evaluations of {job_id}", "read-job", self.client.job, job_id, "evaluations")
 
-    def watch_evaluation(self, eval_id: str, index: int, wait_s: float = 5.0) -> tuple[dict[str, Any] | None, int]:
+    def watch_evaluation(self, eval_id: str, index: int, wait_s: float = 5.0) -> tuple[Evaluation | None, int]:
         """GET /v1/evaluation/:eval_id?index=&wait= (blocking) ; (None while not found, index)"""
-        return self._blocking(f"evaluation {eval_id[:8]}", self.client.evaluation, eval_id, index=index, wait_s=wait_s)
+        evaluation, index = self._blocking(f"evaluation {eval_id[:8]}", self.client.evaluation, eval_id, index=index, wait_s=wait_s)
+        return (Evaluation.from_api(evaluation) if evaluation is not None else None), index
 
     # ---- logs -----------------------------------------------------------------------------
 
@@ -271,7 +271,7 @@ class NomadAPI(NomadTransport):
                 except (nomad_exc.BaseNomadException, requests.RequestException) as exc:
                     if not is_read_pause(exc):
                         raise
-            state = ((self.allocation(alloc_id).get("TaskStates") or {}).get(task) or {}).get("State")
+            state = self.allocation(alloc_id).task_states.get(task, TaskState()).state
             if state == "dead":
                 rest = self.logs(alloc_id, task, stream, origin="start", offset=received)
                 yield rest + decoder.decode(b"", final=True)

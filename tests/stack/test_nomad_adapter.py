@@ -24,6 +24,7 @@ import pytest
 import requests
 
 from nomadtf.errors import NomadError, UnreachableError
+from nomadtf.job.answers import Evaluation
 from nomadtf.servers.nomad import NomadAPI
 from nomadtf.servers.nomadhttp import NomadSettings
 from tests.helpers import nomad, nomadtf, probe_job, unique, write_job
@@ -227,7 +228,7 @@ def test_namespace_region_and_token_go_on_every_call(fake_nomad, clean_env):
 
     assert api.validate(job) == []
     assert api.register(job)["EvalID"] == "e1"
-    assert api.watch_evaluation("e1", index=7, wait_s=2) == ({"ID": "e1", "Status": "complete"}, 42)
+    assert api.watch_evaluation("e1", index=7, wait_s=2) == (Evaluation("e1", status="complete"), 42)
     api.watch_allocations("digits", index=3)
     api.stop("digits", purge=True)
     assert "".join(api.follow_logs("a1", "chief")).startswith("hello\n")
@@ -291,7 +292,7 @@ def test_tls_with_ca_client_certificate_and_server_name(tls_nomad, clean_env, pk
     tls_nomad.answer("/v1/allocation/a1", body={"TaskStates": {"chief": {"State": "dead"}}})
     api = NomadAPI.from_env()
     assert api.job("digits") == {"ID": "digits"}
-    assert api.watch_evaluation("e1", 0, wait_s=1)[0] == {"ID": "e1"}
+    assert api.watch_evaluation("e1", 0, wait_s=1)[0] == Evaluation("e1")
     assert "".join(api.follow_logs("a1", "chief")).startswith("over tls")
 
 

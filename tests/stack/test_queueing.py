@@ -28,6 +28,7 @@ from nomadtf.admission import suspension
 from nomadtf.admission.controller import Controller
 from nomadtf.client.queued import read_board
 from nomadtf.job import capacity
+from nomadtf.job.answers import Allocation, Node, held_by_job
 from nomadtf.servers.consulhttp import consul_client
 from nomadtf.servers.nomad import NomadAPI
 from tests.helpers import (
@@ -49,7 +50,7 @@ TEAM_A, TEAM_B = "team-a", "team-b"
 
 def cluster_cpu() -> int:
     """The MHz Nomad may hand out on the stack's nodes (GET /v1/nodes?resources=true)."""
-    nodes = capacity.node_capacities(nomad("nodes", resources="true"), {"Datacenters": ["*"]})
+    nodes = capacity.node_capacities(map(Node.from_api, nomad("nodes", resources="true")), {"Datacenters": ["*"]})
     return capacity.cluster_capacity(nodes).cpu
 
 
@@ -453,7 +454,7 @@ def test_a_run_not_placed_whole_is_given_back_and_requeued_then_succeeds_without
         holds the chief and the ps, not the worker too."""
         if stolen or run.job_id != name:
             return
-        held = capacity.usage(nomad("allocations", namespace="*", resources="true", task_states="false"))
+        held = held_by_job(map(Allocation.from_api, nomad("allocations", namespace="*", resources="true", task_states="false")))
         submit_raw(_plain_job(thief, cpu - capacity.total(held.values()).cpu - int(cpu * 0.45), 12))
         wait_until(lambda: [a for a in allocations(thief) if a["ClientStatus"] in ("pending", "running")], 30, "the thief to be placed")
         stolen.append(time.time())

@@ -535,8 +535,9 @@ def _spread_job(name: str, namespace: str, node_cpu: int, cluster, tmp_path: Pat
 def _node_cpu(api: requests.Session, nomad_url: str) -> tuple[int, int]:
     """(the smallest client's CPU, how many clients)."""
     from nomadtf.job import capacity
+    from nomadtf.job.answers import Node
 
-    nodes = capacity.node_capacities(api.get(f"{nomad_url}/v1/nodes", params={"resources": "true"}, timeout=10).json(), {"Datacenters": ["*"]})
+    nodes = capacity.node_capacities(map(Node.from_api, api.get(f"{nomad_url}/v1/nodes", params={"resources": "true"}, timeout=10).json()), {"Datacenters": ["*"]})
     return min(n.resources.cpu for n in nodes), len(nodes)
 
 

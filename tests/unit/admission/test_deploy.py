@@ -15,6 +15,7 @@ from nomadtf import wire
 from nomadtf.admission import deploy as deploy_mod
 from nomadtf.admission.deploy import SERVICE_TOKENS_VAR, service_env, service_job
 from nomadtf.errors import SpecError
+from nomadtf.job.answers import Node
 
 SECRETS = {"NOMAD_TOKEN": "nomad-secret-1f2e", "CONSUL_HTTP_TOKEN": "consul-secret-9a8b", "VAULT_TOKEN": "vault-secret-7c6d"}
 ADDRESSES = {"NOMAD_ADDR": "https://nomad.example:4646", "CONSUL_HTTP_ADDR": "https://consul.example:8501", "NOMAD_CACERT": "/etc/ca.pem"}
@@ -109,9 +110,8 @@ class FakeNomad:
         self.variables: dict[str, dict] = {}
         self.registered: list[dict] = []
 
-    def nodes(self) -> list[dict]:
-        return [{"ID": f"n{i}", "Name": f"n{i}", "Datacenter": "dc1", "Status": "ready", "SchedulingEligibility": "eligible", "Drain": False}
-                for i in range(self.ready_nodes)]  # fmt: skip
+    def nodes(self) -> list[Node]:
+        return [Node(f"n{i}", f"n{i}", "dc1", status="ready") for i in range(self.ready_nodes)]
 
     def put_variable(self, path: str, items: dict) -> None:
         self.variables[path] = items

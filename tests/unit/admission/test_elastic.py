@@ -4,6 +4,7 @@ preemption it leans on, and job.json's elastic count). Pure."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -67,16 +68,17 @@ def test_a_suspended_run_carries_its_elastic_minimums_and_a_forged_one_is_refuse
 
 
 def test_an_elastic_victim_offers_only_its_tasks_above_the_minimum():
-    allocs = [dict(alloc("n1", 1000, job="e", group="worker"), Name=f"e.worker[{i}]") for i in range(3)]
-    allocs.append(dict(alloc("n2", 500, job="e", group="chief"), Name="e.chief[0]"))
-    whole = Candidate("team-a", "e", "r1", 30, tuple((a["NodeID"], Resources(1000, 1000)) for a in allocs))
+    allocs = [replace(alloc("n1", 1000, job="e", group="worker"), name=f"e.worker[{i}]") for i in range(3)]
+    allocs.append(replace(alloc("n2", 500, job="e", group="chief"), name="e.chief[0]"))
+    whole = Candidate("team-a", "e", "r1", 30, tuple((a.node_id, Resources(1000, 1000)) for a in allocs))
     shrink = preemption.as_shrink(whole, allocs, {"chief": 1, "worker": 3}, {"worker": 1})
     assert shrink is not None and shrink.shrink_to == (("worker", 1),)
     assert [cpu for _, r in shrink.held for cpu in [r.cpu]] == [1000, 1000]  # workers 1 and 2, not 0, not the chief
     assert preemption.as_shrink(whole, allocs, {"chief": 1, "worker": 1}, {"worker": 1}) is None  # at its minimum
     # Once scaled down, the tasks beyond the new count hold room until they have stopped.
-    assert [a["Name"] for a in preemption.beyond(allocs, {"worker": 1})] == ["e.worker[1]", "e.worker[2]"]
-    allocs[1]["ClientStatus"] = allocs[2]["ClientStatus"] = "complete"
+    assert [a.name for a in preemption.beyond(allocs, {"worker": 1})] == ["e.worker[1]", "e.worker[2]"]
+    allocs[1] = replace(allocs[1], client_status="complete")
+    allocs[2] = replace(allocs[2], client_status="complete")
     assert preemption.beyond(allocs, {"worker": 1}) == []
 
 

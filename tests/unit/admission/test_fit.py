@@ -8,6 +8,7 @@ import copy
 
 from nomadtf.admission import fit
 from nomadtf.admission.fit import RunAsk
+from nomadtf.job.answers import Allocation, Node
 
 NOW = 1_800_000_000.0
 GPU = "nvidia/gpu/Tesla-V100"
@@ -15,28 +16,28 @@ GPU = "nvidia/gpu/Tesla-V100"
 
 def node(node_id: str, cpu: int = 4000, memory: int = 8000, *, dc: str = "dc1", pool: str = "default", status: str = "ready",
          eligibility: str = "eligible", drain: bool = False, gpus: int = 0, reserved_cpu: int = 0, reserved_memory: int = 0,
-         **extra) -> dict:  # fmt: skip
+         **extra) -> Node:  # fmt: skip
     devices = [{"Vendor": "nvidia", "Type": "gpu", "Name": "Tesla-V100",
                 "Instances": [{"ID": f"GPU-{node_id}-{i}", "Healthy": True} for i in range(gpus)]}] if gpus else []  # fmt: skip
-    return {
+    return Node.from_api({
         "ID": node_id, "Name": node_id, "Datacenter": dc, "NodePool": pool, "Status": status,
         "SchedulingEligibility": eligibility, "Drain": drain,
         "NodeResources": {"Cpu": {"CpuShares": cpu}, "Memory": {"MemoryMB": memory}, "Devices": devices},
         "ReservedResources": {"Cpu": {"CpuShares": reserved_cpu}, "Memory": {"MemoryMB": reserved_memory}},
         **extra,
-    }  # fmt: skip
+    })  # fmt: skip
 
 
 def alloc(node_id: str, cpu: int = 1000, memory: int = 1000, *, job: str = "other", job_type: str = "batch", group: str = "g",
-          namespace: str = "default", status: str = "running", gpus: int = 0, ports: tuple[int, ...] = ()) -> dict:  # fmt: skip
+          namespace: str = "default", status: str = "running", gpus: int = 0, ports: tuple[int, ...] = ()) -> Allocation:  # fmt: skip
     devices = [{"Vendor": "nvidia", "Type": "gpu", "Name": "Tesla-V100", "DeviceIDs": [f"GPU-{node_id}-{i}" for i in range(gpus)]}] if gpus else []
-    return {
+    return Allocation.from_api({
         "NodeID": node_id, "Namespace": namespace, "JobID": job, "JobType": job_type, "TaskGroup": group, "ClientStatus": status,
         "AllocatedResources": {
             "Tasks": {"t": {"Cpu": {"CpuShares": cpu}, "Memory": {"MemoryMB": memory}, "Devices": devices}},
             "Shared": {"Ports": [{"Label": f"p{p}", "Value": p} for p in ports]},
         },
-    }  # fmt: skip
+    })  # fmt: skip
 
 
 def group(name: str, count: int = 1, cpu: int = 1000, memory: int = 500, *, gpus: int = 0, ports: tuple[int, ...] = (),

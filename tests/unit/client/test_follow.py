@@ -8,6 +8,7 @@ from __future__ import annotations
 from nomadtf.client.follow import Follower
 from nomadtf.client.readback import describe_runs, pick_allocs, run_elapsed, runs_of
 from nomadtf.client.runview import of_run, versions_of_run
+from nomadtf.job.answers import Allocation
 
 TF21 = "Python 3.11.2 (/opt/nomadtf/venv/bin/python3), tensorflow-cpu 2.21.0"
 TF20 = "Python 3.11.2 (/opt/nomadtf/venv/bin/python3), tensorflow-cpu 2.20.0"
@@ -55,8 +56,8 @@ def test_status_groups_the_tasks_by_what_their_children_run():
     assert describe_runs(TF21, runs[TF21]) == f"runs {TF21}  (chief 1, worker 2)"
 
 
-def _alloc(name: str, version: int, create: int, status: str = "complete") -> dict:
-    return {"ID": f"{name}-{create}", "Name": f"job.{name}", "JobVersion": version, "CreateIndex": create, "ClientStatus": status}
+def _alloc(name: str, version: int, create: int, status: str = "complete") -> Allocation:
+    return Allocation(f"{name}-{create}", name=f"job.{name}", job_version=version, create_index=create, client_status=status)
 
 
 def test_a_run_owns_exactly_the_versions_that_carry_its_id():
@@ -74,20 +75,20 @@ def test_a_run_owns_exactly_the_versions_that_carry_its_id():
 def test_allocations_of_other_runs_are_left_out():
     """Neither an earlier run's nor a later one's (a colleague's --replace) allocations count."""
     allocs = [_alloc("chief[0]", 1, 10), _alloc("chief[0]", 2, 20, "running"), _alloc("worker[0]", 3, 30)]
-    assert [a["CreateIndex"] for a in of_run(allocs, {2})] == [20]
-    assert [a["CreateIndex"] for a in of_run(allocs, {2, 3})] == [20, 30]
+    assert [a.create_index for a in of_run(allocs, {2})] == [20]
+    assert [a.create_index for a in of_run(allocs, {2, 3})] == [20, 30]
     assert len(of_run(allocs, None)) == 3
 
 
 def test_logs_show_every_attempt_of_a_slot_oldest_first_and_follow_the_newest():
     allocs = [_alloc("chief[0]", 1, 30), _alloc("worker[0]", 1, 5), _alloc("chief[0]", 1, 10, "failed")]
-    assert [a["CreateIndex"] for a in pick_allocs(allocs, "chief", None)] == [10, 30]
-    assert [a["CreateIndex"] for a in pick_allocs(allocs, "chief", None, newest_only=True)] == [30]
-    assert [a["CreateIndex"] for a in pick_allocs(allocs, None, 0)] == [10, 30, 5]
+    assert [a.create_index for a in pick_allocs(allocs, "chief", None)] == [10, 30]
+    assert [a.create_index for a in pick_allocs(allocs, "chief", None, newest_only=True)] == [30]
+    assert [a.create_index for a in pick_allocs(allocs, None, 0)] == [10, 30, 5]
 
 
 def test_elapsed_runs_to_now_while_running_and_to_the_last_change_after():
-    allocs = [{"CreateTime": 1_000_000_000, "ModifyTime": 9_000_000_000}, {"CreateTime": 2_000_000_000, "ModifyTime": 5_000_000_000}]
+    allocs = [Allocation(create_time=1_000_000_000, modify_time=9_000_000_000), Allocation(create_time=2_000_000_000, modify_time=5_000_000_000)]
     assert run_elapsed(allocs, running=False, now_ns=20_000_000_000) == 8.0
     assert run_elapsed(allocs, running=True, now_ns=20_000_000_000) == 19.0
     assert run_elapsed([], running=True, now_ns=1) == 0.0

@@ -9,6 +9,7 @@ import pytest
 from nomadtf.client import placement
 from nomadtf.errors import NomadError
 from nomadtf.job import plan
+from nomadtf.job.answers import Node
 from nomadtf.job.capacity import NodeCapacity, Resources
 
 
@@ -41,11 +42,11 @@ class FakeNomad:
     def __init__(self, stubs: list[dict] | None = None, status: int | None = None):
         self.stubs, self.status, self.calls = stubs or [], status, 0
 
-    def nodes(self) -> list[dict]:
+    def nodes(self) -> list[Node]:
         self.calls += 1
         if self.status:
             raise NomadError(f"GET /v1/nodes: {self.status}", status=self.status)
-        return self.stubs
+        return [Node.from_api(stub) for stub in self.stubs]
 
 
 # ---- plan.classify with nodes=None (no node:read) -----------------------------------------------

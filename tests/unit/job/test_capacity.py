@@ -4,6 +4,7 @@ returns: node stubs of GET /v1/nodes?resources=true, allocations of GET /v1/allo
 from __future__ import annotations
 
 from nomadtf.job import capacity
+from nomadtf.job.answers import Allocation, Node, held_by_job
 from nomadtf.job.capacity import Ask, NodeCapacity, Resources
 from nomadtf.job.render import render_job
 from nomadtf.job.spec import load_spec
@@ -22,15 +23,15 @@ def node(node_id="n1", cpu=5200, memory=24105, gpus=0, reserved_cpu=0, status="r
         "ReservedResources": {"Cpu": {"CpuShares": reserved_cpu}, "Memory": {"MemoryMB": 0}},
     }  # fmt: skip
     stub.update(extra)
-    return stub
+    return Node.from_api(stub)
 
 
 def alloc(job="a", ns="default", cpu=1000, memory=500, gpus=0, client="running", desired="run", node_id="n1"):
     devices = [{"Vendor": "nvidia", "Type": "gpu", "Name": "Tesla-V100-SXM2-16GB", "DeviceIDs": [f"GPU-{i}" for i in range(gpus)]}]
-    return {
+    return Allocation.from_api({
         "Namespace": ns, "JobID": job, "NodeID": node_id, "ClientStatus": client, "DesiredStatus": desired,
         "AllocatedResources": {"Tasks": {"t": {"Cpu": {"CpuShares": cpu}, "Memory": {"MemoryMB": memory}, "Devices": devices if gpus else None}}},
-    }  # fmt: skip
+    })  # fmt: skip
 
 
 def test_a_rendered_job_asks_one_allocation_per_count_with_its_devices():
@@ -95,7 +96,7 @@ def test_only_allocations_that_hold_resources_count_and_by_job():
         alloc("f", cpu=9000, client="complete", desired="stop"),
         alloc("g", cpu=300, desired="stop"),  # told to stop, its tasks not ended yet: still holds
     ]  # fmt: skip
-    used = capacity.usage(allocs)
+    used = held_by_job(allocs)
     assert used == {("default", "a"): Resources(1500, 1000), ("team-b", "b"): Resources(700, 500, {GPU: 2}), ("default", "g"): Resources(300, 500)}
 
 

@@ -4,6 +4,7 @@ state mean. Pure; the same decisions are made on the real stack in tests/stack/t
 from __future__ import annotations
 
 from nomadtf.job import outcome
+from nomadtf.job.answers import Allocation
 from nomadtf.job.outcome import UNKNOWN, decide
 
 RUN = "r1"
@@ -14,8 +15,12 @@ def _job(status: str = "running", stop: bool = False, run: str = RUN) -> dict:
     return {"ID": "j", "Status": status, "Stop": stop, "Meta": {"nomadtf.run": run}, "TaskGroups": groups}
 
 
-def _alloc(slot: str, status: str, create: int = 1) -> dict:
+def _alloc_json(slot: str, status: str, create: int = 1) -> dict:
     return {"ID": f"{slot}-{create}", "Name": f"j.{slot}", "ClientStatus": status, "CreateIndex": create}
+
+
+def _alloc(slot: str, status: str, create: int = 1) -> Allocation:
+    return Allocation.from_api(_alloc_json(slot, status, create))
 
 
 DONE = [_alloc("chief[0]", "complete"), _alloc("worker[0]", "complete"), _alloc("evaluator[0]", "complete")]
@@ -75,13 +80,13 @@ UNREACHABLE = ('Failed to pull `nomadtf:no-such`: API error (500): Get "https://
                "lookup registry-1.docker.io on 10.255.255.53:53: no such host")
 
 
-def _pulling(slot: str, *messages: str, create: int = 1) -> dict:
-    alloc = _alloc(slot, "pending", create)
+def _pulling(slot: str, *messages: str, create: int = 1) -> Allocation:
+    alloc = _alloc_json(slot, "pending", create)
     alloc["NodeName"] = "client-1"
     events = [{"Type": "Driver", "Time": 1, "DisplayMessage": "Downloading image"}]
     events += [{"Type": "Driver Failure", "Time": 2 + n, "DriverError": m, "DisplayMessage": m} for n, m in enumerate(messages)]
     alloc["TaskStates"] = {slot.split("[")[0]: {"Events": events}}
-    return alloc
+    return Allocation.from_api(alloc)
 
 
 def _docker_job(gpu_image: str = "", gpu_roles: tuple[str, ...] = ()) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from nomadtf.job import report
+from nomadtf.job.answers import Allocation
 from nomadtf.job.report import (
     FailedTask,
     failing_alloc,
@@ -140,13 +141,17 @@ def test_a_long_traceback_keeps_its_head_and_its_end_and_a_cut_first_line_goes()
     assert meaningful_lines("partial li\nRuntimeError: x\n", cut=True) == ["RuntimeError: x"]
 
 
-def _alloc(name: str, status: str, create: int, code: int | None = None) -> dict:
+def _alloc_json(name: str, status: str, create: int, code: int | None = None) -> dict:
     events = [{"Type": "Started", "Time": create}]
     if code is not None:
         events.append({"Type": "Terminated", "Time": create + 1, "ExitCode": code, "DisplayMessage": f"Exit Code: {code}"})
     role = name.split("[")[0]
     return {"ID": f"{create:08d}-aaaa", "Name": f"digits.{name}", "TaskGroup": role, "ClientStatus": status,
             "CreateIndex": create, "TaskStates": {role: {"Events": events}}}
+
+
+def _alloc(name: str, status: str, create: int, code: int | None = None) -> Allocation:
+    return Allocation.from_api(_alloc_json(name, status, create, code))
 
 
 CHIEF = _alloc("chief[0]", "running", 10)
@@ -167,15 +172,16 @@ def test_without_a_record_the_newest_failed_training_task_never_a_side_role():
 
 
 def test_the_exit_code_is_the_last_termination():
-    alloc = _alloc("chief[0]", "failed", 10, code=137)
+    alloc = _alloc_json("chief[0]", "failed", 10, code=137)
     alloc["TaskStates"]["chief"]["Events"].append({"Type": "Terminated", "Time": 99, "ExitCode": 3})
-    assert report.exit_code_of(alloc) == 3
+    assert report.exit_code_of(Allocation.from_api(alloc)) == 3
     assert report.exit_code_of(CHIEF) is None
 
 
 def test_the_failure_text_names_the_task_its_exit_its_traceback_and_what_to_do():
-    alloc = _alloc("evaluator[0]", "failed", 30, code=1)
+    alloc = _alloc_json("evaluator[0]", "failed", 30, code=1)
     alloc["Name"], alloc["TaskGroup"] = "digits.chief[0]", "chief"
+    alloc = Allocation.from_api(alloc)
     text = failure_text("digits", "chief[0] exited 1, a permanent exit code",
                         FailedTask.of(alloc, OLD_FORMAT_NOISE + TF_CHILD_STDERR, ["Terminated: Exit Code: 1 (exit 1)"]))
     lines = text.splitlines()
