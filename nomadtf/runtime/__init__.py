@@ -2,7 +2,12 @@
 
     task.py           the entry, `run_task(role)`: log format, spec, Vault login, clients, exit codes
     alloc.py          pure: what Nomad tells the task about itself (NOMAD_* variables, the spec file)
-    supervisor.py     the phase machine: claim, rendezvous, run, check; reads events, asks the policy, acts
+    supervisor.py     the phase machine's loop: reads events, runs one step per phase, asks the policy
+    gathering.py      its CLAIMING and RENDEZVOUS: an index taken, the cluster waited for, the child started
+    following.py      its RUNNING: the job's state and settled cluster acted on, our child's exit decided
+    recovering.py     its CHECKING and FENCED: a peer's change looked for, recovery in place, the fence
+    childcare.py      the child started, restarted, stopped; the outcome kept and sent once recorded
+    phase.py          pure: the phases, the retry delay, an exit code in words
     startup.py        what a task does once before the phase machine (job ended? budget, environment, session, script)
     loop.py           one event queue: watch events, signals, child exits, timers
     policy.py         pure decisions: who restarts on which event, budgets, exit classes, hang

@@ -53,7 +53,7 @@ class Recording:
         self.discovery = discovery
         self.should_stop = should_stop  # a retry gives up once it says so (a stop signal)
         # Called with the state once this task has recorded the run's outcome (the archive
-        # and notify: supervisor._on_recorded). It must not raise.
+        # and notify: childcare._on_recorded). It must not raise.
         self.on_recorded: Callable[[str], None] = lambda state: None
 
     def open_session(self) -> None:

@@ -95,3 +95,34 @@ def test_a_module_left_out_is_found():
     doc = "The runtime.\n\n    task.py     the entry\n    loop        the queue\n\nIt runs a task and an oom check."
     assert listed(doc) == {"task", "loop"}
     assert {"task", "loop", "oom"} - named(doc) == {"oom"}
+
+
+# Sizes a newcomer can read whole (issue #35): a module over this many lines, or a class,
+# is split where its jobs part.
+MAX_MODULE_LINES = 500
+MAX_CLASS_LINES = 250
+
+
+def oversized(root: Path) -> list[str]:
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        text = path.read_text()
+        where = path.relative_to(root.parent)
+        if text.count("\n") > MAX_MODULE_LINES:
+            found.append(f"{where}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES:
+                found.append(f"{where}: class {node.name} {node.end_lineno - node.lineno + 1} lines")
+    return found
+
+
+def test_no_module_over_500_lines_and_no_class_over_250():
+    assert oversized(PACKAGE) == []
+
+
+def test_an_oversized_module_or_class_is_found(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "big.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    (package / "wide.py").write_text("class Wide:\n" + "    x = 1\n" * MAX_CLASS_LINES)
+    assert oversized(package) == [f"pkg/big.py: {MAX_MODULE_LINES + 1} lines", f"pkg/wide.py: class Wide {MAX_CLASS_LINES + 1} lines"]
