@@ -62,7 +62,6 @@ class TaskState:
     """One task of an allocation (`TaskStates.<task>`)."""
 
     state: str = ""  # pending, running, dead
-    failed: bool = False
     restarts: int = 0
     events: tuple[TaskEvent, ...] = ()
 
@@ -70,7 +69,6 @@ class TaskState:
     def from_api(cls, state: Mapping[str, Any]) -> TaskState:
         return cls(
             state=str(state.get("State") or ""),
-            failed=bool(state.get("Failed")),
             restarts=int(state.get("Restarts") or 0),
             events=tuple(TaskEvent.from_api(e) for e in state.get("Events") or []),
         )
@@ -103,7 +101,6 @@ class Allocation:
     client_status: str = ""  # pending, running, complete, failed, lost, unknown
     desired_status: str = "run"  # run, stop, evict
     create_index: int = 0
-    modify_index: int = 0
     create_time: int = 0  # ns since the epoch
     modify_time: int = 0
     task_states: Mapping[str, TaskState] = field(default_factory=dict)
@@ -130,7 +127,6 @@ class Allocation:
             client_status=str(alloc.get("ClientStatus") or ""),
             desired_status=str(alloc.get("DesiredStatus") or "run"),
             create_index=int(alloc.get("CreateIndex") or 0),
-            modify_index=int(alloc.get("ModifyIndex") or 0),
             create_time=int(alloc.get("CreateTime") or 0),
             modify_time=int(alloc.get("ModifyTime") or 0),
             task_states={task: TaskState.from_api(state) for task, state in (alloc.get("TaskStates") or {}).items()},
