@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -46,11 +47,13 @@ TEST_DOCKER = True
 
 
 @pytest.fixture(scope="session")
-def stack():
+def stack(request):
     dev = DevStack.default()
     started = dev.up(progress=_progress, timeout=180, gpus=TEST_GPUS, mig=TEST_MIG, docker=TEST_DOCKER)
     saved = {k: os.environ.get(k) for k in ("NOMAD_ADDR", "CONSUL_HTTP_ADDR", "VAULT_ADDR", "VAULT_TOKEN", "DOCKER_HOST")}
     os.environ.update(dev.env())
+    if any("task_image" in item.fixturenames for item in request.session.items):
+        _start_image_build(dev)
     yield dev
     for key, value in saved.items():
         if value is None:
@@ -67,13 +70,31 @@ def docker_client(stack):
     return stack.daemon.client(timeout=900)
 
 
+# The task image is built (minutes on a fresh machine: a Debian base, a wheelhouse with
+# TensorFlow, `docker build`) in the background from the moment the stack is up, when the
+# session has a test that needs it, so the build overlaps the tests before the first one.
+_image_build: list[Future] = []
+
+
+def _build_image(client) -> str:
+    from nomadtf.devstack import images
+
+    return images.build(client, lambda message: sys.stderr.write(f"[image] {message}\n"))
+
+
+def _start_image_build(dev: DevStack) -> None:
+    builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="task-image")
+    _image_build.append(builder.submit(_build_image, dev.daemon.client(timeout=900)))
+    builder.shutdown(wait=False)
+
+
 @pytest.fixture(scope="session")
 def task_image(docker_client) -> str:
     """The task image of this checkout for this installation's TensorFlow, built once per
     session (and found again in the daemon's data root on a machine that built it before)."""
-    from nomadtf.devstack import images
-
-    return images.build(docker_client, lambda message: sys.stderr.write(f"[image] {message}\n"))
+    if _image_build:
+        return _image_build[0].result()  # a failed build raises here, in the test that needs it
+    return _build_image(docker_client)
 
 
 # The several-client test bed, shaped like a production cluster: three clients, fake GPUs on
