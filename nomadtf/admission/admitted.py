@@ -6,11 +6,10 @@ One part of the admission controller (controller.py): its methods run on the lea
 
 from __future__ import annotations
 
-from typing import Any
-
 from nomadtf import wire
 from nomadtf.admission import suspension
 from nomadtf.errors import NomadError, ServerError
+from nomadtf.job.answers import Job
 
 
 class KnowsWhoAdmitted:
@@ -65,7 +64,7 @@ class KnowsWhoAdmitted:
         except ServerError as exc:
             self.on_event(f"could not record {key[0]}/{key[1]} run {run_id} as admitted: {exc}")
 
-    def _forget_admitted(self, jobs: dict[tuple[str, str], dict[str, Any]]) -> None:
+    def _forget_admitted(self, jobs: dict[tuple[str, str], Job]) -> None:
         """A job gone from Nomad (purged) needs no record.  DELETE .../admitted/<ns>/<job>"""
         from nomadtf.servers.consulhttp import consul_call
 
@@ -74,7 +73,7 @@ class KnowsWhoAdmitted:
             self.requests += 1
             del self.admitted[key]
 
-    def _suspend_again(self, job: dict[str, Any]) -> None:
+    def _suspend_again(self, job: Job) -> None:
         """A run someone other than the controller resumed (Nomad CE lets a token with
         scale-job scale its own jobs): placeholder up, groups to 0; it waits its turn."""
         run = self._queued_run(job)

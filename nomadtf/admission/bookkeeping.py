@@ -3,6 +3,7 @@ over a run's allocations its steps share (what it holds, what it still misses, i
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -11,7 +12,7 @@ from nomadtf.admission import board as boards
 from nomadtf.admission import elastic, fit, preemption
 from nomadtf.admission.order import QueuedRun
 from nomadtf.job import capacity
-from nomadtf.job.answers import Allocation
+from nomadtf.job.answers import Allocation, Job
 
 STEP_WAIT_S = 5.0  # the leader looks at least this often (a gang deadline, a node's return)
 MIN_STEP_S = 0.2  # a burst of changes makes one step, not one per change
@@ -58,7 +59,7 @@ class Seen:
     """A suspended-design job as last read, by its JobModifyIndex."""
 
     modify_index: int
-    job: dict[str, Any] | None
+    job: Job | None
     problem: str = ""
 
 
@@ -95,12 +96,12 @@ def free_of(rooms: list[fit.Room], ask: fit.RunAsk) -> capacity.Resources:
     return capacity.Resources(sum(max(r.cpu, 0) for r in mine), sum(max(r.memory, 0) for r in mine), devices)
 
 
-def grace_s(job: dict[str, Any]) -> float:
+def grace_s(job: Mapping[str, Any]) -> float:
     """How long a run asked to checkpoint has before it is suspended, shrunk or grown anyway."""
     return min(MAX_PREEMPT_GRACE_S, max(MIN_PREEMPT_GRACE_S, kill_timeout_s(job)))
 
 
-def kill_timeout_s(job: dict[str, Any]) -> float:
+def kill_timeout_s(job: Mapping[str, Any]) -> float:
     """The longest KillTimeout of the job's tasks, in seconds (Nomad's default: 5 s)."""
     timeouts = [int(task.get("KillTimeout") or 5_000_000_000) for group in job.get("TaskGroups") or [] for task in group.get("Tasks") or []]
     return max(timeouts, default=5_000_000_000) / 1e9

@@ -245,10 +245,9 @@ class Controller(ReadsJobs, WalksTheQueue, KnowsWhoAdmitted, WatchesPlacement, G
         queued = []
         self._forget_admitted(jobs)
         for key, job in list(jobs.items()):
-            current = suspension.state(job)
-            run_id = (job.get("Meta") or {}).get(wire.META_RUN, "")
+            current = suspension.state(job.document)
             # A finished run is never touched: suspending it again would run it again.
-            if current in (suspension.ADMITTING, suspension.ADMITTED) and job.get("Status") != "dead" and not self._admitted_by_us(key, run_id):
+            if current in (suspension.ADMITTING, suspension.ADMITTED) and not job.dead and not self._admitted_by_us(key, job.run_id):
                 self._suspend_again(job)  # resumed by someone else (its submitter's scale-job): back in line
                 continue
             if current == suspension.ADMITTING and key not in self.in_flight:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from nomadtf import wire
 
 if TYPE_CHECKING:
+    from nomadtf.job.answers import JobWrite
     from nomadtf.servers.nomad import NomadAPI
 
 METRICS_SERVICE = wire.ADMISSION_SERVICE_JOB  # the Nomad service (provider "nomad") of the replicas' metrics ports
@@ -118,7 +119,7 @@ def deploy(
     environ: Mapping[str, str] | None = None,
     on_event: Callable[[str], None] = lambda line: None,
     node_pool: str = "",
-) -> dict[str, Any]:
+) -> JobWrite:
     """Register the controller's service job in `api`'s namespace (with `api`'s token: an
     operator's); with `tokens`, first write the controller's own tokens to SERVICE_TOKENS_VAR:
     CONTROLLER_TOKEN_ENV from `environ` (made from the controller's policies), never the
@@ -143,5 +144,5 @@ def deploy(
     job = service_job(count, python, service_env(environ), namespace=api.namespace, clients=clients, tokens=tokens, node_pool=node_pool)
     registered = api.register(job)
     pool = f", node pool {node_pool}" if node_pool else ""
-    on_event(f"deployed {wire.ADMISSION_SERVICE_JOB} ({count} replicas) in namespace {api.namespace}{pool} (evaluation {registered['EvalID'][:8]})")
+    on_event(f"deployed {wire.ADMISSION_SERVICE_JOB} ({count} replicas) in namespace {api.namespace}{pool} (evaluation {registered.eval_id[:8]})")
     return registered

@@ -22,7 +22,7 @@ from nomadtf.admission.order import QueuedRun
 from nomadtf.admission.preemption import progress_numbers
 from nomadtf.errors import ServerError
 from nomadtf.job import capacity
-from nomadtf.job.answers import Allocation, Node
+from nomadtf.job.answers import Allocation, Job, Node
 
 ESTIMATE_S = 3.0
 MAX_META_NUMBER = 1e12  # steps or seconds: beyond it, nothing a run could mean
@@ -46,7 +46,7 @@ class Forecast:
         self.requests = 0
         self._at = 0.0
 
-    def update(self, now: float, jobs: Mapping[tuple[str, str], dict[str, Any]], allocs: list[Allocation], nodes: list[Node],
+    def update(self, now: float, jobs: Mapping[tuple[str, str], Job], allocs: list[Allocation], nodes: list[Node],
                queued: Iterable[QueuedRun], in_flight: Iterable[tuple[str, str]]) -> None:  # fmt: skip
         """GET .../progress per running nomadtf run that declares its steps"""
         if now - self._at < ESTIMATE_S:
@@ -63,23 +63,22 @@ class Forecast:
         waiting = []
         for run in list(queued)[:MAX_PLANNED]:
             assert run.ask is not None
-            job = jobs.get(run.key) or {}
+            job = jobs.get(run.key)
             ticket = wire.queue_ticket(run.namespace, run.job_id, run.run_id)
             if run.key in in_flight:  # admitted, not placed yet: it holds its room from now
                 holding.append(estimate.Holding(run.ask.needs, self._end(run.key, job, [])))
                 continue
-            waiting.append(estimate.Planned(ticket, run.ask.needs, _number(job.get("Meta") or {}, wire.META_DURATION)))
+            waiting.append(estimate.Planned(ticket, run.ask.needs, _number(job.meta if job else {}, wire.META_DURATION)))
         self.starts = {str(k): v for k, v in estimate.plan(free, holding, waiting, now).items()}
-        live = {(ns, job_id, str((j.get("Meta") or {}).get(wire.META_RUN, ""))) for (ns, job_id), j in jobs.items()}
+        live = {(ns, job_id, j.run_id) for (ns, job_id), j in jobs.items()}
         self.rates = {k: v for k, v in self.rates.items() if k in live}
 
-    def _end(self, key: tuple[str, str], job: dict[str, Any] | None, own: list[Allocation]) -> float | None:
+    def _end(self, key: tuple[str, str], job: Job | None, own: list[Allocation]) -> float | None:
         """When a running job ends (None: not known): a nomadtf run's step rate against its
         declared steps, or its declared duration from its first allocation's creation."""
-        if job is None or suspension.state(job) not in (suspension.ADMITTED, suspension.ADMITTING):
+        if job is None or suspension.state(job.document) not in (suspension.ADMITTED, suspension.ADMITTING):
             return None
-        meta = job.get("Meta") or {}
-        run_id = str(meta.get(wire.META_RUN, ""))
+        meta, run_id = job.meta, job.run_id
         steps = _number(meta, wire.META_STEPS)
         first = last = None
         if steps:

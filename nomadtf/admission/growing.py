@@ -7,9 +7,7 @@ One part of the admission controller (controller.py): its methods run on the lea
 from __future__ import annotations
 
 import time
-from typing import Any
 
-from nomadtf import wire
 from nomadtf.admission import elastic, fit, suspension
 from nomadtf.admission.bookkeeping import (
     RESIZE_SETTLE_S,
@@ -21,12 +19,13 @@ from nomadtf.admission.bookkeeping import (
 from nomadtf.admission.order import QueuedRun
 from nomadtf.errors import ServerError
 from nomadtf.job import capacity
+from nomadtf.job.answers import Job
 
 
 class GrowsElasticRuns:
     """Elastic runs grown and resized."""
 
-    def _grow(self, jobs: dict[tuple[str, str], dict[str, Any]], rooms: list[fit.Room], committed: dict[str, capacity.Resources]) -> None:
+    def _grow(self, jobs: dict[tuple[str, str], Job], rooms: list[fit.Room], committed: dict[str, capacity.Resources]) -> None:
         """Carry each growth on (checkpointed or its grace passed: resized; resized: placed, or
         back to its size before), then, while no run waits, start at most one: the elastic run
         below its most with room for more asks to checkpoint. A run that starts waiting calls
@@ -34,10 +33,10 @@ class GrowsElasticRuns:
         for key, growing in list(self.growing.items()):
             job = jobs.get(key)
             try:
-                run = self._queued_run(job) if job is not None and (job.get("Meta") or {}).get(wire.META_RUN) == growing.run_id else None
+                run = self._queued_run(job) if job is not None and job.run_id == growing.run_id else None
             except suspension.Malformed:
                 run = None  # its Meta changed under us: the growth is off
-            if run is None or job is None or job.get("Status") == "dead" or suspension.state(job) != suspension.ADMITTED or key in self.preempting:
+            if run is None or job is None or job.dead or suspension.state(job.document) != suspension.ADMITTED or key in self.preempting:
                 del self.growing[key]
                 continue
             if growing.placed_by:
@@ -71,14 +70,14 @@ class GrowsElasticRuns:
         if not (self.blocked or self.more):
             self._start_growth(jobs, rooms, committed)
 
-    def _start_growth(self, jobs: dict[tuple[str, str], dict[str, Any]], rooms: list[fit.Room], committed: dict[str, capacity.Resources]) -> None:
+    def _start_growth(self, jobs: dict[tuple[str, str], Job], rooms: list[fit.Room], committed: dict[str, capacity.Resources]) -> None:
         """The first elastic run, placed whole and formed, below its most, with room for more:
         asked to checkpoint; it grows at the checkpoint (or once its grace has passed)."""
         settled = time.monotonic() - RESIZE_SETTLE_S
         self.resized_at = {key: at for key, at in self.resized_at.items() if at > settled}
         busy = set(self.growing) | set(self.preempting) | set(self.in_flight) | set(self.forming) | self.given_back | set(self.resized_at)
         for key, job in sorted(jobs.items()):
-            if key in busy or job.get("Status") == "dead" or suspension.state(job) != suspension.ADMITTED:
+            if key in busy or job.dead or suspension.state(job.document) != suspension.ADMITTED:
                 continue
             try:
                 run = self._queued_run(job)
@@ -86,7 +85,7 @@ class GrowsElasticRuns:
                 continue
             if run is None or not run.minimum or run.ask is None:
                 continue
-            counts = suspension.group_counts(job)
+            counts = suspension.group_counts(job.document)
             now = {group: counts.get(group, 0) for group in run.minimum}
             placed = holding_by_group(self.by_job.get(key, []), key, run.arrival)
             if all(now[g] >= run.counts[g] for g in now) or any(placed.get(g, 0) < n for g, n in counts.items() if g in run.counts):
@@ -95,22 +94,22 @@ class GrowsElasticRuns:
             if grown is None:
                 continue
             self._signal_checkpoint(run.namespace, run.job_id)
-            grace = grace_s(job)
+            grace = grace_s(job.document)
             saved = self._progress_of(run.namespace, run.job_id, run.run_id)["checkpoint_step"]
             self.growing[key] = elastic.Growing(run.run_id, now, grown, saved, time.monotonic() + grace)
             self._note(run, f"room for {elastic.sizes(grown, run.minimum)}: asked to checkpoint; it grows then (in at most {grace:.0f}s)")
             return
 
-    def _resize(self, run: QueuedRun, job: dict[str, Any], counts: dict[str, int], message: str, verdict: str) -> bool:
+    def _resize(self, run: QueuedRun, job: Job, counts: dict[str, int], message: str, verdict: str) -> bool:
         """An admitted elastic run to `counts`: its tasks learn them from Consul first (a
         shrinking cluster is whole at once, a growing one waits for its new members), then
         Nomad changes the groups. False when a call failed (tried again next step).
 
         PUT .../cluster/counts ; POST /v1/job/:id/scale per changed group"""
-        current = suspension.group_counts(job)
+        current = suspension.group_counts(job.document)
         try:
             self._set_counts(run.namespace, run.job_id, run.run_id, counts)
-            index = int(job.get("JobModifyIndex") or 0)
+            index = job.modify_index
             for group, count in sorted(counts.items()):
                 if current.get(group) != count:
                     index = self._scale(run, group, count, index, message, verdict)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Any
 
 from nomadtf import wire
 from nomadtf.admission import fit, suspension
@@ -23,19 +22,19 @@ from nomadtf.admission.bookkeeping import (
 )
 from nomadtf.admission.order import QueuedRun
 from nomadtf.errors import NomadError, ServerError
-from nomadtf.job.answers import Allocation
+from nomadtf.job.answers import Allocation, Job
 
 
 class WatchesPlacement:
     """Admitted runs until placed whole and formed, or given back."""
 
-    def _check_in_flight(self, jobs: dict[tuple[str, str], dict[str, Any]], allocs: list[Allocation]) -> None:
+    def _check_in_flight(self, jobs: dict[tuple[str, str], Job], allocs: list[Allocation]) -> None:
         """Each admitted run not yet placed whole: placed now (done), or past its gang
         timeout (given back). Its own allocations, terminal ones too: a short task may have
         ended before it is looked at.  GET /v1/job/:id/allocations per run in flight"""
         for key, flight in list(self.in_flight.items()):
             job = jobs.get(key)
-            if job is None or (job.get("Meta") or {}).get(wire.META_RUN) != flight.run.run_id:
+            if job is None or job.run_id != flight.run.run_id:
                 self.in_flight.pop(key, None)
                 continue
             own = self._api(key[0]).allocations(key[1])
@@ -49,7 +48,7 @@ class WatchesPlacement:
                 self.in_flight.pop(key, None)
                 self._give_back(flight.run, job, placed)
 
-    def _check_forming(self, jobs: dict[tuple[str, str], dict[str, Any]]) -> None:
+    def _check_forming(self, jobs: dict[tuple[str, str], Job]) -> None:
         """Each run placed whole whose cluster had not formed: formed now (done), or past its
         ready timeout: given back and queued again after a backoff, or, past its requeue
         limit, refused.  GET .../cluster/generation per run ; GET /v1/job/:id/scale at a timeout"""
@@ -57,8 +56,8 @@ class WatchesPlacement:
 
         for key, forming in list(self.forming.items()):
             run, job = forming.run, jobs.get(key)
-            if job is None or (job.get("Meta") or {}).get(wire.META_RUN) != run.run_id or job.get("Status") == "dead" \
-                    or suspension.state(job) != suspension.ADMITTED:
+            if job is None or job.run_id != run.run_id or job.dead \
+                    or suspension.state(job.document) != suspension.ADMITTED:
                 del self.forming[key]
                 continue
             if time.monotonic() < forming.deadline and time.monotonic() - forming.checked < FORMING_CHECK_S:
@@ -100,7 +99,7 @@ class WatchesPlacement:
         return sum(1 for e in events if (e.get("Meta") or {}).get(suspension.META_ADMISSION) == "not-ready"
                    and (e.get("Meta") or {}).get(wire.META_RUN) == run.run_id and e.get("Count") == 1)  # fmt: skip
 
-    def _give_back(self, run: QueuedRun, job: dict[str, Any], placed: dict[str, int], message: str = "", verdict: str = "requeued",
+    def _give_back(self, run: QueuedRun, job: Job, placed: dict[str, int], message: str = "", verdict: str = "requeued",
                    note: str = "") -> int | None:  # fmt: skip
         """Placeholder up first (the job stays pending), then every group to 0, the unplaced
         ones first (a placed group stopped first would free room for a blocked one, which
@@ -113,7 +112,7 @@ class WatchesPlacement:
         message = message or f"nomadtf admission: run {run.run_id} not placed whole within its gang timeout; queued again"
         index = None
         try:
-            index = self._scale(run, suspension.PLACEHOLDER_GROUP, 1, int(job.get("JobModifyIndex") or 0), message, verdict)
+            index = self._scale(run, suspension.PLACEHOLDER_GROUP, 1, job.modify_index, message, verdict)
             for group in sorted(run.counts, key=lambda g: (placed.get(g, 0) >= run.counts[g], g)):
                 index = self._scale(run, group, 0, index, f"nomadtf admission: gave back the placed part of run {run.run_id}", verdict)
         except NomadError as exc:

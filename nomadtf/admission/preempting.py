@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Any
 
-from nomadtf import wire
 from nomadtf.admission import elastic, fit, order, preemption, suspension
 from nomadtf.admission.bookkeeping import (
     CHECKPOINT_CHECK_S,
@@ -20,13 +18,13 @@ from nomadtf.admission.bookkeeping import (
 from nomadtf.admission.order import QueuedRun
 from nomadtf.errors import ServerError
 from nomadtf.job import capacity
-from nomadtf.job.answers import Allocation
+from nomadtf.job.answers import Allocation, Job
 
 
 class Preempts:
     """Victims chosen, asked to checkpoint, then suspended or shrunk."""
 
-    def _running_runs(self, jobs: dict[tuple[str, str], dict[str, Any]], by_job: dict[tuple[str, str], list[Allocation]],
+    def _running_runs(self, jobs: dict[tuple[str, str], Job], by_job: dict[tuple[str, str], list[Allocation]],
                       committed: dict[str, capacity.Resources]) -> list[preemption.Candidate]:  # fmt: skip
         """The admitted runs placed whole and running that a waiting run might preempt (their
         progress not read yet); none given back or asked to checkpoint this step."""
@@ -34,20 +32,20 @@ class Preempts:
         out = []
         for key, job in jobs.items():
             own = [a for a in by_job.get(key, []) if a.holds_resources]
-            if not own or key in self.in_flight or key in self.preempting or key in self.given_back or job.get("Status") == "dead":
+            if not own or key in self.in_flight or key in self.preempting or key in self.given_back or job.dead:
                 continue
-            if suspension.state(job) != suspension.ADMITTED:
+            if suspension.state(job.document) != suspension.ADMITTED:
                 continue
             owner = policy.of(key[0])
             borrowing = owner.nominal is not None and bool(owner.over(committed.get(key[0], capacity.Resources()), capacity.Resources(), nominal_only=True))
             started = min(a.create_time for a in own) / 1e9
-            out.append(preemption.Candidate(key[0], key[1], (job.get("Meta") or {}).get(wire.META_RUN, ""),
-                                            owner.priority(order.clamp_priority(job.get("Priority"))),
+            out.append(preemption.Candidate(key[0], key[1], job.run_id,
+                                            owner.priority(order.clamp_priority(job.priority)),
                                             tuple((a.node_id, a.resources) for a in own), started, borrowing))  # fmt: skip
         return out
 
     def _preempt_for(self, run: QueuedRun, missing: fit.RunAsk, rooms: list[fit.Room], running: list[preemption.Candidate],
-                     jobs: dict[tuple[str, str], dict[str, Any]], committed: dict[str, capacity.Resources]) -> bool:  # fmt: skip
+                     jobs: dict[tuple[str, str], Job], committed: dict[str, capacity.Resources]) -> bool:  # fmt: skip
         """Start preempting the runs that make room for `run` (preemption.py), if any may.
 
         GET .../progress per weighed candidate ; POST /v1/client/allocation/:id/signal per victim allocation"""
@@ -82,15 +80,15 @@ class Preempts:
             return victim.key in holding
         return bool(preemption.beyond(self.by_job.get(victim.key, []), dict(victim.shrink_to)))
 
-    def _as_shrink(self, candidate: preemption.Candidate, job: dict[str, Any]) -> preemption.Candidate | None:
+    def _as_shrink(self, candidate: preemption.Candidate, job: Job) -> preemption.Candidate | None:
         """`candidate` as an elastic run shrunk to its minimums (None: not elastic, or at them)."""
         try:
-            wanted = suspension.Suspension.of(job)
+            wanted = suspension.Suspension.of(job.document)
         except suspension.Malformed:
             return None
         if wanted is None or not wanted.minimum:
             return None
-        counts = {group: count for group, count in suspension.group_counts(job).items() if group in wanted.counts}
+        counts = {group: count for group, count in suspension.group_counts(job.document).items() if group in wanted.counts}
         return preemption.as_shrink(candidate, self.by_job.get(candidate.key, []), counts, wanted.minimum)
 
     def _progress_of(self, namespace: str, job_id: str, run_id: str) -> dict[str, int | None]:
@@ -108,12 +106,12 @@ class Preempts:
         step, checkpoint_step, _ = preemption.progress_numbers(record)
         return {"step": step, "checkpoint_step": checkpoint_step}
 
-    def _ask_to_checkpoint(self, victim: preemption.Candidate, job: dict[str, Any], by: str, for_key: tuple[str, str]) -> None:
+    def _ask_to_checkpoint(self, victim: preemption.Candidate, job: Job, by: str, for_key: tuple[str, str]) -> None:
         """SIGUSR1 to each of the victim's allocations (the supervisor passes it on to code that
         catches it); it is suspended (or, elastic, shrunk) once it reports a new checkpoint, or
         its kill timeout (at most MAX_PREEMPT_GRACE_S: the victim's own job sets it) has passed."""
         self._signal_checkpoint(victim.namespace, victim.job_id)
-        grace = grace_s(job)
+        grace = grace_s(job.document)
         self.preempting[victim.key] = Preempting(victim, for_key, by, time.monotonic() + grace)
         self.growing.pop(victim.key, None)
         lost = f"{victim.lost_s(time.time()):.0f}s of work since its last checkpoint" if victim.step else "no steps reported"
@@ -135,17 +133,17 @@ class Preempts:
                 self.requests += 1
         self.requests += 1
 
-    def _suspend_preempted(self, jobs: dict[tuple[str, str], dict[str, Any]]) -> None:
+    def _suspend_preempted(self, jobs: dict[tuple[str, str], Job]) -> None:
         """Each victim that checkpointed or whose grace has passed: suspended whole and queued
         again. A preemption whose waiting run no longer waits (admitted elsewhere, stopped,
         purged) is called off: nothing is suspended for nobody."""
         for key, preempting in list(self.preempting.items()):
             job = jobs.get(key)
-            if job is None or (job.get("Meta") or {}).get(wire.META_RUN) != preempting.victim.run_id or job.get("Status") == "dead":
+            if job is None or job.run_id != preempting.victim.run_id or job.dead:
                 del self.preempting[key]  # it ended (or was stopped) meanwhile: nothing to suspend
                 continue
             waiting = jobs.get(preempting.for_key)
-            if waiting is None or suspension.state(waiting) != suspension.QUEUED:
+            if waiting is None or suspension.state(waiting.document) != suspension.QUEUED:
                 del self.preempting[key]
                 self._note_key(*key, preempting.victim.run_id, f"preemption for {preempting.by} called off: that run no longer waits")
                 continue

@@ -7,7 +7,6 @@ One part of the admission controller (controller.py): its methods run on the lea
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from nomadtf import wire
 from nomadtf.admission import board as boards
@@ -17,17 +16,17 @@ from nomadtf.admission.bookkeeping import (
 )
 from nomadtf.admission.order import QueuedRun
 from nomadtf.errors import NomadError, ServerError
-from nomadtf.job.answers import JobStub
+from nomadtf.job.answers import Job, JobStub
 
 
 class ReadsJobs:
     """What the leader reads each step."""
 
-    def _suspended_jobs(self, stubs: list[JobStub]) -> tuple[dict[tuple[str, str], dict[str, Any]], list[boards.Skipped]]:
+    def _suspended_jobs(self, stubs: list[JobStub]) -> tuple[dict[tuple[str, str], Job], list[boards.Skipped]]:
         """The live suspended-design jobs, read again only when changed; the unreadable ones.
 
         GET /v1/job/:id per changed job"""
-        jobs: dict[tuple[str, str], dict[str, Any]] = {}
+        jobs: dict[tuple[str, str], Job] = {}
         skipped: list[boards.Skipped] = []
         live = set()
         for stub in stubs:
@@ -45,7 +44,7 @@ class ReadsJobs:
                 self.seen[key] = seen
             if seen.problem:
                 skipped.append(boards.Skipped(key[0], wire.queue_ticket(key[0], key[1], stub.run_id), seen.problem))
-            elif seen.job is not None and not seen.job.get("Stop"):
+            elif seen.job is not None and not seen.job.stop:
                 jobs[key] = seen.job
         for key in set(self.seen) - live:
             del self.seen[key]
@@ -99,22 +98,20 @@ class ReadsJobs:
         if job is None:
             return Seen(modify_index, None)
         try:
-            suspension.Suspension.of(job)
+            suspension.Suspension.of(job.document)
         except suspension.Malformed as exc:
-            return Seen(int(job.get("JobModifyIndex") or modify_index), None, str(exc))
-        return Seen(int(job.get("JobModifyIndex") or modify_index), job)
+            return Seen(job.modify_index or modify_index, None, str(exc))
+        return Seen(job.modify_index or modify_index, job)
 
-    def _queued_run(self, job: dict[str, Any]) -> QueuedRun | None:
-        wanted = suspension.Suspension.of(job)
+    def _queued_run(self, job: Job) -> QueuedRun | None:
+        wanted = suspension.Suspension.of(job.document)
         if wanted is None:
             return None
-        namespace, job_id = job.get("Namespace") or "default", job["ID"]
-        run_id = (job.get("Meta") or {}).get(wire.META_RUN, "")
-        modify_index = int(job.get("JobModifyIndex") or 0)
+        namespace, job_id, run_id, modify_index = job.namespace, job.id, job.run_id, job.modify_index
         arrival = self.arrival.setdefault((namespace, job_id, run_id), modify_index)
-        priority = self.sharing.policy.of(namespace).priority(order.clamp_priority(job.get("Priority")))
+        priority = self.sharing.policy.of(namespace).priority(order.clamp_priority(job.priority))
         return QueuedRun(
-            namespace, job_id, run_id, priority, arrival, (job.get("SubmitTime") or 0) / 1e9,
-            modify_index, wanted.counts, wanted.gang_timeout_s, fit.RunAsk.of(suspension.wanted_job(job, wanted.counts)),
+            namespace, job_id, run_id, priority, arrival, job.submit_time / 1e9,
+            modify_index, wanted.counts, wanted.gang_timeout_s, fit.RunAsk.of(suspension.wanted_job(job.document, wanted.counts)),
             wanted.ready_timeout_s, wanted.requeue_limit, wanted.minimum,
         )  # fmt: skip

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any
 
 from nomadtf import wire
 from nomadtf.admission import board as boards
@@ -27,14 +26,14 @@ from nomadtf.admission.bookkeeping import (
 from nomadtf.admission.order import QueuedRun
 from nomadtf.errors import NomadError, ServerError
 from nomadtf.job import capacity
-from nomadtf.job.answers import Allocation, Node
+from nomadtf.job.answers import Allocation, Job, Node
 
 
 class WalksTheQueue:
     """The walk in order and the admitting calls."""
 
     def _walk(self, queued: list[QueuedRun], rooms: list[fit.Room], nodes: list[Node], allocs: list[Allocation],
-              committed: dict[str, capacity.Resources], jobs: dict[tuple[str, str], dict[str, Any]]) -> list[boards.BoardLine]:  # fmt: skip
+              committed: dict[str, capacity.Resources], jobs: dict[tuple[str, str], Job]) -> list[boards.BoardLine]:  # fmt: skip
         """Admit what fits, in order (controller.py's docstring, step 2); the board's lines.
         `committed`: what each namespace holds and has admitted (its quota's use)."""
         policy = self.sharing.policy
@@ -139,12 +138,12 @@ class WalksTheQueue:
             run.job_id, group, count, message, modify_index=index, meta={wire.META_RUN: run.run_id, suspension.META_ADMISSION: verdict}
         )
         self.requests += 2
-        return int(reply.get("JobModifyIndex") or 0)
+        return reply.job_modify_index
 
     def _admit(self, run: QueuedRun) -> None:
         """Record the intent, scale the groups up, then the placeholder down (the job is never
         `dead` between).  PUT /v1/kv/nomadtf/_admission/admitted/<ns>/<job> ; the scale calls"""
-        job = self.seen[run.key].job or {}
+        job = self.seen[run.key].job
         if self.admitted.get(run.key) != run.run_id:
             if not self.lease.still_leads():
                 raise LostLead(f"{self.name} lost the lead before admitting {run.namespace}/{run.job_id}")
@@ -154,7 +153,7 @@ class WalksTheQueue:
         # The run's deadline counts from now, not from its submission (runtime/deadline.py).
         self.lease.publish(wire.kv_admitted_at(run.namespace, run.job_id, run.run_id), f"{time.time():.3f}")
         self.requests += 1
-        current = suspension.group_counts(job)
+        current = suspension.group_counts(job.document) if job else {}
         waited = max(0.0, time.time() - run.since) if run.since else 0.0
         size = f" at {elastic.sizes(run.counts, run.minimum)}" if run.minimum else ""
         message = f"nomadtf admission: admitted run {run.run_id}{size} after {waited:.0f}s in the queue"

@@ -20,7 +20,6 @@ from nomadtf.client.runview import (
     JobView,
     describe_environment,
     of_run,
-    run_of,
     summarize,
     task_events,
     versions_of_run,
@@ -35,7 +34,7 @@ from nomadtf.errors import (
 )
 from nomadtf.job import outcome as outcomes
 from nomadtf.job import report
-from nomadtf.job.answers import Allocation
+from nomadtf.job.answers import Allocation, Job
 from nomadtf.job.outcome import RunOutcome, latest_allocs
 from nomadtf.job.plan import explain_placement_failure, group_counts, requested_devices
 from nomadtf.servers.nomad import NomadAPI
@@ -123,17 +122,17 @@ class Follower:
             self._check_deadline()
             every, index = self.api.watch_allocations(self.job_id, index)
             job = self.api.job(self.job_id)
-            if job is not None and self.versions is not None and run_of(job) == self.run_id and job.get("Version", 0) not in self.versions:
+            if job is not None and self.versions is not None and job.run_id == self.run_id and job.version not in self.versions:
                 # An admission scales group by group: every version of this run is ours.
-                self.versions |= versions_of_run(self.api.versions(self.job_id), self.run_id) | {job.get("Version", 0)}
-            if job is not None and run_of(job) == self.run_id and not job.get("Stop") and suspension.is_waiting(job):
+                self.versions |= versions_of_run(self.api.versions(self.job_id), self.run_id) | {job.version}
+            if job is not None and job.run_id == self.run_id and not job.stop and suspension.is_waiting(job.document):
                 raise Requeued(self._requeued_why())
             allocs = of_run(every, self.versions)
             self._report_events(allocs)
             self._report_environments()
             self._announce_tensorboard(allocs)
             self._warn_side_roles(allocs)
-            view = summarize(job or {"ID": self.job_id, "Status": "dead"}, allocs)
+            view = summarize(job or Job(self.job_id, status="dead"), allocs)
             self._fill_progress(view, allocs)
             self.on_view(view)
             result = outcomes.decide(job, allocs, self._recorded(), self.run_id, self.reschedule_attempts)
@@ -188,7 +187,8 @@ class Follower:
                 continue
             failed = evaluation.failed_groups
             if failed:
-                job = self.api.job(self.job_id) or {}
+                found = self.api.job(self.job_id)
+                job = found.document if found else {}
                 devices, counts = requested_devices(job), group_counts(job)
                 reasons = [explain_placement_failure(g, m, devices.get(g), counts.get(g)) for g, m in sorted(failed.items())]
                 raise JobFailed("the job cannot be placed:\n  " + "\n  ".join(reasons))

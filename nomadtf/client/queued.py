@@ -17,7 +17,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import consul
 
@@ -25,6 +24,7 @@ from nomadtf import wire
 from nomadtf.admission import suspension
 from nomadtf.admission.board import Board, BoardLine
 from nomadtf.errors import JobFailed, JobStopped, QueueInterrupted, QueueTimeout, ServerError
+from nomadtf.job.answers import Job
 from nomadtf.job.capacity import Resources
 from nomadtf.servers.nomad import NomadAPI
 
@@ -192,7 +192,7 @@ class AdmissionWait:
         line = board.line_of(wire.queue_ticket(self.api.namespace, self.job_id, self.run_id))
         return QueueStatus(self.label, self.run_id, line, board.length, board.leader if board.age_s() < 600 else "", len(board.lines))
 
-    def wait(self, detach: bool = False) -> dict[str, Any] | Waiting:
+    def wait(self, detach: bool = False) -> Job | Waiting:
         """The job once admitted; with `detach`, a Waiting once the controller placed it in
         line (or DETACH_LOOK_S passed).
         JobFailed (refused: never fits), JobStopped (stopped or replaced), QueueTimeout,
@@ -205,16 +205,16 @@ class AdmissionWait:
         except KeyboardInterrupt:
             raise self.interrupted() from None
 
-    def _wait(self, detach: bool) -> dict[str, Any] | Waiting:
+    def _wait(self, detach: bool) -> Job | Waiting:
         index = 0
         while True:
             job, index = self.api.watch_job(self.job_id, index, wait_s=self._wait_s())
             current = self._judge(job)
-            if current in (suspension.ADMITTED, suspension.PLAIN):
+            if job is not None and current in (suspension.ADMITTED, suspension.PLAIN):
                 waited = time.monotonic() - self.started
                 if waited >= 1:
                     self.on_event(f"admitted after {waited:.0f}s in the queue")
-                return job or {}
+                return job
             status = self.status()
             # --detach returns once the controller has looked: admitted (above), refused
             # (an error, said now), or placed in line; at the latest after DETACH_LOOK_S.
@@ -224,13 +224,13 @@ class AdmissionWait:
             self._say(status)
             self._check_deadline(status)
 
-    def _judge(self, job: dict[str, Any] | None) -> str:
-        if job is None or (job.get("Meta") or {}).get(wire.META_RUN) != self.run_id:
+    def _judge(self, job: Job | None) -> str:
+        if job is None or job.run_id != self.run_id:
             raise JobStopped(
                 f"{self.label} run {self.run_id} was removed from the queue (purged, or replaced by another run); nothing of it ran"
             )
-        current = suspension.state(job)
-        if job.get("Stop") and current != suspension.ADMITTED:
+        current = suspension.state(job.document)
+        if job.stop and current != suspension.ADMITTED:
             raise JobStopped(f"{self.label} run {self.run_id} was removed from the queue (nomadtf stop, or a run with --replace); nothing of it ran")
         if current == suspension.REFUSED:
             raise JobFailed(f"{self.label} run {self.run_id} was not admitted: {refusal(self.api, self.job_id)}")

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nomadtf.client.runview import JobView, deciding_alloc, of_run, run_of, summarize, versions_of_run
+from nomadtf.client.runview import JobView, deciding_alloc, of_run, summarize, versions_of_run
 from nomadtf.errors import (
     JobFailed,
     JobNotFound,
@@ -23,7 +23,7 @@ from nomadtf.errors import (
     ServerError,
 )
 from nomadtf.job import outcome as outcomes
-from nomadtf.job.answers import Allocation
+from nomadtf.job.answers import Allocation, Job
 from nomadtf.job.outcome import RunOutcome
 from nomadtf.servers.nomad import NomadAPI
 from nomadtf.wire import META_VERSION
@@ -36,12 +36,12 @@ class JobState:
     """A nomadtf job as Nomad records it, also when nobody followed it; `allocs` are its
     current run's."""
 
-    job: dict[str, Any]
+    job: Job
     allocs: list[Allocation]
 
     @property
     def run_id(self) -> str:
-        return run_of(self.job)
+        return self.job.run_id
 
     @property
     def view(self) -> JobView:
@@ -60,7 +60,7 @@ def nomadtf_jobs(api: NomadAPI) -> list[JobState]:
             continue  # Nomad listed its Meta and it is not ours: no need to fetch it
         scoped = api.in_namespace(stub.namespace)
         job = scoped.job(stub.id)
-        if job and META_VERSION in (job.get("Meta") or {}):
+        if job and job.ours:
             states.append(JobState(job, run_allocations(scoped, job)))
     return states
 
@@ -94,7 +94,7 @@ def describe_runs(line: str, slots: list[tuple[str, int]]) -> str:
     return f"runs {line}  (" + ", ".join(f"{role} {n}" for role, n in counts.items()) + ")"
 
 
-def reschedule_attempts_of(job: dict[str, Any]) -> int:
+def reschedule_attempts_of(job: Mapping[str, Any]) -> int:
     """The reschedule attempts the rendered job gives its groups (the same for every group
     nomadtf renders). Pure."""
     attempts = [(g.get("ReschedulePolicy") or {}).get("Attempts", 0) or 0 for g in job.get("TaskGroups") or []]
@@ -118,8 +118,8 @@ def job_report(api: NomadAPI, job_id: str, discovery_for: Callable[[str], Any]) 
     GET /v1/kv/nomadtf/<ns>/<job>/<run>/cluster/state ; GET .../progress ; GET .../environment/?recurse
     """
     state = job_state(api, job_id)
-    elapsed = run_elapsed(state.allocs, state.job.get("Status") != "dead", time.time_ns())
-    attempts = reschedule_attempts_of(state.job)
+    elapsed = run_elapsed(state.allocs, not state.job.dead, time.time_ns())
+    attempts = reschedule_attempts_of(state.job.document)
     try:
         discovery = discovery_for(state.run_id)
         recorded = discovery.job_state()
@@ -130,21 +130,21 @@ def job_report(api: NomadAPI, job_id: str, discovery_for: Callable[[str], Any]) 
         return JobReport(state, elapsed, None, None, str(exc), outcome=result)
 
 
-def run_allocations(api: NomadAPI, job: dict[str, Any]) -> list[Allocation]:
+def run_allocations(api: NomadAPI, job: Job) -> list[Allocation]:
     """The allocations of the job's current run.
 
     GET /v1/job/:job_id/versions (when the job has a run id) ; GET /v1/job/:job_id/allocations
     """
-    versions = versions_of_run(api.versions(job["ID"]), run_of(job)) if run_of(job) else None
-    return of_run(api.allocations(job["ID"]), versions)
+    versions = versions_of_run(api.versions(job.id), job.run_id) if job.run_id else None
+    return of_run(api.allocations(job.id), versions)
 
 
-def require_nomadtf_job(api: NomadAPI, job_id: str) -> dict[str, Any]:
+def require_nomadtf_job(api: NomadAPI, job_id: str) -> Job:
     """GET /v1/job/:job_id ; JobFailed unless the job is there and carries our Meta."""
     job = api.job(job_id)
     if job is None:
         raise JobNotFound(f"no job {job_id!r} in Nomad namespace {api.namespace!r}")
-    if META_VERSION not in (job.get("Meta") or {}):
+    if not job.ours:
         raise JobFailed(f"job {job_id!r} was not started by nomadtf (no {META_VERSION} in its Meta); not touching it")
     return job
 

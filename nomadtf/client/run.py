@@ -31,7 +31,7 @@ from nomadtf.admission import suspension
 from nomadtf.client import cluster_facts, placement, queued
 from nomadtf.client.follow import Follower, Requeued
 from nomadtf.client.readback import final_lines, require_nomadtf_job
-from nomadtf.client.runview import JobView, run_of, versions_of_run
+from nomadtf.client.runview import JobView, versions_of_run
 from nomadtf.errors import (
     FollowTimeout,
     JobFailed,
@@ -42,6 +42,7 @@ from nomadtf.errors import (
     UsageError,
 )
 from nomadtf.job import plan, render
+from nomadtf.job.answers import Job, JobWrite
 from nomadtf.job.options import load_options
 from nomadtf.job.profile import offline_check_fill
 from nomadtf.job.spec import JobSpec, RunInfo, parse_spec
@@ -174,7 +175,7 @@ class Run:
         notes: list[str] = []
         run_id = new_run_id()
         existing = self.api.job(self.job_id)
-        if existing is not None and wire.META_VERSION not in (existing.get("Meta") or {}):
+        if existing is not None and not existing.ours:
             raise JobFailed(
                 f"job {self.job_id!r} in namespace {self.api.namespace!r} was not started by nomadtf; "
                 "pick another name (nomadtf never replaces a job it did not start)"
@@ -187,16 +188,16 @@ class Run:
             discovery.job_state()  # Consul holds the run's state: it must answer before we submit
         except ServerError as exc:
             raise ServerError(f"Consul is needed for the job's state: {exc}") from exc
-        modify_index = existing.get("JobModifyIndex", 0) if existing is not None else 0
-        if existing is not None and existing.get("Status") != "dead":
-            if not replace and suspension.is_waiting(existing) and not existing.get("Stop"):
+        modify_index = existing.modify_index if existing is not None else 0
+        if existing is not None and not existing.dead:
+            if not replace and suspension.is_waiting(existing.document) and not existing.stop:
                 raise JobFailed(
                     f"job {self.job_id} already has a run waiting in the admission queue in namespace {self.api.namespace} "
-                    f"(run {run_of(existing) or '?'}); add --replace to take its place, or remove it first (nomadtf stop {self.job_id})"
+                    f"(run {existing.run_id or '?'}); add --replace to take its place, or remove it first (nomadtf stop {self.job_id})"
                 )
             if not replace:
                 raise JobFailed(
-                    f"job {self.job_id} is already running in namespace {self.api.namespace} (run {run_of(existing) or '?'}); "
+                    f"job {self.job_id} is already running in namespace {self.api.namespace} (run {existing.run_id or '?'}); "
                     f"add --replace to stop it and start a new run, or stop it first (nomadtf stop {self.job_id})"
                 )
             modify_index = self._stop_running(existing, notes)
@@ -214,8 +215,8 @@ class Run:
             notes.append(f"could not delete earlier runs' Consul keys (harmless: every run has its own): {exc}")
         first = max(versions_of_run(self.api.versions(self.job_id), run_id), default=0)
         return Submitted(
-            self.job_id, self.api.namespace, "" if suspended else registration["EvalID"], self.api.ui_url(self.job_id), run_id,
-            first, notes, suspended, int(registration.get("JobModifyIndex") or 0),
+            self.job_id, self.api.namespace, "" if suspended else registration.eval_id, self.api.ui_url(self.job_id), run_id,
+            first, notes, suspended, registration.job_modify_index,
         )  # fmt: skip
 
     def wait_for_admission(self, submitted: Submitted, wait: queued.AdmissionWait, detach: bool = False) -> queued.Waiting | None:
@@ -224,7 +225,7 @@ class Run:
         result = wait.wait(detach=detach)
         return result if isinstance(result, queued.Waiting) else None
 
-    def _register(self, run_id: str, model_run: str, modify_index: int, suspended: bool) -> dict[str, Any]:
+    def _register(self, run_id: str, model_run: str, modify_index: int, suspended: bool) -> JobWrite:
         """Stamp the run as of now on the rendered job and register it (suspended:
         suspension.suspend), a check-and-set on `modify_index`.
 
@@ -237,11 +238,11 @@ class Run:
         body = suspension.suspend(job, admission.gang_timeout_s, ready_s, admission.requeue_limit, minimum) if suspended else job
         try:
             registered = self.api.register(body, modify_index=modify_index)
-            self.registered = (run_id, suspended, int(registered.get("JobModifyIndex") or 0))
+            self.registered = (run_id, suspended, registered.job_modify_index)
         except NomadError as exc:
             if exc.status != 409:
                 raise
-            current = run_of(self.api.job(self.job_id) or {})
+            current = (self.api.job(self.job_id) or Job(self.job_id)).run_id
             raise JobFailed(
                 f"another submission of {self.job_id} in namespace {self.api.namespace} registered first"
                 f" (run {current or '?'}); this run was not submitted. Follow that one (nomadtf status {self.job_id})"
@@ -250,17 +251,17 @@ class Run:
         self.job = job
         return registered
 
-    def _model_run(self, existing: dict[str, Any] | None, run_id: str, resume: bool, notes: list[str]) -> str:
+    def _model_run(self, existing: Job | None, run_id: str, resume: bool, notes: list[str]) -> str:
         """Whose model_dir this run trains in: its own (fresh), or with `resume` the
         previous run's; a note says which checkpoint, when this machine can see it."""
         uses_run_dir = "${NOMADTF_RUN_ID}" in self.spec.model_dir
         if resume:
-            previous = run_of(existing or {})
-            if not previous:
+            previous = existing.run_id if existing else ""
+            if not existing or not previous:
                 raise UsageError(
                     f"--resume: job {self.job_id} has no earlier run in namespace {self.api.namespace} to continue"
                 )
-            model_run = (existing.get("Meta") or {}).get(wire.META_MODEL_RUN) or previous
+            model_run = existing.meta.get(wire.META_MODEL_RUN) or previous
             if not uses_run_dir:
                 notes.append(f"--resume: model_dir {self.spec.model_dir} is the same for every run")
         else:
@@ -274,7 +275,7 @@ class Run:
             notes.append(f"model_dir {directory} already holds a checkpoint at step {step}: training resumes from it")
         return model_run
 
-    def _stop_running(self, existing: dict[str, Any], notes: list[str]) -> int:
+    def _stop_running(self, existing: Job, notes: list[str]) -> int:
         """--replace: stop the running run and wait (bounded) for its allocations to stop.
         The job's JobModifyIndex after the stop (what this run's registration must find)."""
         stopped = self.api.stop(self.job_id)
@@ -284,11 +285,11 @@ class Run:
             allocs, index = self.api.watch_allocations(self.job_id, index, wait_s=min(5.0, deadline - time.monotonic()))
             if all(a.client_status not in ("pending", "running") for a in allocs):
                 break
-        if suspension.is_waiting(existing):
-            notes.append(f"took the queued run {run_of(existing) or '?'} of {self.job_id} out of the queue (--replace)")
+        if suspension.is_waiting(existing.document):
+            notes.append(f"took the queued run {existing.run_id or '?'} of {self.job_id} out of the queue (--replace)")
         else:
-            notes.append(f"stopped the running run {run_of(existing) or '?'} of {self.job_id} (--replace)")
-        return int(stopped.get("JobModifyIndex") or (self.api.job(self.job_id) or {}).get("JobModifyIndex", 0))
+            notes.append(f"stopped the running run {existing.run_id or '?'} of {self.job_id} (--replace)")
+        return stopped.job_modify_index or (self.api.job(self.job_id) or Job(self.job_id)).modify_index
 
     def follow(
         self,
@@ -348,7 +349,7 @@ class Run:
         GET /v1/job/:job_id ; DELETE /v1/job/:job_id"""
         try:
             job = self.api.job(self.job_id)
-            if job is None or job.get("Stop") or (run_id and run_of(job) != run_id):
+            if job is None or job.stop or (run_id and job.run_id != run_id):
                 return
             self.api.stop(self.job_id)
         except ServerError as exc:
@@ -381,23 +382,23 @@ def scale_job(api: NomadAPI, job_id: str, counts: dict[str, int]) -> dict[str, i
     POST /v1/job/:job_id/scale per role
     """
     job = require_nomadtf_job(api, job_id)
-    if job.get("Status") == "dead":
+    if job.dead:
         raise JobFailed(f"job {job_id} is not running; nothing to scale")
-    if suspension.is_waiting(job):
+    if suspension.is_waiting(job.document):
         raise JobFailed(f"job {job_id} waits in the admission queue; scale it once it runs (or run it again with --var)")
-    groups = {g["Name"]: g.get("Count", 0) for g in suspension.without_placeholder(job.get("TaskGroups") or [])}
+    groups = {g: n for g, n in suspension.group_counts(job.document).items() if g != suspension.PLACEHOLDER_GROUP}
     for role, count in counts.items():
         if role not in groups:
             raise UsageError(f"job {job_id} has no {role} group to scale")
         if count < 1:
             raise UsageError(f"{role}={count}: a running job needs at least one {role}; stop the job to end it")
-    ConsulDiscovery(job_id, api.namespace, run_id=run_of(job)).set_counts(counts)
+    ConsulDiscovery(job_id, api.namespace, run_id=job.run_id).set_counts(counts)
     for role, count in counts.items():
         api.scale(job_id, role, count, f"nomadtf scale {role}={count}")
     return {role: groups[role] for role in counts}
 
 
-def stop_job(api: NomadAPI, job_id: str, purge: bool = False) -> dict[str, Any]:
+def stop_job(api: NomadAPI, job_id: str, purge: bool = False) -> Job:
     """Stop a job nomadtf started (JobFailed for any other); purge also drops its Consul
     keys. The job as it was before the stop (a queued run leaves the queue so: the
     controller never scales a stopped job into running).

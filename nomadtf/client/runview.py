@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nomadtf.admission import suspension
-from nomadtf.job.answers import Allocation
+from nomadtf.job.answers import Allocation, Job
 from nomadtf.job.outcome import latest_allocs
 from nomadtf.wire import META_RUN
 
@@ -35,11 +35,6 @@ class JobView:
     elapsed: float = 0.0
 
 
-def run_of(job: dict[str, Any]) -> str:
-    """The run id a job's current version carries ("" for a job rendered without one)."""
-    return (job.get("Meta") or {}).get(META_RUN, "")
-
-
 def versions_of_run(versions: list[dict[str, Any]], run_id: str) -> set[int]:
     """The job versions that belong to run `run_id` (one per registration, plus one per
     `nomadtf scale`; a later run of the same name has versions of its own). Pure."""
@@ -54,11 +49,12 @@ def of_run(allocs: list[Allocation], versions: set[int] | None) -> list[Allocati
     return [a for a in allocs if a.job_version in versions]
 
 
-def summarize(job: dict[str, Any], allocs: list[Allocation]) -> JobView:
+def summarize(job: Job, allocs: list[Allocation]) -> JobView:
     """Pure: job + allocations -> one line per role."""
-    view = JobView(job_id=job["ID"], status=job.get("Status", "pending"))
-    for group in suspension.without_placeholder(job.get("TaskGroups") or []):
-        view.roles[group["Name"]] = RoleView(wanted=group.get("Count", 0))
+    view = JobView(job_id=job.id, status=job.status or "pending")
+    for group, count in suspension.group_counts(job.document).items():
+        if group != suspension.PLACEHOLDER_GROUP:
+            view.roles[group] = RoleView(wanted=count)
     for (role, _index), alloc in latest_allocs(allocs).items():
         rv = view.roles.setdefault(role, RoleView())
         status = alloc.client_status

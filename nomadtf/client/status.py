@@ -21,9 +21,10 @@ from nomadtf.client.queued import QueueStatus, preemptions, read_board, refusal
 from nomadtf.client.readback import describe_runs, job_report, nomadtf_jobs
 from nomadtf.client.run import stop_job
 from nomadtf.errors import JobNotFound
+from nomadtf.job.answers import Job
 from nomadtf.servers.consul import ConsulDiscovery
 from nomadtf.servers.nomad import NomadAPI
-from nomadtf.wire import queue_ticket
+from nomadtf.wire import DEFAULT_NAMESPACE, META_STRATEGY, META_VERSION, queue_ticket
 
 
 def overview(namespace: str | None, region: str | None) -> list[str]:
@@ -35,13 +36,13 @@ def overview(namespace: str | None, region: str | None) -> list[str]:
     lines = []
     for state in states:
         job, view = state.job, state.view
-        name = job["ID"] if job.get("Namespace", "default") == "default" else f"{job['ID']}@{job['Namespace']}"
-        if suspension.is_waiting(job):
+        name = job.id if job.namespace == DEFAULT_NAMESPACE else f"{job.id}@{job.namespace}"
+        if suspension.is_waiting(job.document):
             lines.append(f"{name:<24} {queue_line(job)}")
             continue
-        age = time.time() - job["SubmitTime"] / 1e9
+        age = time.time() - job.submit_time / 1e9
         roles = ", ".join(f"{r} {v.running}/{v.wanted}" + (f" ({v.restarts} restarts)" if v.restarts else "") for r, v in view.roles.items())
-        lines.append(f"{name:<24} {job['Status']:<8} {age / 60:6.1f}m  {roles}")
+        lines.append(f"{name:<24} {job.status:<8} {age / 60:6.1f}m  {roles}")
     return lines
 
 
@@ -56,15 +57,14 @@ def job_status(job_id: str, namespace: str | None, region: str | None) -> list[s
         return kept
     queue_line = _queue_lines()
     history = preemptions(api, job_id, report.state.run_id) if report.state.run_id else []
-    if suspension.is_waiting(report.state.job):
+    if suspension.is_waiting(report.state.job.document):
         return [f"{job_id}: run {report.state.run_id} {queue_line(report.state.job)}", *(f"  {line}" for line in history)]
-    if suspension.state(report.state.job) == suspension.REFUSED:
+    if suspension.state(report.state.job.document) == suspension.REFUSED:
         return [f"{job_id}: dead  run {report.state.run_id or '-'}  not admitted: {refusal(api, job_id)}"]
     state, job = report.state, report.state.job
-    meta = job.get("Meta") or {}
     lines = [
-        f"{job_id}: {job['Status']}  run {state.run_id or '-'}  {report.elapsed_s:.0f}s  "
-        f"strategy {meta.get('nomadtf.strategy', '?')}  nomadtf {meta.get('nomadtf.version', '?')}"
+        f"{job_id}: {job.status}  run {state.run_id or '-'}  {report.elapsed_s:.0f}s  "
+        f"strategy {job.meta.get(META_STRATEGY, '?')}  nomadtf {job.meta.get(META_VERSION, '?')}"
     ]
     if report.outcome:
         lines.append(f"  outcome: {report.outcome}")
@@ -120,21 +120,20 @@ def stop(job_id: str, namespace: str | None, region: str | None, purge: bool) ->
     """Stop a job (a queued run leaves the queue); what happened, as lines."""
     job = stop_job(NomadAPI.from_env(namespace=namespace, region=region), job_id, purge=purge)
     lines = []
-    if suspension.is_waiting(job):
-        lines.append(f"removed {job_id} run {(job.get('Meta') or {}).get('nomadtf.run', '?')} from the queue")
+    if suspension.is_waiting(job.document):
+        lines.append(f"removed {job_id} run {job.run_id or '?'} from the queue")
     lines.append(f"stopped {job_id}" + (" and purged it" if purge else ""))
     return lines
 
 
-def _queue_lines() -> Callable[[dict], str]:
+def _queue_lines() -> Callable[[Job], str]:
     """What a waiting run's board line says; the board is read once per command, when needed."""
     board = None
 
-    def queue_line(job: dict) -> str:
+    def queue_line(job: Job) -> str:
         nonlocal board
         board = board or read_board()
-        ns, run_id = job.get("Namespace", "default"), (job.get("Meta") or {}).get("nomadtf.run", "")
-        line = board.line_of(queue_ticket(ns, job["ID"], run_id))
-        return "queued: " + QueueStatus(f"{ns}/{job['ID']}", run_id, line, board.length, board.leader if board.age_s() < 600 else "").describe()
+        line = board.line_of(queue_ticket(job.namespace, job.id, job.run_id))
+        return "queued: " + QueueStatus(f"{job.namespace}/{job.id}", job.run_id, line, board.length, board.leader if board.age_s() < 600 else "").describe()
 
     return queue_line

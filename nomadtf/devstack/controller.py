@@ -62,7 +62,7 @@ def ensure_controller(stack: Any, progress: Callable[[str], None], *, secure: bo
     namespace = OPS_NAMESPACE if secure else wire.DEFAULT_NAMESPACE
     operator = NomadAPI(NomadSettings.from_env(env, namespace=namespace))
     job = operator.job(wire.ADMISSION_SERVICE_JOB) if not secure or _namespace_exists(operator) else None
-    if job is None or job.get("Stop") or job.get("Status") == "dead":
+    if job is None or job.stop or job.dead:
         controller_env = {**env, **_controller_tokens(stack)} if secure else env
         deploy(operator, 2, sys.executable, secure, controller_env, on_event=progress)
     consul = stack.api().consul()

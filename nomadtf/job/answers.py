@@ -1,5 +1,6 @@
 """Nomad's answers in nomadtf's words: small read-only views of an allocation (with its
-tasks' states and their events), an evaluation, a client node and a listed job, built from Nomad's JSON by
+tasks' states and their events), an evaluation, a client node, a listed job, a whole job and
+the answer to a job's write, built from Nomad's JSON by
 `from_api`. The Nomad adapter (servers/nomad.py) builds them; everything above it reads
 attributes, never Nomad's PascalCase keys. Pure.
 
@@ -17,8 +18,13 @@ Usage:
     stub = JobStub.from_api(one_of_GET_v1_jobs_meta_true)
     stub.key, stub.run_id, stub.ran                       # ("team-a", "digits"), "r-1f3a", {"failed": 0, ...}
 
-A whole job (GET /v1/job/:id) stays Nomad's JSON: it is the document nomadtf rendered and
-registers again (suspension.py rewrites its counts), and that document is the point there.
+    job = Job.from_api(json_of_GET_v1_job_id)
+    job.status, job.stop, job.run_id, job.modify_index     # "running", False, "r-1f3a", 412
+    JobWrite.from_api(json_of_POST_v1_jobs).eval_id
+
+A whole job's groups stay Nomad's JSON (`Job.document`): it is the document nomadtf rendered
+and registers again (suspension.py reads and rewrites its counts), and that document is the
+point there; its state (status, stop, version, Meta) is read as the view's attributes.
 """
 
 from __future__ import annotations
@@ -306,3 +312,70 @@ class JobStub:
     def run_id(self) -> str:
         """The nomadtf run it was registered for ("" when none is listed)."""
         return (self.meta or {}).get(wire.META_RUN, "")
+
+
+@dataclass(frozen=True)
+class Job:
+    """A whole job as `GET /v1/job/:id` answers: its state as attributes, and the document
+    itself (`document`, Nomad's JSON: what nomadtf rendered and registers again; its groups
+    and counts are suspension.py's to read)."""
+
+    id: str
+    namespace: str = wire.DEFAULT_NAMESPACE
+    status: str = ""  # pending, running, dead
+    stop: bool = False
+    version: int = 0
+    submit_time: int = 0  # ns since the epoch
+    modify_index: int = 0  # JobModifyIndex: what a check-and-set write must name
+    priority: int = 50  # Nomad's, 1 to 100
+    meta: Mapping[str, str] = field(default_factory=dict)
+    document: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_api(cls, job: Mapping[str, Any]) -> Job:
+        return cls(
+            id=str(job.get("ID") or ""),
+            namespace=str(job.get("Namespace") or wire.DEFAULT_NAMESPACE),
+            status=str(job.get("Status") or ""),
+            stop=bool(job.get("Stop")),
+            version=int(job.get("Version") or 0),
+            submit_time=int(job.get("SubmitTime") or 0),
+            modify_index=int(job.get("JobModifyIndex") or 0),
+            priority=int(job.get("Priority") or 50),
+            meta={str(k): str(v) for k, v in (job.get("Meta") or {}).items()},
+            document=job,
+        )
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(namespace, job id)."""
+        return self.namespace, self.id
+
+    @property
+    def dead(self) -> bool:
+        """Nomad counts it finished: every allocation stopped, none wanted."""
+        return self.status == "dead"
+
+    @property
+    def ours(self) -> bool:
+        """nomadtf registered it (its Meta carries nomadtf's version)."""
+        return wire.META_VERSION in self.meta
+
+    @property
+    def run_id(self) -> str:
+        """The nomadtf run its current version belongs to ("" for a job rendered without one)."""
+        return self.meta.get(wire.META_RUN, "")
+
+
+@dataclass(frozen=True)
+class JobWrite:
+    """What Nomad answers a write of a job (register, scale, stop): the evaluation it created
+    ("" when none) and the job's modify index after the write."""
+
+    eval_id: str = ""
+    job_modify_index: int = 0
+
+    @classmethod
+    def from_api(cls, reply: Mapping[str, Any] | None) -> JobWrite:
+        reply = reply or {}
+        return cls(eval_id=str(reply.get("EvalID") or ""), job_modify_index=int(reply.get("JobModifyIndex") or 0))

@@ -25,12 +25,13 @@ Usage:
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from nomadtf import roles, wire
 from nomadtf.errors import CannotRecord
-from nomadtf.job.answers import Allocation
+from nomadtf.job.answers import Allocation, Job
 
 SUCCEEDED = "succeeded"
 FAILED = "failed"
@@ -134,7 +135,7 @@ def pull_failure(alloc: Allocation) -> PullFailure | None:
     return PullFailure(image, reason, len(found))
 
 
-def image_field(job: dict[str, Any], role: str, image: str) -> str:
+def image_field(job: Mapping[str, Any], role: str, image: str) -> str:
     """The job.json field that names `image` for `role`: `driver.gpu_image` is the image of
     the roles with GPUs when it is set, `driver.image` every other role's. Told from the
     Nomad job: a GPU task's image that no task without GPUs uses is gpu_image's."""
@@ -150,7 +151,7 @@ def image_field(job: dict[str, Any], role: str, image: str) -> str:
     return "driver.gpu_image" if plain_images else "driver.gpu_image (driver.image when gpu_image is not set)"
 
 
-def describe_pull_failure(job: dict[str, Any], alloc: Allocation, failure: PullFailure) -> str:
+def describe_pull_failure(job: Mapping[str, Any], alloc: Allocation, failure: PullFailure) -> str:
     """"worker[0]: driver.image X could not be pulled on client N: REASON; build it …". Pure."""
     role, index = alloc.slot
     field = image_field(job, role, failure.image)
@@ -168,7 +169,7 @@ def from_record(recorded: str | None) -> RunOutcome | None:
 
 
 def decide(
-    job: dict[str, Any] | None,
+    job: Job | None,
     allocs: list[Allocation],
     recorded: Any,
     run_id: str,
@@ -181,7 +182,7 @@ def decide(
     """
     if recorded is not UNKNOWN:
         told = from_record(recorded)
-        if told and told.kind == SUCCEEDED and job is not None and job.get("Status") != "dead":
+        if told and told.kind == SUCCEEDED and job is not None and not job.dead:
             # Succeeded; the run ends once every task has stopped and freed its capacity.
             ending = any(a.client_status in ("pending", "running") for a in latest_allocs(allocs).values())
             return None if ending else told
@@ -189,17 +190,16 @@ def decide(
             return told
     if job is None:
         return RunOutcome(STOPPED, "the job was purged from Nomad")
-    current = (job.get("Meta") or {}).get(wire.META_RUN, "")
-    if run_id and current and current != run_id:
-        return RunOutcome(STOPPED, f"replaced by run {current} of the same job")
-    if job.get("Stop"):
+    if run_id and job.run_id and job.run_id != run_id:
+        return RunOutcome(STOPPED, f"replaced by run {job.run_id} of the same job")
+    if job.stop:
         return RunOutcome(STOPPED, "stopped from outside (nomadtf stop, nomad job stop, another run with --replace)")
     training = [a for a in allocs if not roles.is_soft(a.slot[0])]
     for alloc in sorted(training, key=lambda a: a.create_index):
         # A task that never starts records nothing: its image is the fault, not the code.
         failure = pull_failure(alloc)
         if failure and failure.final:
-            return RunOutcome(FAILED, describe_pull_failure(job, alloc, failure))
+            return RunOutcome(FAILED, describe_pull_failure(job.document, alloc, failure))
     unrecorded = [a for a in training if exited_cannot_record(a)]
     if unrecorded:
         role, index = min(unrecorded, key=lambda a: a.create_index).slot
@@ -217,7 +217,7 @@ def decide(
         role, index = over[0]
         return RunOutcome(FAILED, f"{role}[{index}] failed {failures[over[0]]} times, more than recovery.reschedule_attempts ({reschedule_attempts}) allow")
     latest = {slot: a for slot, a in latest_allocs(training).items()}
-    if job.get("Status") == "dead" and latest:
+    if job.dead and latest:
         broken = sorted(slot for slot, a in latest.items() if a.client_status in ("failed", "lost"))
         if broken:
             role, index = broken[0]

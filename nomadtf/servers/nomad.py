@@ -5,7 +5,7 @@ one mapping of python-nomad's exceptions to ours, are `nomadhttp.py`'s.
 Usage:
     api = NomadAPI.from_env(namespace="ml", region="global")
     api.validate(job)                      # Nomad's warnings
-    api.register(job)["EvalID"]
+    api.register(job).eval_id
     allocs, index = api.watch_allocations("digits", index=0)
 """
 
@@ -20,7 +20,7 @@ import requests
 
 from nomadtf.errors import NomadError
 from nomadtf.job import capacity
-from nomadtf.job.answers import Allocation, Evaluation, JobStub, Node, TaskState
+from nomadtf.job.answers import Allocation, Evaluation, Job, JobStub, JobWrite, Node, TaskState
 from nomadtf.servers.nomadhttp import NomadTransport, is_read_pause, translated
 
 # A follow stream stays open after its task ended; pausing this long without bytes is our
@@ -88,7 +88,7 @@ class NomadAPI(NomadTransport):
         body = {**job, "Diff": True}
         return self._json("the plan", "submit-job", self.client.job, job_id, "plan", method="post", json=body)
 
-    def register(self, job: dict[str, Any], modify_index: int | None = None) -> dict[str, Any]:
+    def register(self, job: dict[str, Any], modify_index: int | None = None) -> JobWrite:
         """POST /v1/jobs ; with `modify_index` a check-and-set: Nomad registers only while the
         job's JobModifyIndex is still that (0: only while there is no such job), so of two
         submissions that read the same job exactly one goes through.
@@ -97,24 +97,25 @@ class NomadAPI(NomadTransport):
         if modify_index is not None:
             body.update(EnforceIndex=True, JobModifyIndex=modify_index)
         try:
-            return self._json(f"submitting job {job['Job']['ID']}", "submit-job", self.client.jobs, method="post", json=body)
+            return JobWrite.from_api(self._json(f"submitting job {job['Job']['ID']}", "submit-job", self.client.jobs, method="post", json=body))
         except NomadError as exc:
             if modify_index is not None and "enforcing job modify index" in str(exc).lower():
                 raise NomadError(str(exc), status=409) from exc
             raise
 
-    def job(self, job_id: str) -> dict[str, Any] | None:
+    def job(self, job_id: str) -> Job | None:
         """GET /v1/job/:job_id ; None when there is no such job."""
         try:
-            return self._json(f"job {job_id}", "read-job", self.client.job, job_id)
+            return Job.from_api(self._json(f"job {job_id}", "read-job", self.client.job, job_id))
         except NomadError as exc:
             if exc.status == 404:
                 return None
             raise
 
-    def watch_job(self, job_id: str, index: int, wait_s: float = 10.0) -> tuple[dict[str, Any] | None, int]:
+    def watch_job(self, job_id: str, index: int, wait_s: float = 10.0) -> tuple[Job | None, int]:
         """GET /v1/job/:job_id?index=&wait= (blocking: answers when this job changes) ; (None when no such job, index)"""
-        return self._blocking(f"job {job_id}", self.client.job, job_id, index=index, wait_s=wait_s)
+        job, index = self._blocking(f"job {job_id}", self.client.job, job_id, index=index, wait_s=wait_s)
+        return (None if job is None else Job.from_api(job)), index
 
     def jobs(self) -> list[JobStub]:
         """GET /v1/jobs?meta=true (namespace "*": every namespace the token may list)"""
@@ -143,7 +144,7 @@ class NomadAPI(NomadTransport):
 
     def scale(
         self, job_id: str, group: str, count: int, message: str, modify_index: int = 0, meta: Mapping[str, str] | None = None
-    ) -> dict[str, Any]:
+    ) -> JobWrite:
         """POST /v1/job/:job_id/scale ; with `modify_index` Nomad scales only while the job's
         JobModifyIndex is still that (NomadError with status 409 otherwise)."""
         body: dict[str, Any] = {"Count": count, "Target": {"Group": group}, "Message": message}
@@ -152,7 +153,7 @@ class NomadAPI(NomadTransport):
         if meta:
             body["Meta"] = dict(meta)
         try:
-            return self._json(f"scaling {job_id}", "scale-job", self.client.job, job_id, "scale", method="post", json=body)
+            return JobWrite.from_api(self._json(f"scaling {job_id}", "scale-job", self.client.job, job_id, "scale", method="post", json=body))
         except NomadError as exc:
             if modify_index and "conflicting job modify index" in str(exc).lower():
                 raise NomadError(str(exc), status=409) from exc
@@ -165,10 +166,10 @@ class NomadAPI(NomadTransport):
         data = self._json(f"scaling status of {job_id}", "read-job-scaling", self.client.job, job_id, "scale")
         return {group: list(status.get("Events") or []) for group, status in (data.get("TaskGroups") or {}).items()}
 
-    def stop(self, job_id: str, purge: bool = False) -> dict[str, Any]:
+    def stop(self, job_id: str, purge: bool = False) -> JobWrite:
         """DELETE /v1/job/:job_id?purge="""
         params = {"purge": "true"} if purge else {}
-        return self._json(f"stopping {job_id}", "submit-job", self.client.job, job_id, method="delete", params=params)
+        return JobWrite.from_api(self._json(f"stopping {job_id}", "submit-job", self.client.job, job_id, method="delete", params=params))
 
     # ---- the cluster: nodes, every namespace's allocations -------------------------------
 

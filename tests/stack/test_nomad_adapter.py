@@ -24,7 +24,7 @@ import pytest
 import requests
 
 from nomadtf.errors import NomadError, UnreachableError
-from nomadtf.job.answers import Evaluation
+from nomadtf.job.answers import Evaluation, Job
 from nomadtf.servers.nomad import NomadAPI
 from nomadtf.servers.nomadhttp import NomadSettings
 from tests.helpers import nomad, nomadtf, probe_job, unique, write_job
@@ -227,7 +227,7 @@ def test_namespace_region_and_token_go_on_every_call(fake_nomad, clean_env):
     job = {"Job": {"ID": "digits", "Namespace": "ml"}}
 
     assert api.validate(job) == []
-    assert api.register(job)["EvalID"] == "e1"
+    assert api.register(job).eval_id == "e1"
     assert api.watch_evaluation("e1", index=7, wait_s=2) == (Evaluation("e1", status="complete"), 42)
     api.watch_allocations("digits", index=3)
     api.stop("digits", purge=True)
@@ -291,7 +291,7 @@ def test_tls_with_ca_client_certificate_and_server_name(tls_nomad, clean_env, pk
     tls_nomad.answer("/v1/client/fs/logs/a1", body="over tls\n")
     tls_nomad.answer("/v1/allocation/a1", body={"TaskStates": {"chief": {"State": "dead"}}})
     api = NomadAPI.from_env()
-    assert api.job("digits") == {"ID": "digits"}
+    assert api.job("digits") == Job("digits")
     assert api.watch_evaluation("e1", 0, wait_s=1)[0] == Evaluation("e1")
     assert "".join(api.follow_logs("a1", "chief")).startswith("over tls")
 
@@ -304,7 +304,7 @@ def test_tls_failures_say_what_to_set(tls_nomad, clean_env, pki):
     clean_env.delenv("NOMAD_CACERT")
     clean_env.setenv("NOMAD_SKIP_VERIFY", "1")  # no CA, any name: still the client certificate
     tls_nomad.answer("/v1/job/digits", body={"ID": "digits"})
-    assert NomadAPI.from_env().job("digits") == {"ID": "digits"}
+    assert NomadAPI.from_env().job("digits") == Job("digits")
     clean_env.delenv("NOMAD_CLIENT_CERT")
     clean_env.delenv("NOMAD_CLIENT_KEY")
     with pytest.raises((NomadError, UnreachableError)):

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from nomadtf.client.follow import Follower
-from nomadtf.client.runview import run_of, versions_of_run
+from nomadtf.client.runview import versions_of_run
 from nomadtf.servers.consul import ConsulDiscovery
 from nomadtf.servers.nomad import NomadAPI
 from tests import faults
@@ -47,7 +47,8 @@ def follow_detached(job_id: str, eval_prefix: str, reschedule_attempts: int, tim
     # "" for a run the admission controller admitted: its placement is the controller's to
     # judge, and the follower starts at its allocations (as `nomadtf run` does).
     eval_id = [e for e in api.evaluations(job_id) if e["ID"].startswith(eval_prefix)][0]["ID"] if eval_prefix else ""
-    run_id = run_of(api.job(job_id) or {})
+    job = api.job(job_id)
+    run_id = job.run_id if job else ""
     first = min(versions_of_run(api.versions(job_id), run_id), default=0)
     Follower(
         api, job_id, timeout, reschedule_attempts, lambda _v: None, lambda _e: None,

@@ -15,7 +15,7 @@ from nomadtf import wire
 from nomadtf.admission import deploy as deploy_mod
 from nomadtf.admission.deploy import SERVICE_TOKENS_VAR, service_env, service_job
 from nomadtf.errors import SpecError
-from nomadtf.job.answers import Node
+from nomadtf.job.answers import JobWrite, Node
 
 SECRETS = {"NOMAD_TOKEN": "nomad-secret-1f2e", "CONSUL_HTTP_TOKEN": "consul-secret-9a8b", "VAULT_TOKEN": "vault-secret-7c6d"}
 ADDRESSES = {"NOMAD_ADDR": "https://nomad.example:4646", "CONSUL_HTTP_ADDR": "https://consul.example:8501", "NOMAD_CACERT": "/etc/ca.pem"}
@@ -116,9 +116,9 @@ class FakeNomad:
     def put_variable(self, path: str, items: dict) -> None:
         self.variables[path] = items
 
-    def register(self, job: dict) -> dict:
+    def register(self, job: dict) -> JobWrite:
         self.registered.append(job)
-        return {"EvalID": "0123456789abcdef"}
+        return JobWrite("0123456789abcdef")
 
 
 CONTROLLER_TOKENS = {deploy_mod.CONTROLLER_TOKEN_ENV["nomad_token"]: "controller-nomad-5e4d", deploy_mod.CONTROLLER_TOKEN_ENV["consul_token"]: "controller-consul-3c2b"}

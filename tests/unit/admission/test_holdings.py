@@ -11,6 +11,7 @@ from nomadtf import wire
 from nomadtf.admission import bookkeeping, suspension
 from nomadtf.admission.forecast import Forecast
 from nomadtf.admission.order import QueuedRun
+from nomadtf.job.answers import Job
 from tests.unit.admission.test_fit import alloc, ask, group, node
 
 NOW = 1_800_000_000.0
@@ -35,10 +36,10 @@ def test_batch_held_is_empty_without_allocations():
     assert bookkeeping.batch_held([]) == {}
 
 
-def running_job(job_id: str, duration_s: float) -> dict:
-    return {"ID": job_id, "Namespace": "default",
-            "Meta": {suspension.META_ADMISSION: suspension.SUSPENDED, wire.META_DURATION: str(duration_s)},
-            "TaskGroups": [{"Name": "g", "Count": 1}, {"Name": suspension.PLACEHOLDER_GROUP, "Count": 0}]}  # fmt: skip
+def running_job(job_id: str, duration_s: float) -> Job:
+    return Job.from_api({"ID": job_id, "Namespace": "default",
+                         "Meta": {suspension.META_ADMISSION: suspension.SUSPENDED, wire.META_DURATION: str(duration_s)},
+                         "TaskGroups": [{"Name": "g", "Count": 1}, {"Name": suspension.PLACEHOLDER_GROUP, "Count": 0}]})  # fmt: skip
 
 
 def queued(job_id: str, needs_cpu: int) -> QueuedRun:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nomadtf.job.answers import Allocation, Evaluation, JobStub, Node, TaskEvent, held_by_job
+from nomadtf.job.answers import Allocation, Evaluation, Job, JobStub, JobWrite, Node, TaskEvent, held_by_job
 from nomadtf.job.capacity import Resources
 
 # As GET /v1/allocation/:id answers (trimmed to what nomadtf reads, plus keys it ignores).
@@ -155,3 +155,28 @@ def test_a_listed_job_without_meta_is_told_from_one_with_empty_meta():
     bare = JobStub.from_api({"ID": "web"})
     assert (bare.meta, bare.run_id, bare.namespace, bare.ran) == (None, "", "default", {"complete": 0, "failed": 0, "lost": 0})
     assert JobStub.from_api({"ID": "web", "Meta": {}}).meta == {}
+
+
+def test_a_whole_job_reads_its_state_as_attributes_and_keeps_its_document():
+    document = {
+        "ID": "digits", "Namespace": "team-a", "Status": "running", "Stop": False, "Version": 3, "SubmitTime": 1_700_000_000_000_000_000,
+        "JobModifyIndex": 412, "Priority": 70, "Meta": {"nomadtf.run": "r-1f3a", "nomadtf.version": "0.9"},
+        "TaskGroups": [{"Name": "chief", "Count": 1}],
+    }  # fmt: skip
+    job = Job.from_api(document)
+    assert (job.key, job.status, job.stop, job.version, job.submit_time, job.modify_index, job.priority) == (
+        ("team-a", "digits"), "running", False, 3, 1_700_000_000_000_000_000, 412, 70)
+    assert (job.run_id, job.ours, job.dead) == ("r-1f3a", True, False)
+    assert job.document is document  # what suspension.py reads and rewrites, untouched
+    assert job == Job.from_api({**document, "TaskGroups": []})  # a view compares by its state, not its document
+
+
+def test_a_bare_job_reads_as_nomads_defaults_and_is_not_ours():
+    job = Job.from_api({"ID": "web", "Status": "dead"})
+    assert (job.namespace, job.version, job.modify_index, job.priority, job.meta) == ("default", 0, 0, 50, {})
+    assert (job.run_id, job.ours, job.dead) == ("", False, True)
+
+
+def test_a_write_s_answer_names_its_evaluation_and_the_job_s_new_index():
+    assert JobWrite.from_api({"EvalID": "e1", "JobModifyIndex": 9, "EvalCreateIndex": 9}) == JobWrite("e1", 9)
+    assert JobWrite.from_api(None) == JobWrite("", 0)  # a stop of a purged job answers nothing to read

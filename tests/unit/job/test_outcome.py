@@ -4,15 +4,19 @@ state mean. Pure; the same decisions are made on the real stack in tests/stack/t
 from __future__ import annotations
 
 from nomadtf.job import outcome
-from nomadtf.job.answers import Allocation
+from nomadtf.job.answers import Allocation, Job
 from nomadtf.job.outcome import UNKNOWN, decide
 
 RUN = "r1"
 
 
-def _job(status: str = "running", stop: bool = False, run: str = RUN) -> dict:
+def _job_json(status: str = "running", stop: bool = False, run: str = RUN) -> dict:
     groups = [{"Name": "chief", "Count": 1}, {"Name": "worker", "Count": 1}, {"Name": "evaluator", "Count": 1}]
     return {"ID": "j", "Status": status, "Stop": stop, "Meta": {"nomadtf.run": run}, "TaskGroups": groups}
+
+
+def _job(status: str = "running", stop: bool = False, run: str = RUN) -> Job:
+    return Job.from_api(_job_json(status, stop, run))
 
 
 def _alloc_json(slot: str, status: str, create: int = 1) -> dict:
@@ -89,13 +93,13 @@ def _pulling(slot: str, *messages: str, create: int = 1) -> Allocation:
     return Allocation.from_api(alloc)
 
 
-def _docker_job(gpu_image: str = "", gpu_roles: tuple[str, ...] = ()) -> dict:
-    job = _job()
+def _docker_job(gpu_image: str = "", gpu_roles: tuple[str, ...] = ()) -> Job:
+    job = _job_json()
     for group in job["TaskGroups"]:
         gpus = group["Name"] in gpu_roles
         task = {"Config": {"image": gpu_image if gpus and gpu_image else "nomadtf:no-such"}, "Resources": {"Devices": [{"Name": "nvidia/gpu"}] if gpus else None}}
         group["Tasks"] = [task]
-    return job
+    return Job.from_api(job)
 
 
 def test_an_image_the_registry_does_not_have_fails_the_run_at_once_naming_the_field_and_the_fix():
