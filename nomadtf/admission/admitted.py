@@ -50,8 +50,7 @@ class KnowsWhoAdmitted:
             return True  # cannot tell: never stop a run on a guess
         self.requests += 1
         for event in events:
-            meta = event.get("Meta") or {}
-            if meta.get(suspension.META_ADMISSION) == "admitted" and meta.get(wire.META_RUN) == run_id:
+            if event.meta.get(suspension.META_ADMISSION) == "admitted" and event.meta.get(wire.META_RUN) == run_id:
                 self.admitted[key] = run_id
                 self._record_admitted(key, run_id)
                 return True

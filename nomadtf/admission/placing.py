@@ -96,8 +96,8 @@ class WatchesPlacement:
         except NomadError:
             return 0
         self.requests += 1
-        return sum(1 for e in events if (e.get("Meta") or {}).get(suspension.META_ADMISSION) == "not-ready"
-                   and (e.get("Meta") or {}).get(wire.META_RUN) == run.run_id and e.get("Count") == 1)  # fmt: skip
+        return sum(1 for e in events if e.meta.get(suspension.META_ADMISSION) == "not-ready"
+                   and e.meta.get(wire.META_RUN) == run.run_id and e.count == 1)  # fmt: skip
 
     def _give_back(self, run: QueuedRun, job: Job, placed: dict[str, int], message: str = "", verdict: str = "requeued",
                    note: str = "") -> int | None:  # fmt: skip

@@ -151,9 +151,8 @@ class Follower:
         except ServerError:
             return fallback
         for event in events:  # newest first
-            meta = event.get("Meta") or {}
-            if meta.get(META_RUN) == self.run_id and meta.get(suspension.META_ADMISSION) in ("preempted", "requeued", "not-ready"):
-                return f"{self.job_id} {str(event.get('Message') or '').removeprefix('nomadtf admission: ')}"
+            if event.meta.get(META_RUN) == self.run_id and event.meta.get(suspension.META_ADMISSION) in ("preempted", "requeued", "not-ready"):
+                return f"{self.job_id} {event.message.removeprefix('nomadtf admission: ')}"
         return fallback
 
     def _recorded(self) -> Any:

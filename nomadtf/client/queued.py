@@ -63,8 +63,8 @@ def refusal(api: NomadAPI, job_id: str) -> str:
     except ServerError as exc:
         return f"the admission controller refused it (its reason could not be read: {exc})"
     for event in events:
-        if (event.get("Meta") or {}).get(suspension.META_ADMISSION) == "refused":
-            return str(event.get("Message") or "refused by the admission controller")
+        if event.meta.get(suspension.META_ADMISSION) == "refused":
+            return event.message or "refused by the admission controller"
     return "the admission controller refused it"
 
 
@@ -79,10 +79,9 @@ def preemptions(api: NomadAPI, job_id: str, run_id: str) -> list[str]:
         return []
     out = []
     for event in reversed(events):  # Nomad lists the newest first
-        meta = event.get("Meta") or {}
-        if meta.get(suspension.META_ADMISSION) == "preempted" and meta.get(wire.META_RUN) == run_id:
-            when = time.strftime("%H:%M:%S", time.localtime(int(event.get("Time") or 0) / 1e9))
-            message = str(event.get("Message") or "").removeprefix("nomadtf admission: ").removeprefix(f"run {run_id} ")
+        if event.meta.get(suspension.META_ADMISSION) == "preempted" and event.meta.get(wire.META_RUN) == run_id:
+            when = time.strftime("%H:%M:%S", time.localtime(event.time / 1e9))
+            message = event.message.removeprefix("nomadtf admission: ").removeprefix(f"run {run_id} ")
             out.append(f"{when} {message}")
     return out
 

@@ -1,6 +1,6 @@
 """Nomad's answers in nomadtf's words: small read-only views of an allocation (with its
-tasks' states and their events), an evaluation, a client node, a listed job, a whole job and
-the answer to a job's write, built from Nomad's JSON by
+tasks' states and their events), an evaluation, a client node, a listed job, a whole job, the
+answer to a job's write and a group's scaling event, built from Nomad's JSON by
 `from_api`. The Nomad adapter (servers/nomad.py) builds them; everything above it reads
 attributes, never Nomad's PascalCase keys. Pure.
 
@@ -379,3 +379,24 @@ class JobWrite:
     def from_api(cls, reply: Mapping[str, Any] | None) -> JobWrite:
         reply = reply or {}
         return cls(eval_id=str(reply.get("EvalID") or ""), job_modify_index=int(reply.get("JobModifyIndex") or 0))
+
+
+@dataclass(frozen=True)
+class ScalingEvent:
+    """One scaling event of a group (`GET /v1/job/:id/scale`: `TaskGroups.<group>.Events[]`):
+    what the admission controller (or whoever scaled it) said, when, and to which count."""
+
+    message: str = ""
+    time: int = 0  # ns since the epoch
+    count: int | None = None  # None: an event that changed no count
+    meta: Mapping[str, str] = field(default_factory=dict)  # the scaler's own words (nomadtf's: the run and the verdict)
+
+    @classmethod
+    def from_api(cls, event: Mapping[str, Any]) -> ScalingEvent:
+        count = event.get("Count")
+        return cls(
+            message=str(event.get("Message") or ""),
+            time=int(event.get("Time") or 0),
+            count=None if count is None else int(count),
+            meta={str(k): str(v) for k, v in (event.get("Meta") or {}).items()},
+        )

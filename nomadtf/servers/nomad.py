@@ -20,7 +20,7 @@ import requests
 
 from nomadtf.errors import NomadError
 from nomadtf.job import capacity
-from nomadtf.job.answers import Allocation, Evaluation, Job, JobStub, JobWrite, Node, TaskState
+from nomadtf.job.answers import Allocation, Evaluation, Job, JobStub, JobWrite, Node, ScalingEvent, TaskState
 from nomadtf.servers.nomadhttp import NomadTransport, is_read_pause, translated
 
 # A follow stream stays open after its task ended; pausing this long without bytes is our
@@ -159,12 +159,12 @@ class NomadAPI(NomadTransport):
                 raise NomadError(str(exc), status=409) from exc
             raise
 
-    def scaling_events(self, job_id: str) -> dict[str, list[dict[str, Any]]]:
+    def scaling_events(self, job_id: str) -> dict[str, list[ScalingEvent]]:
         """Each group's scaling events, newest first (what the admission controller said).
 
         GET /v1/job/:job_id/scale"""
         data = self._json(f"scaling status of {job_id}", "read-job-scaling", self.client.job, job_id, "scale")
-        return {group: list(status.get("Events") or []) for group, status in (data.get("TaskGroups") or {}).items()}
+        return {group: [ScalingEvent.from_api(e) for e in status.get("Events") or []] for group, status in (data.get("TaskGroups") or {}).items()}
 
     def stop(self, job_id: str, purge: bool = False) -> JobWrite:
         """DELETE /v1/job/:job_id?purge="""

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from nomadtf.job.answers import Allocation, Evaluation, Job, JobStub, JobWrite, Node, TaskEvent, held_by_job
+from nomadtf.job.answers import (
+    Allocation,
+    Evaluation,
+    Job,
+    JobStub,
+    JobWrite,
+    Node,
+    ScalingEvent,
+    TaskEvent,
+    held_by_job,
+)
 from nomadtf.job.capacity import Resources
 
 # As GET /v1/allocation/:id answers (trimmed to what nomadtf reads, plus keys it ignores).
@@ -180,3 +190,11 @@ def test_a_bare_job_reads_as_nomads_defaults_and_is_not_ours():
 def test_a_write_s_answer_names_its_evaluation_and_the_job_s_new_index():
     assert JobWrite.from_api({"EvalID": "e1", "JobModifyIndex": 9, "EvalCreateIndex": 9}) == JobWrite("e1", 9)
     assert JobWrite.from_api(None) == JobWrite("", 0)  # a stop of a purged job answers nothing to read
+
+
+def test_a_scaling_event_keeps_the_scaler_s_words_and_tells_a_count_from_none():
+    event = ScalingEvent.from_api({"Message": "nomadtf admission: admitted run r-1", "Time": 5, "Count": 0,
+                                   "Meta": {"nomadtf.run": "r-1", "nomadtf.admission": "admitted", "tries": 2}})  # fmt: skip
+    assert (event.message, event.time, event.count) == ("nomadtf admission: admitted run r-1", 5, 0)
+    assert event.meta == {"nomadtf.run": "r-1", "nomadtf.admission": "admitted", "tries": "2"}  # a neighbour's non-string: text
+    assert ScalingEvent.from_api({"Message": "an error"}) == ScalingEvent("an error", 0, None, {})
