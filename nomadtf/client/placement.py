@@ -14,6 +14,7 @@ from typing import Any
 from nomadtf.admission import fit
 from nomadtf.errors import NomadError
 from nomadtf.job import capacity, plan
+from nomadtf.job.answers import PlanResult
 from nomadtf.servers.nomad import NomadAPI
 
 
@@ -35,11 +36,11 @@ def readable_nodes(api: NomadAPI, job: dict[str, Any], *, coming_back: bool = Fa
     return capacity.node_capacities(nodes, job), True
 
 
-def classify(api: NomadAPI, result: dict[str, Any], job: dict[str, Any]) -> plan.Placement:
+def classify(api: NomadAPI, result: PlanResult, job: dict[str, Any]) -> plan.Placement:
     """plan.classify of a plan `result`. Without node:read only the plan's own feasibility
     can say "never" (a token that may not read nodes is told "not now", never a wrong
     "never").  GET /v1/nodes?resources=true when the plan did not place everything"""
-    if not result.get("FailedTGAllocs"):
+    if not result.failed_groups:
         return plan.Placement(plan.FITS)
     nodes, readable = readable_nodes(api, job, coming_back=True)
     return plan.classify(result, job, nodes if readable else None)

@@ -1,6 +1,7 @@
 """Nomad's answers in nomadtf's words: small read-only views of an allocation (with its
-tasks' states and their events), an evaluation, a client node, a listed job, a whole job, the
-answer to a job's write and a group's scaling event, built from Nomad's JSON by
+tasks' states and their events), an evaluation (and why it placed none of a group), a plan's
+answer, a client node, a listed job, a whole job, the answer to a job's write and a group's
+scaling event, built from Nomad's JSON by
 `from_api`. The Nomad adapter (servers/nomad.py) builds them; everything above it reads
 attributes, never Nomad's PascalCase keys. Pure.
 
@@ -205,6 +206,65 @@ def _task_resources(tasks: Mapping[str, Any]) -> Resources:
     return out
 
 
+def _counts(raw: Mapping[str, Any] | None) -> dict[str, int]:
+    return {str(k): int(v or 0) for k, v in (raw or {}).items()}
+
+
+@dataclass(frozen=True)
+class AllocMetric:
+    """Why the scheduler placed none of a group (`FailedTGAllocs.<group>` of an evaluation
+    or a plan, Nomad's AllocMetric): how many nodes it looked at, how many it filtered and
+    by what, how many were full and of what."""
+
+    nodes_evaluated: int = 0
+    nodes_available: int = 0  # in the job's datacenters, summed
+    nodes_filtered: int = 0
+    nodes_exhausted: int = 0
+    constraint_filtered: Mapping[str, int] = field(default_factory=dict)  # constraint -> nodes it filtered
+    class_filtered: Mapping[str, int] = field(default_factory=dict)  # node class -> nodes filtered, whatever filtered them
+    dimension_exhausted: Mapping[str, int] = field(default_factory=dict)  # "cpu", "memory", "devices: …" -> nodes
+    quota_exhausted: tuple[str, ...] = ()
+    coalesced_failures: int = 0  # further allocations of the group that failed the same way
+
+    @classmethod
+    def from_api(cls, metric: Mapping[str, Any]) -> AllocMetric:
+        return cls(
+            nodes_evaluated=int(metric.get("NodesEvaluated") or 0),
+            nodes_available=sum(_counts(metric.get("NodesAvailable")).values()),
+            nodes_filtered=int(metric.get("NodesFiltered") or 0),
+            nodes_exhausted=int(metric.get("NodesExhausted") or 0),
+            constraint_filtered=_counts(metric.get("ConstraintFiltered")),
+            class_filtered=_counts(metric.get("ClassFiltered")),
+            dimension_exhausted=_counts(metric.get("DimensionExhausted")),
+            quota_exhausted=tuple(str(q) for q in metric.get("QuotaExhausted") or ()),
+            coalesced_failures=int(metric.get("CoalescedFailures") or 0),
+        )
+
+    @classmethod
+    def of_groups(cls, failed: Mapping[str, Any] | None) -> dict[str, AllocMetric]:
+        """FailedTGAllocs (group -> AllocMetric, or null) as views."""
+        return {str(group): cls.from_api(metric or {}) for group, metric in (failed or {}).items()}
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """What `POST /v1/job/:id/plan` answers: the job's diff, what the scheduler would do to
+    each group, and the groups it could not place."""
+
+    diff_type: str = "None"  # "None", "Added", "Edited", …
+    updates: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # group -> {"Place": 2, "Ignore": 0, …}
+    failed_groups: Mapping[str, AllocMetric] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, result: Mapping[str, Any]) -> PlanResult:
+        updates = (result.get("Annotations") or {}).get("DesiredTGUpdates") or {}
+        return cls(
+            diff_type=str((result.get("Diff") or {}).get("Type") or "None"),
+            updates={str(group): _counts(counts) for group, counts in updates.items()},
+            failed_groups=AllocMetric.of_groups(result.get("FailedTGAllocs")),
+        )
+
+
 @dataclass(frozen=True)
 class Evaluation:
     """An evaluation as `GET /v1/evaluation/:id` answers it: its status, and for each group
@@ -214,7 +274,7 @@ class Evaluation:
     id: str
     status: str = ""  # pending, blocked, complete, failed, canceled
     status_description: str = ""
-    failed_groups: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    failed_groups: Mapping[str, AllocMetric] = field(default_factory=dict)
 
     @classmethod
     def from_api(cls, evaluation: Mapping[str, Any]) -> Evaluation:
@@ -222,7 +282,7 @@ class Evaluation:
             id=str(evaluation.get("ID") or ""),
             status=str(evaluation.get("Status") or ""),
             status_description=str(evaluation.get("StatusDescription") or ""),
-            failed_groups=dict(evaluation.get("FailedTGAllocs") or {}),
+            failed_groups=AllocMetric.of_groups(evaluation.get("FailedTGAllocs")),
         )
 
     @property

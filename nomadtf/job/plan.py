@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nomadtf.job import capacity
+from nomadtf.job.answers import AllocMetric, PlanResult
 from nomadtf.job.capacity import NodeCapacity
 
 
@@ -30,17 +31,17 @@ MISSING_DRIVERS = "missing drivers"
 
 
 def explain_placement_failure(
-    group: str, metric: dict[str, Any], requested_devices: list[str] | None = None, wanted: int | None = None
+    group: str, metric: AllocMetric, requested_devices: list[str] | None = None, wanted: int | None = None
 ) -> str:
     """One sentence for one task group's AllocMetric (FailedTGAllocs entry); `wanted` is
     the group's count, which turns a distinct_hosts failure into how many nodes it needs."""
-    evaluated = metric.get("NodesEvaluated", 0)
-    available = sum((metric.get("NodesAvailable") or {}).values()) or evaluated
+    evaluated = metric.nodes_evaluated
+    available = metric.nodes_available or evaluated
     reasons = []
-    for constraint, count in sorted((metric.get("ConstraintFiltered") or {}).items()):
+    for constraint, count in sorted(metric.constraint_filtered.items()):
         # Nomad checks distinct_hosts after every other constraint: the nodes it filtered,
         # and those that passed it but had no room, are all the eligible ones.
-        eligible = count + (metric.get("NodesExhausted") or 0)
+        eligible = count + metric.nodes_exhausted
         if constraint == DISTINCT_HOSTS and wanted is not None and wanted > eligible:
             verb = "is" if eligible == 1 else "are"
             reasons.append(f"distinct_hosts asks for {wanted} different nodes, only {eligible} {verb} eligible")
@@ -65,11 +66,11 @@ def explain_placement_failure(
             reasons.append(f"{count} of {available} nodes filtered by constraint {constraint}")
     # ClassFiltered counts every filtered node by its class, whatever filtered it: only
     # worth saying for the nodes no constraint above accounts for.
-    explained = sum((metric.get("ConstraintFiltered") or {}).values())
-    if (metric.get("NodesFiltered") or 0) > explained:
-        for cls, count in sorted((metric.get("ClassFiltered") or {}).items()):
+    explained = sum(metric.constraint_filtered.values())
+    if metric.nodes_filtered > explained:
+        for cls, count in sorted(metric.class_filtered.items()):
             reasons.append(f"{count} nodes of class {cls} filtered")
-    for dimension, count in sorted((metric.get("DimensionExhausted") or {}).items()):
+    for dimension, count in sorted(metric.dimension_exhausted.items()):
         if "device" in dimension:
             what = ", ".join(requested_devices or []) or "the requested device"
             reasons.append(
@@ -78,14 +79,14 @@ def explain_placement_failure(
             )
         else:
             reasons.append(f"{count} of {available} nodes have too little {dimension}")
-    for quota in metric.get("QuotaExhausted") or []:
+    for quota in metric.quota_exhausted:
         reasons.append(f"quota exhausted: {quota}")
-    if metric.get("NodesFiltered") and not reasons:
-        reasons.append(f"{metric['NodesFiltered']} of {available} nodes filtered")
+    if metric.nodes_filtered and not reasons:
+        reasons.append(f"{metric.nodes_filtered} of {available} nodes filtered")
     if not evaluated and not reasons:
         reasons.append("no client node is ready in the job's datacenters")
-    if (metric.get("CoalescedFailures") or 0) > 0:
-        reasons.append(f"{metric['CoalescedFailures'] + 1} allocations affected")
+    if metric.coalesced_failures > 0:
+        reasons.append(f"{metric.coalesced_failures + 1} allocations affected")
     return f"{group}: cannot be placed: " + "; ".join(reasons or ["the scheduler gave no reason"])
 
 
@@ -125,14 +126,14 @@ class Placement:
         return text + (f"\n  it can never fit: {self.why_never}" if self.why_never else "")
 
 
-def _never_by_feasibility(metric: dict[str, Any], nodes: list[NodeCapacity] | None) -> str:
+def _never_by_feasibility(metric: AllocMetric, nodes: list[NodeCapacity] | None) -> str:
     """Why no node passes the group's feasibility checks ("" when some node does): every
     node filtered (constraints, devices it does not have, drivers, distinct_hosts); none
     was merely out of room. No node evaluated at all is "never" only when the token could
     read the nodes and none may take the job (a drained or rebooting node comes back)."""
-    if not metric.get("NodesEvaluated"):
+    if not metric.nodes_evaluated:
         return "no client node is ready in the job's datacenters" if nodes is not None and not nodes else ""
-    if not metric.get("NodesExhausted") and metric.get("NodesFiltered"):
+    if not metric.nodes_exhausted and metric.nodes_filtered:
         return "no node meets its constraints (constraints, devices, drivers or distinct hosts)"
     return ""
 
@@ -162,7 +163,7 @@ def _never_by_size(job: dict[str, Any], nodes: list[NodeCapacity]) -> str:
     return f"its {len(asks)} allocations do not pack onto the {len(nodes)} node(s) it may use even when they are empty"
 
 
-def classify(result: dict[str, Any], job: dict[str, Any], nodes: list[NodeCapacity] | None) -> Placement:
+def classify(result: PlanResult, job: dict[str, Any], nodes: list[NodeCapacity] | None) -> Placement:
     """FITS, NOT_NOW or NEVER for a plan `result` (POST /v1/job/:id/plan) of `job` (the
     body of POST /v1/jobs), given the `nodes` that could take it (capacity.node_capacities;
     None when the token may not read nodes: then only feasibility can say NEVER).
@@ -170,7 +171,7 @@ def classify(result: dict[str, Any], job: dict[str, Any], nodes: list[NodeCapaci
     NEVER when some group has no feasible node at all, or when the whole job could not be
     packed onto those nodes were they empty; otherwise a failed placement is NOT_NOW:
     capacity in use, which a finished job gives back."""
-    failed = result.get("FailedTGAllocs") or {}
+    failed = result.failed_groups
     if not failed:
         return Placement(FITS)
     inner = job.get("Job", job)
@@ -186,17 +187,15 @@ def classify(result: dict[str, Any], job: dict[str, Any], nodes: list[NodeCapaci
     return Placement(NEVER, reasons, why) if why else Placement(NOT_NOW, reasons)
 
 
-def describe_plan(result: dict[str, Any], job: dict[str, Any] | None = None, placement: Placement | None = None) -> PlanSummary:
+def describe_plan(result: PlanResult, job: dict[str, Any] | None = None, placement: Placement | None = None) -> PlanSummary:
     summary = PlanSummary()
-    diff_type = (result.get("Diff") or {}).get("Type", "None")
-    summary.changes = diff_type != "None"
-    summary.lines.append(f"job diff: {diff_type.lower()}")
-    updates = (result.get("Annotations") or {}).get("DesiredTGUpdates") or {}
-    for group, counts in sorted(updates.items()):
+    summary.changes = result.diff_type != "None"
+    summary.lines.append(f"job diff: {result.diff_type.lower()}")
+    for group, counts in sorted(result.updates.items()):
         parts = [f"{k.lower()} {v}" for k, v in sorted(counts.items()) if v]
         summary.lines.append(f"  {group}: {', '.join(parts) or 'no change'}")
     devices, counts = requested_devices(job), group_counts(job)
-    for group, metric in sorted((result.get("FailedTGAllocs") or {}).items()):
+    for group, metric in sorted(result.failed_groups.items()):
         summary.failures = True
         summary.lines.append(explain_placement_failure(group, metric, devices.get(group), counts.get(group)))
     if placement is not None and placement.verdict == NEVER:

@@ -20,7 +20,17 @@ import requests
 
 from nomadtf.errors import NomadError
 from nomadtf.job import capacity
-from nomadtf.job.answers import Allocation, Evaluation, Job, JobStub, JobWrite, Node, ScalingEvent, TaskState
+from nomadtf.job.answers import (
+    Allocation,
+    Evaluation,
+    Job,
+    JobStub,
+    JobWrite,
+    Node,
+    PlanResult,
+    ScalingEvent,
+    TaskState,
+)
 from nomadtf.servers.nomadhttp import NomadTransport, is_read_pause, translated
 
 # A follow stream stays open after its task ended; pausing this long without bytes is our
@@ -82,11 +92,11 @@ class NomadAPI(NomadTransport):
             raise NomadError("Nomad rejected the job; nothing was submitted:\n  " + "\n  ".join(errors))
         return [w for w in (result.get("Warnings") or "").split("\n") if w.strip()]
 
-    def plan(self, job: dict[str, Any]) -> dict[str, Any]:
+    def plan(self, job: dict[str, Any]) -> PlanResult:
         """POST /v1/job/:job_id/plan (with diff)"""
         job_id = job["Job"]["ID"]
         body = {**job, "Diff": True}
-        return self._json("the plan", "submit-job", self.client.job, job_id, "plan", method="post", json=body)
+        return PlanResult.from_api(self._json("the plan", "submit-job", self.client.job, job_id, "plan", method="post", json=body))
 
     def register(self, job: dict[str, Any], modify_index: int | None = None) -> JobWrite:
         """POST /v1/jobs ; with `modify_index` a check-and-set: Nomad registers only while the

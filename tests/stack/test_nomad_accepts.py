@@ -77,10 +77,9 @@ def test_each_example_is_placed_on_the_stack_its_page_names(stack, path: Path):
     }
     assert all(asks[k] <= capacity[k] for k in asks), f"{path.name} asks {asks}; `{command}` offers {capacity}"
     plan = NomadAPI.from_env().plan(job)
-    for group, metric in (plan.get("FailedTGAllocs") or {}).items():
-        assert not metric.get("ConstraintFiltered") and not metric.get("NodesFiltered"), (group, metric)
-        exhausted = set(metric.get("DimensionExhausted") or {})
-        assert all(d in ("cpu", "memory") or "device" in d for d in exhausted), (group, metric)
+    for group, metric in plan.failed_groups.items():
+        assert not metric.constraint_filtered and not metric.nodes_filtered, (group, metric)
+        assert all(d in ("cpu", "memory") or "device" in d for d in metric.dimension_exhausted), (group, metric)
 
 
 def test_validate_reports_nomads_own_objections(stack, tmp_path):

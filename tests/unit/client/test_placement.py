@@ -9,7 +9,7 @@ import pytest
 from nomadtf.client import placement
 from nomadtf.errors import NomadError
 from nomadtf.job import plan
-from nomadtf.job.answers import Node
+from nomadtf.job.answers import Node, PlanResult
 from nomadtf.job.capacity import NodeCapacity, Resources
 
 
@@ -17,8 +17,8 @@ def metric(**fields) -> dict:
     return {"NodesEvaluated": 0, "NodesFiltered": 0, "NodesExhausted": 0, "NodesAvailable": {"dc1": 1}, **fields}
 
 
-def result(**failed) -> dict:
-    return {"Diff": {"Type": "Added"}, "FailedTGAllocs": failed or None}
+def result(**failed) -> PlanResult:
+    return PlanResult.from_api({"Diff": {"Type": "Added"}, "FailedTGAllocs": failed or None})
 
 
 def job(cpu: int = 1000, count: int = 1) -> dict:

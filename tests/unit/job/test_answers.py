@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from nomadtf.job.answers import (
     Allocation,
+    AllocMetric,
     Evaluation,
     Job,
     JobStub,
     JobWrite,
     Node,
+    PlanResult,
     ScalingEvent,
     TaskEvent,
     held_by_job,
@@ -108,7 +110,7 @@ def test_only_allocations_that_hold_their_node_s_resources_count_for_their_job()
 
 def test_an_evaluation_says_whether_it_ended_and_why_groups_were_not_placed():
     blocked = Evaluation.from_api({"ID": "e1", "Status": "blocked", "FailedTGAllocs": {"worker": {"NodesEvaluated": 3}}})
-    assert not blocked.ended and blocked.failed_groups == {"worker": {"NodesEvaluated": 3}}
+    assert not blocked.ended and blocked.failed_groups == {"worker": AllocMetric(nodes_evaluated=3)}
     failed = Evaluation.from_api({"ID": "e2", "Status": "failed", "StatusDescription": "maximum attempts reached"})
     assert failed.ended and failed.status_description == "maximum attempts reached" and failed.failed_groups == {}
 
@@ -198,3 +200,28 @@ def test_a_scaling_event_keeps_the_scaler_s_words_and_tells_a_count_from_none():
     assert (event.message, event.time, event.count) == ("nomadtf admission: admitted run r-1", 5, 0)
     assert event.meta == {"nomadtf.run": "r-1", "nomadtf.admission": "admitted", "tries": "2"}  # a neighbour's non-string: text
     assert ScalingEvent.from_api({"Message": "an error"}) == ScalingEvent("an error", 0, None, {})
+
+
+# As POST /v1/job/:id/plan answers one that cannot place its workers (trimmed; Nomad 1.6).
+PLAN = {
+    "Annotations": {"DesiredTGUpdates": {"worker": {"Place": 2, "Ignore": 0}, "chief": {"Place": 1}}, "PreemptedAllocs": None},
+    "Diff": {"Type": "Added", "TaskGroups": []},
+    "FailedTGAllocs": {"worker": {
+        "NodesEvaluated": 3, "NodesFiltered": 1, "NodesAvailable": {"dc1": 2, "dc2": 1}, "NodesExhausted": 2,
+        "ConstraintFiltered": {"missing devices": 1}, "ClassFiltered": None, "DimensionExhausted": {"memory": 2},
+        "QuotaExhausted": ["memory exhausted"], "CoalescedFailures": 1,
+    }},
+}  # fmt: skip
+
+
+def test_a_plan_reads_its_diff_updates_and_why_each_group_failed():
+    plan = PlanResult.from_api(PLAN)
+    assert (plan.diff_type, plan.updates) == ("Added", {"worker": {"Place": 2, "Ignore": 0}, "chief": {"Place": 1}})
+    assert plan.failed_groups == {"worker": AllocMetric(
+        nodes_evaluated=3, nodes_available=3, nodes_filtered=1, nodes_exhausted=2, constraint_filtered={"missing devices": 1},
+        dimension_exhausted={"memory": 2}, quota_exhausted=("memory exhausted",), coalesced_failures=1)}  # fmt: skip
+
+
+def test_a_plan_that_places_everything_has_no_failed_group_and_an_empty_one_no_diff():
+    assert PlanResult.from_api({"Diff": {"Type": "None"}, "FailedTGAllocs": None}).failed_groups == {}
+    assert PlanResult.from_api({}) == PlanResult("None", {}, {})

@@ -1,8 +1,10 @@
 """Nomad plan results explained in words. The results are written in the shape Nomad 1.6
-returns from PUT /v1/job/:job_id/plan (JobPlanResponse with AllocMetric per failed group)."""
+returns from PUT /v1/job/:job_id/plan (JobPlanResponse with AllocMetric per failed group)
+and read through the views the Nomad adapter builds (job/answers.py: PlanResult, AllocMetric)."""
 
 from __future__ import annotations
 
+from nomadtf.job.answers import AllocMetric, PlanResult
 from nomadtf.job.capacity import NodeCapacity, Resources
 from nomadtf.job.plan import (
     FITS,
@@ -10,9 +12,9 @@ from nomadtf.job.plan import (
     NOT_NOW,
     classify,
     describe_plan,
-    explain_placement_failure,
     requested_devices,
 )
+from nomadtf.job.plan import explain_placement_failure as explain_metric
 from nomadtf.job.render import render_job
 from nomadtf.job.spec import load_spec, parse_spec
 from tests.helpers import EXAMPLES
@@ -43,8 +45,13 @@ def alloc_metric(**fields):
     return metric
 
 
+def explain_placement_failure(group, metric, *args, **kwargs):
+    """plan.explain_placement_failure of an AllocMetric's JSON, read as the adapter reads it."""
+    return explain_metric(group, AllocMetric.from_api(metric), *args, **kwargs)
+
+
 def plan_result(diff_type, updates, failed=None):
-    return {
+    return PlanResult.from_api({
         "Annotations": {"DesiredTGUpdates": updates, "PreemptedAllocs": None},
         "CreatedEvals": None,
         "Diff": {"Fields": None, "ID": "digits-gpu", "Objects": None, "TaskGroups": [], "Type": diff_type},
@@ -53,7 +60,7 @@ def plan_result(diff_type, updates, failed=None):
         "NextPeriodicLaunch": "0001-01-01T00:00:00Z",
         "Warnings": "",
         "Index": 0,
-    }
+    })
 
 
 def tg_updates(place=0, ignore=0, stop=0):
@@ -179,11 +186,11 @@ def test_a_node_that_passed_distinct_hosts_but_is_full_counts_as_eligible():
 def test_the_plan_takes_the_count_from_the_rendered_job():
     spec = {"name": "place", "entrypoint": {"script": "train.py"}, "roles": {"chief": {}, "worker": {"count": 4, "distinct_hosts": True}, "ps": {}}}
     rendered = render_job(parse_spec(spec))["Job"]
-    result = {
+    result = PlanResult.from_api({
         "Diff": {"Type": "Added"},
         "Annotations": {"DesiredTGUpdates": {"worker": {"Place": 4}}},
         "FailedTGAllocs": {"worker": distinct_hosts_metric(3)},
-    }
+    })
     summary = describe_plan(result, rendered)
     assert summary.failures
     assert "worker: cannot be placed: distinct_hosts asks for 4 different nodes, only 3 are eligible" in summary.lines
