@@ -11,7 +11,6 @@ from typing import Any
 from nomadtf.admission import suspension
 from nomadtf.job.answers import Allocation, Job
 from nomadtf.job.outcome import latest_allocs
-from nomadtf.wire import META_RUN
 
 
 @dataclass
@@ -35,10 +34,10 @@ class JobView:
     elapsed: float = 0.0
 
 
-def versions_of_run(versions: list[dict[str, Any]], run_id: str) -> set[int]:
+def versions_of_run(versions: list[Job], run_id: str) -> set[int]:
     """The job versions that belong to run `run_id` (one per registration, plus one per
     `nomadtf scale`; a later run of the same name has versions of its own). Pure."""
-    return {v.get("Version", 0) for v in versions if (v.get("Meta") or {}).get(META_RUN) == run_id}
+    return {v.version for v in versions if v.run_id == run_id}
 
 
 def of_run(allocs: list[Allocation], versions: set[int] | None) -> list[Allocation]:

@@ -131,14 +131,10 @@ class NomadAPI(NomadTransport):
         """GET /v1/jobs?meta=true (namespace "*": every namespace the token may list)"""
         return [JobStub.from_api(j) for j in self._json("the job list", "list-jobs", self.client.jobs, params={"meta": "true"})]
 
-    def versions(self, job_id: str) -> list[dict[str, Any]]:
+    def versions(self, job_id: str) -> list[Job]:
         """GET /v1/job/:job_id/versions ; newest first"""
         data = self._json(f"versions of {job_id}", "read-job", self.client.job, job_id, "versions")
-        return data.get("Versions") or []
-
-    def summary(self, job_id: str) -> dict[str, Any]:
-        """GET /v1/job/:job_id/summary"""
-        return self._json(f"summary of {job_id}", "read-job", self.client.job, job_id, "summary")
+        return [Job.from_api(version) for version in data.get("Versions") or []]
 
     def watch_jobs(self, index: int = 0, wait_s: float = 5.0) -> tuple[list[JobStub], int]:
         """(every job the token may list, with Meta and summaries; X-Nomad-Index); with
@@ -204,11 +200,11 @@ class NomadAPI(NomadTransport):
             resp = self._send(self.client.allocations, params=params)
         return [Allocation.from_api(a) for a in resp.json()], int(resp.headers.get("X-Nomad-Index", 0))
 
-    def put_variable(self, path: str, items: Mapping[str, str]) -> dict[str, Any]:
+    def put_variable(self, path: str, items: Mapping[str, str]) -> None:
         """Write a Nomad variable in this namespace (a job's tasks may read `nomad/jobs/<job>`
         through their workload identity).  PUT /v1/var/:path"""
         body = {"Namespace": self.namespace, "Path": path, "Items": dict(items)}
-        return self._json(f"the variable {path}", "variables write", self.client.variable, path, method="put", json=body)
+        self._json(f"the variable {path}", "variables write", self.client.variable, path, method="put", json=body)
 
     def namespaces(self) -> list[str]:
         """The namespaces the token may use (Nomad lists no others).  GET /v1/namespaces"""
@@ -229,9 +225,9 @@ class NomadAPI(NomadTransport):
         """GET /v1/allocation/:alloc_id"""
         return Allocation.from_api(self._json(f"allocation {alloc_id[:8]}", "read-job", self.client.allocation, alloc_id))
 
-    def stop_allocation(self, alloc_id: str) -> dict[str, Any]:
+    def stop_allocation(self, alloc_id: str) -> None:
         """POST /v1/allocation/:alloc_id/stop"""
-        return self._json(
+        self._json(
             f"stopping allocation {alloc_id[:8]}", "alloc-lifecycle", self.client.allocation, alloc_id, "stop", method="post"
         )
 
@@ -241,9 +237,9 @@ class NomadAPI(NomadTransport):
         with translated(self.settings, f"signalling allocation {alloc_id[:8]}", "alloc-lifecycle"):
             self._send(self.client.client.allocation, alloc_id, "signal", method="post", json={"Signal": signal, "Task": None})
 
-    def evaluations(self, job_id: str) -> list[dict[str, Any]]:
+    def evaluations(self, job_id: str) -> list[Evaluation]:
         """GET /v1/job/:job_id/evaluations"""
-        return self._json(f"evaluations of {job_id}", "read-job", self.client.job, job_id, "evaluations")
+        return [Evaluation.from_api(e) for e in self._json(f"evaluations of {job_id}", "read-job", self.client.job, job_id, "evaluations")]
 
     def watch_evaluation(self, eval_id: str, index: int, wait_s: float = 5.0) -> tuple[Evaluation | None, int]:
         """GET /v1/evaluation/:eval_id?index=&wait= (blocking) ; (None while not found, index)"""

@@ -46,7 +46,7 @@ def follow_detached(job_id: str, eval_prefix: str, reschedule_attempts: int, tim
     api = NomadAPI.from_env()
     # "" for a run the admission controller admitted: its placement is the controller's to
     # judge, and the follower starts at its allocations (as `nomadtf run` does).
-    eval_id = [e for e in api.evaluations(job_id) if e["ID"].startswith(eval_prefix)][0]["ID"] if eval_prefix else ""
+    eval_id = [e for e in api.evaluations(job_id) if e.id.startswith(eval_prefix)][0].id if eval_prefix else ""
     job = api.job(job_id)
     run_id = job.run_id if job else ""
     first = min(versions_of_run(api.versions(job_id), run_id), default=0)

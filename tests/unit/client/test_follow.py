@@ -8,7 +8,7 @@ from __future__ import annotations
 from nomadtf.client.follow import Follower
 from nomadtf.client.readback import describe_runs, pick_allocs, run_elapsed, runs_of
 from nomadtf.client.runview import of_run, versions_of_run
-from nomadtf.job.answers import Allocation
+from nomadtf.job.answers import Allocation, Job
 
 TF21 = "Python 3.11.2 (/opt/nomadtf/venv/bin/python3), tensorflow-cpu 2.21.0"
 TF20 = "Python 3.11.2 (/opt/nomadtf/venv/bin/python3), tensorflow-cpu 2.20.0"
@@ -61,12 +61,12 @@ def _alloc(name: str, version: int, create: int, status: str = "complete") -> Al
 
 
 def test_a_run_owns_exactly_the_versions_that_carry_its_id():
-    versions = [
+    versions = [Job.from_api({"ID": "j", **v}) for v in (
         {"Version": 3, "Meta": {"nomadtf.run": "b"}},  # `scale` made a new version of run b
         {"Version": 2, "Meta": {"nomadtf.run": "b"}},
         {"Version": 1, "Meta": {"nomadtf.run": "a"}},
         {"Version": 0, "Meta": {}},
-    ]
+    )]
     assert versions_of_run(versions, "b") == {2, 3}
     assert versions_of_run(versions, "a") == {1}
     assert versions_of_run(versions, "unknown") == set()
