@@ -73,7 +73,8 @@ def spawn(
             # Its own session: Ctrl-C in the shell that ran `up` does not stop it.
             start_new_session=True,
         )
-    return Component(name=name, pid=proc.pid, binary=argv[0], log=str(log), create_time=processes.started_at(proc.pid))
+    return Component(name=name, pid=proc.pid, binary=argv[0], log=str(log), create_time=processes.started_at(proc.pid),
+                     start=processes.start_mark(proc.pid))
 
 
 # ---- the single-node stack: -dev agents on 127.0.0.1 -----------------------------------------

@@ -1,12 +1,16 @@
 """The processes of the local stack, through psutil.
 
-A process we started is named by its PID and its start time together: once it exits, the
-kernel may hand the same PID to an unrelated process, and only the start time tells them
-apart.
+A process we started is named by its PID and its start together: once it exits, the
+kernel may hand the same PID to an unrelated process, and only the start tells them apart.
+The start is counted on the boot clock (`start_mark`: this boot's id and the clock ticks
+from boot to the process's start), which no step of the wall clock moves: psutil's
+create_time is a wall-clock time, and a process that reads it after NTP stepped the clock
+gets another number for the same process (a stack that runs then looks stopped, and `up`
+would take it for a dead one).
 
 Usage:
-    started = started_at(pid)             # record it next to the PID at spawn
-    proc = find(pid, started)             # None once that process is gone
+    started = start_mark(pid)             # record it next to the PID at spawn
+    proc = find(pid, start=started)       # None once that process is gone
     survivors = stop(tree(proc), grace=15)
 """
 
@@ -33,8 +37,29 @@ def pid_alive(pid: int) -> bool:
 
 
 def started_at(pid: int) -> float:
-    """The start time psutil reports for `pid`, to record beside it."""
+    """The start time psutil reports for `pid` (wall clock: records of older versions hold it)."""
     return psutil.Process(pid).create_time()
+
+
+def boot_id() -> str:
+    """This boot's id: a count of ticks from boot means nothing across a reboot."""
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def start_ticks(pid: int) -> int:
+    """When `pid` started, in clock ticks from boot (/proc/<pid>/stat, field 22)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        raise psutil.NoSuchProcess(pid) from None
+    # The command name (field 2) may hold spaces and parentheses: count from its last ")".
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def start_mark(pid: int) -> str:
+    """`<boot id>/<start ticks>` of `pid`: the same for the same process on every clock,
+    different for a later process that reuses its PID."""
+    return f"{boot_id()}/{start_ticks(pid)}"
 
 
 def age(pid: int) -> float:
@@ -44,20 +69,16 @@ def age(pid: int) -> float:
     derives from the wall clock once and keeps; after the wall clock is stepped or slewed
     (NTP on a VM) that sum can be seconds off. An age measured on the boot clock alone is not.
     """
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        raise psutil.NoSuchProcess(pid) from None
-    # The command name (field 2) may hold spaces and parentheses: count from its last ")".
-    start_ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, starttime
-    return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks(pid) / os.sysconf("SC_CLK_TCK")
 
 
-def find(pid: int, create_time: float) -> psutil.Process | None:
-    """The running process `pid`, if it is the one that started at `create_time`."""
+def find(pid: int, create_time: float | None = None, start: str | None = None) -> psutil.Process | None:
+    """The running process `pid`, if it is the one that started at `start` (start_mark),
+    or, in a record of an older version without one, at `create_time` (psutil's)."""
     try:
         proc = psutil.Process(pid)
-        if proc.create_time() != create_time or proc.status() == psutil.STATUS_ZOMBIE:
+        same = start_mark(pid) == start if start is not None else create_time is not None and proc.create_time() == create_time
+        if not same or proc.status() == psutil.STATUS_ZOMBIE:
             return None
     except psutil.NoSuchProcess:
         return None

@@ -70,12 +70,13 @@ class Component:
     # psutil's create_time of `pid` at spawn; None in records of older versions, whose
     # processes can no longer be told apart from a PID reused by someone else.
     create_time: float | None = None
+    # processes.start_mark of `pid` at spawn (boot id and ticks from boot): what decides,
+    # whatever the wall clock did since; None in records of versions before it.
+    start: str | None = None
 
     def process(self) -> psutil.Process | None:
-        """The process `up` started, if it still runs (PIDs get reused: the start time decides)."""
-        if self.create_time is None:
-            return None
-        return processes.find(self.pid, self.create_time)
+        """The process `up` started, if it still runs (PIDs get reused: the start decides)."""
+        return processes.find(self.pid, self.create_time, self.start)
 
 
 class Record:
@@ -155,6 +156,6 @@ def adopt_legacy(record: Record, marker_path: Path) -> list[Component] | None:
                 return None
         except psutil.Error:
             return None
-        adopted.append(replace(comp, create_time=started))
+        adopted.append(replace(comp, create_time=started, start=processes.start_mark(comp.pid)))
     write_private(marker_path, MARKER_TEXT)
     return adopted

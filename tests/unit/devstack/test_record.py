@@ -6,6 +6,8 @@ from __future__ import annotations
 import stat
 import subprocess
 import sys
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +76,32 @@ def test_a_component_is_its_process_only_while_that_process_runs(tmp_path):
         proc.kill()
         proc.wait()
     assert comp.process() is None
+
+
+def test_a_component_stays_its_process_when_the_wall_clock_is_stepped_and_a_reused_pid_does_not():
+    """NTP may step the wall clock while a stack runs: psutil's create_time of the same
+    process then differs in a process that reads it afresh (`nomadtf dev status`, `dev up`),
+    and the stack looked stopped. The start counted from boot does not move."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        mark = processes.start_mark(proc.pid)
+        stepped = Component("x", proc.pid, sys.executable, "x.log", create_time=processes.started_at(proc.pid) - 65, start=mark)
+        assert stepped.process() is not None and stepped.process().pid == proc.pid
+        boot, ticks = mark.split("/")
+        reused = Component("x", proc.pid, sys.executable, "x.log", create_time=processes.started_at(proc.pid), start=f"{boot}/{int(ticks) - 1}")
+        assert reused.process() is None  # the same PID, started at another moment: someone else's
+        assert replace(stepped, start=f"another-boot/{ticks}").process() is None  # the same ticks after a reboot
+        assert mark.startswith(Path("/proc/sys/kernel/random/boot_id").read_text().strip() + "/")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert stepped.process() is None
+
+
+def test_a_record_with_start_marks_reads_back_and_one_without_still_loads(tmp_path):
+    record = Record(tmp_path / "stack.json")
+    marked = Component("consul", 10, "/bin/consul", "c.log", create_time=1.5, start="b00t/42")
+    record.put(marked)
+    assert record.components() == [marked]
+    (tmp_path / "old.json").write_text('{"components": [{"name": "nomad", "pid": 11, "binary": "/bin/nomad", "log": "n.log", "create_time": 2.5}]}')
+    assert Record(tmp_path / "old.json").components() == [Component("nomad", 11, "/bin/nomad", "n.log", create_time=2.5)]
