@@ -13,6 +13,7 @@ import pytest
 
 from nomadtf.devstack.cluster import ClusterStack
 from nomadtf.devstack.stack import DevStack
+from tests.helpers import OTHER_TF
 
 # scripts/test runs the tests of the several-client stack (marker `cluster`, given here to
 # every test that uses it) in a pytest session of their own beside the rest, so the two
@@ -52,8 +53,9 @@ def stack(request):
     started = dev.up(progress=_progress, timeout=180, gpus=TEST_GPUS, mig=TEST_MIG, docker=TEST_DOCKER)
     saved = {k: os.environ.get(k) for k in ("NOMAD_ADDR", "CONSUL_HTTP_ADDR", "VAULT_ADDR", "VAULT_TOKEN", "DOCKER_HOST")}
     os.environ.update(dev.env())
-    if any("task_image" in item.fixturenames for item in request.session.items):
-        _start_image_build(dev)
+    wanted = [version for name, version in IMAGE_FIXTURES.items() if any(name in item.fixturenames for item in request.session.items)]
+    if wanted:
+        _start_image_builds(dev, wanted)
     yield dev
     for key, value in saved.items():
         if value is None:
@@ -70,31 +72,52 @@ def docker_client(stack):
     return stack.daemon.client(timeout=900)
 
 
-# The task image is built (minutes on a fresh machine: a Debian base, a wheelhouse with
-# TensorFlow, `docker build`) in the background from the moment the stack is up, when the
-# session has a test that needs it, so the build overlaps the tests before the first one.
-_image_build: list[Future] = []
+# The images of the container tests are built (minutes each on a fresh machine: a Debian
+# base, a wheelhouse with TensorFlow, `docker build`) in the background, one after the
+# other, from the moment the stack is up, when the session has a test that needs them, so
+# the builds overlap the tests before the first container test. `task_image`: this
+# checkout for this installation's TensorFlow; `other_tf_image`: the second TensorFlow
+# version (tests/stack/test_docker.py trains both side by side).
+IMAGE_FIXTURES = {"task_image": None, "other_tf_image": OTHER_TF}
+_image_builds: dict[str | None, Future] = {}
 
 
-def _build_image(client) -> str:
+def _build_image(client, tf_version: str | None) -> str:
     from nomadtf.devstack import images
 
-    return images.build(client, lambda message: sys.stderr.write(f"[image] {message}\n"))
+    return images.build(client, lambda message: sys.stderr.write(f"[image] {message}\n"), tf_version=tf_version)
 
 
-def _start_image_build(dev: DevStack) -> None:
-    builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="task-image")
-    _image_build.append(builder.submit(_build_image, dev.daemon.client(timeout=900)))
+def _start_image_builds(dev: DevStack, versions: list[str | None]) -> None:
+    builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="images")
+    client = dev.daemon.client(timeout=900)
+    for version in versions:
+        _image_builds[version] = builder.submit(_build_image, client, version)
     builder.shutdown(wait=False)
+
+
+def _image(client, tf_version: str | None) -> str:
+    build = _image_builds.get(tf_version)
+    return build.result() if build else _build_image(client, tf_version)  # a failed build raises in the test that needs it
 
 
 @pytest.fixture(scope="session")
 def task_image(docker_client) -> str:
     """The task image of this checkout for this installation's TensorFlow, built once per
     session (and found again in the daemon's data root on a machine that built it before)."""
-    if _image_build:
-        return _image_build[0].result()  # a failed build raises here, in the test that needs it
-    return _build_image(docker_client)
+    return _image(docker_client, None)
+
+
+@pytest.fixture(scope="session")
+def other_tf_image(docker_client) -> str:
+    """The same image for TensorFlow OTHER_TF."""
+    return _image(docker_client, OTHER_TF)
+
+
+# A test that stops and restarts the stack (marker `restarts_stack`) runs after the others,
+# so no test, and no image build in the background, sees its servers go away.
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: item.get_closest_marker("restarts_stack") is not None)
 
 
 # The several-client test bed, shaped like a production cluster: three clients, fake GPUs on

@@ -15,6 +15,9 @@ import requests
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
 JOBS = Path(__file__).resolve().parent / "jobs"
+# The one extra TensorFlow version the tests use, beside this installation's: an environment
+# (test_environments.py) and an image (test_docker.py; conftest.py builds it).
+OTHER_TF = "2.20.0"
 
 
 def unique(prefix: str) -> str:

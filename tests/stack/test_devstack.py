@@ -196,6 +196,7 @@ def test_a_taken_port_is_a_clear_error(tmp_path, stack):
 
 
 @pytest.mark.stack
+@pytest.mark.restarts_stack
 def test_down_leaves_no_process_and_up_comes_back(stack):
     pids = [c.pid for c in stack.components()]
     started = [p for c in stack.components() for p in processes.tree(psutil.Process(c.pid))]

@@ -23,6 +23,7 @@ import requests
 from nomadtf.devstack import images
 from tests import faults
 from tests.helpers import (
+    OTHER_TF,
     TEAM_UIDS,
     all_logs,
     code_process,
@@ -394,18 +395,18 @@ def test_secrets_reach_the_code_s_container_only_and_no_image_inspect_or_log(sta
         purge(job_id)
 
 
-OTHER_TF = "2.20.0"  # the second TensorFlow version as an image (test_environments.py's extra)
 
 
 @pytest.mark.tf
-def test_two_tensorflow_versions_as_two_images_train_side_by_side(stack, docker_client, task_image, tmp_path, code_server):
+def test_two_tensorflow_versions_as_two_images_train_side_by_side(stack, docker_client, task_image, other_tf_image, tmp_path, code_server):
     from tests.stack.test_environments import finish, start_run, task_logs, tf_job
 
-    # The second image through the command the docs show (the first is the session's).
+    # The second image (the session built it in the background, as conftest.py builds the
+    # first) through the command the docs show: found, and named on its last line.
     built = nomadtf("dev", "image", "build", "--tf", OTHER_TF, timeout=900)
     assert built.returncode == 0, built.stdout + built.stderr
     other_image = built.stdout.strip().splitlines()[-1]
-    assert other_image.startswith(f"nomadtf:tf{OTHER_TF}-cpu-"), built.stdout
+    assert other_image == other_tf_image and other_image.startswith(f"nomadtf:tf{OTHER_TF}-cpu-"), built.stdout
     versions = {task_image: images.installed_tensorflow(), other_image: OTHER_TF}
     assert len(set(versions.values())) == 2
     jobs = {}

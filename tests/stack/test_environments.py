@@ -17,11 +17,22 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import JOBS, all_logs, nomad, nomadtf, purge, task_log, unique, wait_until, write_job
+from tests.helpers import (
+    JOBS,
+    OTHER_TF,
+    all_logs,
+    nomad,
+    nomadtf,
+    purge,
+    task_log,
+    unique,
+    wait_until,
+    write_job,
+)
 
 pytestmark = [pytest.mark.stack, pytest.mark.tf]
 
-TF_EXTRA = "tensorflow-cpu==2.20.0"  # the one extra TensorFlow version the tests build
+TF_EXTRA = f"tensorflow-cpu=={OTHER_TF}"  # the one extra TensorFlow version the tests build
 
 
 def tf_job(name: str, cache_dir: Path | None, requirements: list[str] | None = None, steps: int = 5, timeout: str = "15m") -> dict:
