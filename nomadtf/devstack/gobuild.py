@@ -42,12 +42,23 @@ def go_setting(name: str) -> str:
     return subprocess.run(["go", "env", name], capture_output=True, text=True).stdout.strip()
 
 
+# GOTOOLCHAIN of every go command here: "local" (the machine's Go, never another one
+# downloaded) unless `dev binaries --go` named a Go (use_toolchain).
+_toolchain = ["local"]
+
+
+def use_toolchain(go_version: str) -> None:
+    """Build with Go `go_version` from now on: the go command fetches it from the module
+    proxy and checks it against the checksum database itself (GOTOOLCHAIN=go_version)."""
+    _toolchain[0] = go_version
+
+
 def go_environment(*, mod_readonly: bool = True) -> dict[str, str]:
-    """The environment of every go command here. GOTOOLCHAIN=local: never download another
-    Go. -mod=readonly (the plugins, whose go.mod and go.sum may lie in an installed
-    package): go.mod and go.sum are never rewritten."""
+    """The environment of every go command here: GOTOOLCHAIN (use_toolchain; "local" by
+    default), and -mod=readonly (the plugins, whose go.mod and go.sum may lie in an
+    installed package): go.mod and go.sum are never rewritten."""
     flags = "-buildvcs=false -mod=readonly" if mod_readonly else "-buildvcs=false"
-    return {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": flags}
+    return {**os.environ, "GOTOOLCHAIN": _toolchain[0], "GOFLAGS": flags}
 
 
 def read_go_mod(path: Path) -> dict:

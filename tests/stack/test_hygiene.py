@@ -8,7 +8,6 @@ single-node stack."""
 from __future__ import annotations
 
 import inspect
-import io
 import json
 import os
 import shutil
@@ -16,15 +15,12 @@ import subprocess
 import sys
 import threading
 import time
-import zipfile
 from pathlib import Path
 
 import psutil
 import pytest
 
 from nomadtf import wire
-from nomadtf.devstack import binaries
-from nomadtf.errors import BinaryError
 from nomadtf.job import render
 from nomadtf.job.spec import parse_spec
 from nomadtf.job.taskfile import spec_file_text
@@ -194,49 +190,19 @@ def test_the_health_endpoint_binds_the_tasks_own_address(monkeypatch):
 # ---- `nomadtf dev binaries --go` ------------------------------------------------------------------
 
 
-def _fake_go(root: Path, version: str) -> None:
-    (root / "bin").mkdir(parents=True)
-    go = root / "bin" / "go"
-    go.write_text(f"#!/bin/sh\necho 'go version {version} linux/amd64'\n")
-    go.chmod(0o755)
+def test_dev_binaries_with_the_machine_s_own_go_builds_with_it_and_finds_the_cached_build():
+    """`--go` with the Go this machine has: the go command's switch (GOTOOLCHAIN) finds it
+    local, downloads nothing, and the cached binaries are found as `dev up` finds them."""
+    own = subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True).stdout.strip()
+    out = nomadtf("dev", "binaries", "consul", "--go", own, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert f"go: building with {own} (GOTOOLCHAIN" in out.stderr and out.stdout.startswith("consul: "), out.stdout + out.stderr
 
 
-@pytest.fixture
-def toolchain(monkeypatch):
-    """The module proxy and checksum database, answered locally with a fake go1.26.8."""
-    version = binaries.toolchain_version(binaries.GO_VERSION)
-    prefix = f"{binaries.TOOLCHAIN_MODULE}@{version}/"
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as zf:
-        zf.writestr(prefix + "bin/go", f"#!/bin/sh\necho 'go version {binaries.GO_VERSION} linux/amd64'\n")
-        zf.writestr(prefix + "VERSION", binaries.GO_VERSION)
-    archive = buffer.getvalue()
-    downloads: list[str] = []
-    monkeypatch.setattr(binaries, "proxy_get", lambda module, name: downloads.append(name) or archive)
-    monkeypatch.setattr(binaries, "checksum_db_h1", lambda module, v: binaries.module_zip_h1(archive))
-    return downloads
-
-
-def test_dev_binaries_never_deletes_a_go_it_did_not_install(tmp_path, toolchain):
-    root = tmp_path / "go"
-    _fake_go(root, "go1.20.1")
-    (root / "src-of-someone").write_text("keep me")
-    with pytest.raises(BinaryError, match="did not install"):
-        binaries.install_go(binaries.GO_VERSION, root, lambda _m: None)
-    assert (root / "src-of-someone").read_text() == "keep me" and "go1.20.1" in subprocess.run(
-        [str(root / "bin" / "go")], capture_output=True, text=True).stdout
-    assert toolchain == []  # refused before anything was downloaded
-
-
-def test_dev_binaries_installs_marks_and_replaces_only_its_own_go(tmp_path, toolchain):
-    root = tmp_path / "go"
-    go = binaries.install_go(binaries.GO_VERSION, root, lambda _m: None)
-    assert (root / binaries.GO_MARKER).is_file() and binaries.GO_VERSION in subprocess.run([str(go)], capture_output=True, text=True).stdout
-    # Ours, of another version: replaced.
-    shutil.rmtree(root / "bin")
-    _fake_go(root, "go1.22.0")
-    binaries.install_go(binaries.GO_VERSION, root, lambda _m: None)
-    assert binaries.GO_VERSION in subprocess.run([str(go)], capture_output=True, text=True).stdout and len(toolchain) == 2
+def test_dev_binaries_with_a_go_that_is_no_version_changes_nothing_and_names_the_fix():
+    out = nomadtf("dev", "binaries", "consul", "--go", "1.26", timeout=120)
+    assert out.returncode != 0 and "'1.26' is not a Go version; write e.g. go1.26.8" in out.stderr, out.stderr
+    assert "building with" not in out.stderr
 
 
 # ---- one job on the stack ---------------------------------------------------------------------

@@ -7,12 +7,10 @@ Nothing is installed here; a missing `vagrant` fails."""
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -172,25 +170,37 @@ def test_dev_config_refuses_what_makes_no_sense():
 # ---- Go and the binaries, as the VMs get them -----------------------------------------------
 
 
-def test_a_module_zip_hashes_as_the_go_command_hashes_it():
-    """dirhash.Hash1; the expected value computed with sha256sum, sort and base64 (and the
-    function agrees with the .ziphash the go command keeps for 25 modules of this machine's
-    module cache)."""
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        zf.writestr("example.com/m@v1.0.0/go.mod", "module example.com/m\n")
-        zf.writestr("example.com/m@v1.0.0/a/b.go", "package a\n")
-        zf.writestr("example.com/m@v1.0.0/LICENSE", "MIT\n")
-    assert binaries.module_zip_h1(buf.getvalue()) == "h1:RvAiPdNXnhuZ177iCLgjluew79q3EdLBkr9k22VpqBM="
+def _go_on_path(tmp_path, monkeypatch, version: str) -> None:
+    """A go command on PATH that says it is `version` (`go env GOVERSION`)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "go").write_text(f"#!/bin/sh\necho {version}\n")
+    (bin_dir / "go").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
 
 
-def test_the_toolchain_module_version_for_a_machine():
-    assert binaries.toolchain_version("go1.26.8", "x86_64") == "v0.0.1-go1.26.8.linux-amd64"
-    assert binaries.toolchain_version("go1.26.8", "aarch64") == "v0.0.1-go1.26.8.linux-arm64"
-    with pytest.raises(BinaryError, match="not a Go version"):
-        binaries.toolchain_version("1.26", "x86_64")
-    with pytest.raises(BinaryError, match="no Go toolchain"):
-        binaries.toolchain_version("go1.26.8", "riscv64")
+def test_a_go_version_is_read_as_the_go_command_prints_it():
+    assert binaries.go_command_version("go1.23.5") == (1, 23)
+    assert binaries.go_command_version("go1.26.8\n") == (1, 26)
+    assert binaries.go_command_version("devel go1.27-abc") is None
+
+
+def test_a_go_too_old_to_fetch_another_or_no_go_version_is_refused_naming_the_fix(tmp_path, monkeypatch):
+    _go_on_path(tmp_path, monkeypatch, "go1.19.8")  # Debian 12's
+    with pytest.raises(BinaryError, match=r"go1\.19\.8, which cannot fetch go1\.26\.8 itself .* golang-1\.23-go from bookworm-backports"):
+        binaries.ensure([], lambda _m: None, "go1.26.8")
+    with pytest.raises(BinaryError, match="not a Go version; write e.g. go1.26.8"):
+        binaries.ensure([], lambda _m: None, "1.26")
+
+
+def test_with_go_named_every_go_command_fetches_that_go_and_without_it_none(tmp_path, monkeypatch):
+    monkeypatch.setattr(gobuild, "_toolchain", ["local"])
+    assert gobuild.go_environment()["GOTOOLCHAIN"] == "local"  # the machine's Go, never another downloaded
+    _go_on_path(tmp_path, monkeypatch, "go1.23.5")  # bookworm-backports'
+    said = []
+    assert binaries.ensure([], said.append, "go1.26.8") == {}
+    assert gobuild.go_environment()["GOTOOLCHAIN"] == gobuild.go_environment(mod_readonly=False)["GOTOOLCHAIN"] == "go1.26.8"
+    assert said == ["go: building with go1.26.8 (GOTOOLCHAIN: the go command fetches and checks it)"]
 
 
 def test_dev_binaries_finds_what_dev_up_uses():
