@@ -396,7 +396,7 @@ def wait_queued(ctl: InProcess, keys: Iterable[tuple[str, str]]) -> int:
     keys = list(keys)
     wait_until(lambda: all(k in ctl.controller.seen and ctl.controller.seen[k].job for k in keys), 120 + len(keys) / 5,
                "the controller to read every queued run", interval=0.5)  # fmt: skip
-    tickets = {wire.queue_ticket(ns, job, ctl.controller.seen[(ns, job)].job["Meta"][wire.META_RUN]) for ns, job in keys}  # type: ignore[index]
+    tickets = {wire.queue_ticket(ns, job, ctl.controller.seen[(ns, job)].job.run_id) for ns, job in keys}  # type: ignore[union-attr]
     consul = consul_client()
 
     def on_board() -> int:
@@ -513,7 +513,7 @@ def one_at_a_time(ctl: InProcess, traffic: Traffic, figures: Figures, releases: 
         keys = list(indexes)
         figures.board_kb = max(figures.board_kb, wait_queued(ctl, keys) / 1024)
         mine = set(keys)
-        tickets = {wire.queue_ticket(ns, job, ctl.controller.seen[(ns, job)].job["Meta"][wire.META_RUN]): (ns, job) for ns, job in keys}  # type: ignore[index]
+        tickets = {wire.queue_ticket(ns, job, ctl.controller.seen[(ns, job)].job.run_id): (ns, job) for ns, job in keys}  # type: ignore[union-attr]
         requests0, traffic0, start = ctl.controller.requests, traffic.snapshot(), time.time()
         seen: set[tuple[str, str]] = set()
         for slot in slots:
