@@ -75,7 +75,8 @@ def docker_client(stack):
 # The images of the container tests are built (minutes each on a fresh machine: a Debian
 # base, a wheelhouse with TensorFlow, `docker build`) in the background, one after the
 # other, from the moment the stack is up, when the session has a test that needs them, so
-# the builds overlap the tests before the first container test. `task_image`: this
+# the builds overlap the tests before the first container test; at the lowest CPU priority
+# (images.build's yield_cpu), so that the tests they overlap do not wait for them. `task_image`: this
 # checkout for this installation's TensorFlow; `other_tf_image`: the second TensorFlow
 # version (tests/stack/test_docker.py trains both side by side).
 IMAGE_FIXTURES = {"task_image": None, "other_tf_image": OTHER_TF}
@@ -85,7 +86,7 @@ _image_builds: dict[str | None, Future] = {}
 def _build_image(client, tf_version: str | None) -> str:
     from nomadtf.devstack import images
 
-    return images.build(client, lambda message: sys.stderr.write(f"[image] {message}\n"), tf_version=tf_version)
+    return images.build(client, lambda message: sys.stderr.write(f"[image] {message}\n"), tf_version=tf_version, yield_cpu=True)
 
 
 def _start_image_builds(dev: DevStack, versions: list[str | None]) -> None:

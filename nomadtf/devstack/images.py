@@ -142,14 +142,20 @@ def _exists(client, ref: str) -> bool:
         return False
 
 
-def _run(argv: list[str], what: str) -> None:
-    done = subprocess.run(argv, capture_output=True, text=True)
+# What a build beside other work runs at (`build(..., yield_cpu=True)`): its commands at the
+# lowest priority, its `docker build` containers at the fewest CPU shares the daemon takes.
+NICE = ["nice", "-n", "19"]
+LEAST_CPU_SHARES = 2
+
+
+def _run(argv: list[str], what: str, yield_cpu: bool = False) -> None:
+    done = subprocess.run([*NICE, *argv] if yield_cpu else argv, capture_output=True, text=True)
     if done.returncode != 0:
         tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
         raise DevStackError(f"{what} failed (exit {done.returncode}):\n{tail}")
 
 
-def build_base(client, progress: Progress) -> str:
+def build_base(client, progress: Progress, yield_cpu: bool = False) -> str:
     """The Debian base image, made once: debootstrap → a tarball → `docker import`."""
     tag = base_tag()
     if _exists(client, tag):
@@ -159,30 +165,31 @@ def build_base(client, progress: Progress) -> str:
     with tempfile.TemporaryDirectory(prefix="nomadtf-base-") as work:
         rootfs = Path(work) / "rootfs"
         progress(f"debootstrap {SUITE} (minbase, {', '.join(BASE_PACKAGES)}): about a minute")
-        _run(["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", SUITE, str(rootfs), MIRROR], "debootstrap")
+        _run(["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", SUITE, str(rootfs), MIRROR], "debootstrap", yield_cpu)
         for part in _PRUNE:
             shutil.rmtree(rootfs / part, ignore_errors=True)
         tarball = Path(work) / "rootfs.tar"
-        _run(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(tarball), "."], "tar of the root filesystem")
+        _run(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(tarball), "."], "tar of the root filesystem", yield_cpu)
         repository, _, version = tag.partition(":")
         client.api.import_image_from_file(str(tarball), repository=repository, tag=version)
     progress(f"base image {tag} imported")
     return tag
 
 
-def _wheelhouse(dest: Path, root: Path, spec: ImageSpec, progress: Progress) -> None:
+def _wheelhouse(dest: Path, root: Path, spec: ImageSpec, progress: Progress, yield_cpu: bool = False) -> None:
     """nomadtf's wheel, its dependencies and TensorFlow, from this machine's pip."""
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
     progress("wheelhouse: nomadtf's wheel")
-    _run([*pip, "wheel", "--no-deps", "--wheel-dir", str(dest), str(root)], "pip wheel of nomadtf")
+    _run([*pip, "wheel", "--no-deps", "--wheel-dir", str(dest), str(root)], "pip wheel of nomadtf", yield_cpu)
     wheel = next(dest.glob("nomadtf-*.whl"))
     progress(f"wheelhouse: nomadtf's dependencies and {spec.requirement} (pip's cache makes a second build fast)")
-    _run([*pip, "download", "--only-binary=:all:", "--dest", str(dest), str(wheel), spec.requirement, *EXTRA_REQUIREMENTS], "pip download")
+    _run([*pip, "download", "--only-binary=:all:", "--dest", str(dest), str(wheel), spec.requirement, *EXTRA_REQUIREMENTS], "pip download", yield_cpu)
 
 
-def build(client, progress: Progress, tf_version: str | None = None, gpu: bool = False) -> str:
+def build(client, progress: Progress, tf_version: str | None = None, gpu: bool = False, yield_cpu: bool = False) -> str:
     """Find or build the image for TensorFlow `tf_version` (None: this installation's) and
-    return its reference."""
+    return its reference. `yield_cpu`: build at the lowest CPU priority, for a build beside
+    work that must not wait for it (the test suite builds its images so, in the background)."""
     if f"{sys.version_info.major}.{sys.version_info.minor}" != CONTAINER_PYTHON:
         raise DevStackError(f"the image's Python is {CONTAINER_PYTHON} (Debian {SUITE}) and its wheels come from this pip: run nomadtf under Python {CONTAINER_PYTHON}")
     version = tf_version or installed_tensorflow()
@@ -190,7 +197,7 @@ def build(client, progress: Progress, tf_version: str | None = None, gpu: bool =
         raise DevStackError("no TensorFlow in this installation to match: pass --tf VERSION (e.g. --tf 2.21.0)")
     spec = ImageSpec(version, gpu)
     root = repo_root()
-    base = build_base(client, progress)
+    base = build_base(client, progress, yield_cpu)
     ref = image_tag(spec, base, sources_digest(root))
     alias_tag = f"tf{spec.tf_version}-{spec.flavour}"
     alias = f"{REPOSITORY}:{alias_tag}"
@@ -202,10 +209,11 @@ def build(client, progress: Progress, tf_version: str | None = None, gpu: bool =
         context = Path(work)
         shutil.copy2(root / "Dockerfile", context / "Dockerfile")
         shutil.copytree(root / "examples", context / "examples", ignore=shutil.ignore_patterns("__pycache__"))
-        _wheelhouse(context / "wheels", root, spec, progress)
+        _wheelhouse(context / "wheels", root, spec, progress, yield_cpu)
         progress(f"docker build {ref} (BASE={base})")
         args = {"BASE": base, "TENSORFLOW": spec.requirement, "PIP_NO_INDEX": "1"}
-        for chunk in client.api.build(path=str(context), tag=ref, buildargs=args, rm=True, forcerm=True, decode=True):
+        limits = {"cpushares": LEAST_CPU_SHARES} if yield_cpu else None
+        for chunk in client.api.build(path=str(context), tag=ref, buildargs=args, rm=True, forcerm=True, decode=True, container_limits=limits):
             if "error" in chunk:
                 raise DevStackError(f"docker build of {ref} failed: {chunk['error'].strip()}")
             line = (chunk.get("stream") or "").strip()

@@ -4,6 +4,7 @@ repository's Dockerfile names the TensorFlow this checkout is tested with."""
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 from nomadtf.devstack import images
@@ -68,3 +69,11 @@ def test_only_earlier_builds_of_the_same_version_and_flavour_are_pruned():
     ]
     assert images.older_builds(ref, tags) == ["nomadtf:tf2.21.0-cpu-bbbbbbbbbb", "nomadtf:tf2.21.0-cpu-cccccccccc"]
     assert images.older_builds(ref, [ref]) == []
+
+
+def test_a_build_beside_other_work_runs_its_commands_at_the_lowest_priority(monkeypatch):
+    ran = []
+    monkeypatch.setattr(images.subprocess, "run", lambda argv, **_kw: ran.append(argv) or subprocess.CompletedProcess(argv, 0, "", ""))
+    images._run(["debootstrap", "bookworm"], "debootstrap", yield_cpu=True)
+    images._run(["tar", "-cf", "x.tar"], "tar")
+    assert ran == [["nice", "-n", "19", "debootstrap", "bookworm"], ["tar", "-cf", "x.tar"]]
