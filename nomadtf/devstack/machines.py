@@ -81,6 +81,7 @@ class Machines:
         self.stack.record.put(consul)
         wait_for(lambda: probes.consul_leader(self.stack.api()), timeout, "consul server", consul.log)
         if secure:
+            wait_for(lambda: probes.consul_acl_ready(self.stack.api()), timeout, "consul server's ACLs", consul.log)
             bootstrap.consul_acl_setup(self.stack.api().consul(), self.stack.secure_state)
         progress(f"consul server ready at {found['consul']}" + (" (ACLs: default deny; TLS)" if secure else ""))
 

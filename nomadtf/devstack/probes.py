@@ -68,6 +68,13 @@ def consul_leader(api: StackApi) -> bool:
     return bool(api.consul(CALL_TIMEOUT_S).status.leader())
 
 
+def consul_acl_ready(api: StackApi) -> bool:
+    """Consul knows the stack's management token: a leader inserts the configured initial
+    management token only after its election, so a call between the two is refused (403,
+    "ACL not found"). GET /v1/acl/token/self"""
+    return bool(api.consul(CALL_TIMEOUT_S).acl.token.read_self())
+
+
 def consul_node_alive(api: StackApi, name: str) -> bool:
     """The servers see the Consul agent of node `name` alive: its serfHealth check passes.
     (Not GET /v1/agent/members: py-consul sends that one without the ACL token, and with
