@@ -171,6 +171,36 @@ def time_to_step(stdout: str, needs_resume: bool) -> bool:
     return False
 
 
+# What a fault may replace, as docs/guide/recovery.md promises it: strategy -> the role whose
+# process failed -> the other roles whose code restarts with it. Written out here, not read
+# from nomadtf.roles: the soak checks the product's table, it does not copy it. (A
+# parameter-server worker that moves restarts the chief too, but no soak fault moves one:
+# Nomad restarts a task in its own allocation, on its own port.)
+RESTART_WITH = {
+    "parameter_server": {"chief": set(), "worker": set(), "ps": {"chief"}},
+    "multi_worker_mirrored": {"chief": {"chief", "worker"}, "worker": {"chief", "worker"}},
+}
+
+
+def may_replace(strategy: str, counts: dict[str, int], fault: Fault) -> set[tuple[str, str, int]]:
+    """The processes ((kind, role, index), as faults.processes names them) that `fault` may
+    replace: the target's child, its `nomadtf task` too for a kill-task, and the children of
+    the roles that restart with the target's. A Consul restart replaces nothing."""
+    if fault.kind == CONSUL:
+        return set()
+    allowed = {("child", fault.role, fault.index)}
+    if fault.kind == KILL_TASK:
+        allowed.add(("task", fault.role, fault.index))
+    for role in RESTART_WITH[strategy][fault.role]:
+        allowed |= {("child", role, i) for i in range(counts.get(role, 0))}
+    return allowed
+
+
+def replaced(before: dict, after: dict) -> set:
+    """The slots whose process is another one (or gone) after than before."""
+    return {key for key, pid in before.items() if after.get(key) != pid}
+
+
 # ---- the job as it runs ----------------------------------------------------------------------
 
 
@@ -186,6 +216,12 @@ class FaultRecord:
     steps_lost: int = 0
     producer_restarted: bool = False
     hang_detected: bool | None = None
+    # What the fault replaced beyond what may_replace allows (processes), and the
+    # allocations Nomad restarted beyond the killed `nomadtf task`'s: both empty, or the
+    # fault restarted a task the recovery policy should have left running. None where the
+    # training ended before the job was whole again (nothing to compare).
+    replaced_beyond_policy: list[str] | None = None
+    nomad_restarted_beyond_policy: list[str] | None = None
 
 
 def leftover_processes(job_id: str) -> dict[int, str]:
@@ -292,6 +328,7 @@ class Soak:
         kind = "task" if fault.kind == KILL_TASK else "child"
         pid = 0 if fault.kind == CONSUL else self._wait(
             lambda: faults.processes(self.job_id).get((kind, fault.role, fault.index)), 30, f"the {fault.target}")
+        procs_before, restarts_before = faults.processes(self.job_id), faults.restarts(self.job_id)
         hit_at = time.monotonic()
         # In a thread: a Consul restart takes seconds, and training goes on meanwhile.
         failures: list[BaseException] = []
@@ -315,6 +352,7 @@ class Soak:
             if record.next_step_s is not None and whole_at_step is None and not applying.is_alive() and self.whole():
                 whole_at_step = current_step(stdout)
             if whole_at_step is not None and current_step(stdout) >= whole_at_step + self.checkpoint_every:
+                self._compare(record, fault, procs_before, restarts_before)
                 break
             if time.monotonic() > deadline:
                 tail = "\n".join(stdout.splitlines()[-15:])
@@ -336,6 +374,19 @@ class Soak:
         self.recovered_step = current_step(stdout)
         self.records.append(record)
         return record
+
+    def _compare(self, record: FaultRecord, fault: Fault, procs_before: dict, restarts_before: dict[str, int]) -> None:
+        """Record what the fault replaced beyond the recovery policy: processes, and Nomad
+        restarts (only a killed `nomadtf task` is Nomad's to restart; a child's supervisor
+        restarts it in place)."""
+        beyond = replaced(procs_before, faults.processes(self.job_id)) - may_replace(self.strategy, self.counts, fault)
+        record.replaced_beyond_policy = sorted(f"{role}[{index}] {kind}" for kind, role, index in beyond)
+        killed_alloc = f"{self.job_id}.{fault.role}[{fault.index}]" if fault.kind == KILL_TASK else None
+        restarts_after = faults.restarts(self.job_id)
+        record.nomad_restarted_beyond_policy = sorted(
+            name for name, count in restarts_after.items()
+            if name != killed_alloc and name in restarts_before and count != restarts_before[name]
+        )
 
     def _apply(self, fault: Fault, pid: int, failures: list[BaseException]) -> None:
         try:

@@ -3,8 +3,11 @@ random faults hit it one after another (tests/chaos.py: kill -9 of children and 
 supervisors, Consul restarts, hung children), each once the job recovered from the last.
 
 The proof: `nomadtf run` reports success, accuracy is above the example's floor, no fault
-cost more than one checkpoint interval of progress, and once the job ended none of its
-processes and none of its Consul sessions is left. The seed is printed first; replay a
+cost more than one checkpoint interval of progress, each fault replaced only the processes
+the recovery policy restarts (a parameter server's crash restarts the chief's code; a
+worker's or the chief's restarts nobody else; a Consul restart restarts nobody; under
+multi-worker mirrored every worker restarts) and Nomad restarted only a killed `nomadtf
+task`, and once the job ended none of its processes and none of its Consul sessions is left. The seed is printed first; replay a
 failure with NOMADTF_SOAK_SEED=<seed>. Each run writes its faults and figures to
 tests/.soak/<job>.json (and every task's logs next to it).
 """
@@ -110,6 +113,12 @@ def _soak(stack, tmp_path: Path, strategy: str, steps: int, faults: int, extra: 
         too_costly = [(r, lost) for r, lost in chaos.resumes_with_loss(history) if lost > CHECKPOINT_EVERY]
         assert too_costly == [], f"restarts that lost more than one checkpoint interval (resumed from, lost): {too_costly}"
         assert all(r.hang_detected for r in soak.records if r.kind == chaos.HANG), "a hang ended without hang detection"
+        # Role-aware recovery, fault by fault: only what the policy restarts is new.
+        beyond = [(r.number, r.kind, r.target, r.replaced_beyond_policy, r.nomad_restarted_beyond_policy)
+                  for r in soak.records if r.replaced_beyond_policy or r.nomad_restarted_beyond_policy]
+        assert beyond == [], f"faults that replaced what the recovery policy leaves running (#, kind, target, processes, Nomad restarts): {beyond}"
+        uncompared = [r.number for r in soak.records[:-1] if r.replaced_beyond_policy is None]
+        assert uncompared == [], f"faults after which the job was not whole again before the training ended: {uncompared}"
         assert leftovers == {}, f"processes of the job left after its end: {leftovers}"
         assert sessions == [], f"Consul sessions of the job left after its end: {sessions}"
     finally:
@@ -130,7 +139,9 @@ def _settled(look, timeout: float):
 
 
 def test_parameter_server_soak(stack, tmp_path):
-    _soak(stack, tmp_path, "parameter_server", steps=26000, faults=10, extra=6, min_soak_s=180)
+    """One fault of every kind (each role's code, a `nomadtf task`, Consul, a hang) in a
+    random order and at random moments, more while time is left."""
+    _soak(stack, tmp_path, "parameter_server", steps=14000, faults=6, extra=4, min_soak_s=90)
 
 
 def test_mirrored_soak(stack, tmp_path):
