@@ -25,6 +25,13 @@ which also tells the controller how many steps a preemption would lose:
         if step % 1000 == 0 or progress.checkpoint_requested():
             manager.save(step)
             progress.checkpointed(step)
+    progress.done()                           # the loop is over: what follows is no hang
+
+Hang detection (job.json `recovery.hang_timeout`) restarts code that reported a step once
+and then none for that long. `done()` says the training loop is over: a final evaluation,
+saving the model and TensorFlow's own shutdown may then take longer than the timeout (under
+multi-worker mirrored the first worker's shutdown waits on its peers) without being taken
+for a hang.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ CHECKPOINT_SIGNAL = signal.SIGUSR1
 _last_write = 0.0
 _last: dict = {}  # the last step and metrics reported (checkpointed() writes them again)
 _checkpoint_step: int | None = None
+_done = False
 _requested = threading.Event()
 
 
@@ -73,6 +81,19 @@ def checkpointed(step: int) -> None:
         _write(path)
 
 
+def done() -> None:
+    """The training loop is over: written at once, and from then on no silence of this code
+    is a hang (hang detection watches the next attempt afresh)."""
+    global _done, _last_write
+    _done = True
+    _last.setdefault("step", 0)
+    _last.setdefault("metrics", {})
+    path = os.environ.get("NOMADTF_PROGRESS_FILE")
+    if path:
+        _last_write = time.monotonic()
+        _write(path)
+
+
 def on_checkpoint_request(callback: Callable[[], None] | None = None) -> None:
     """Catch the checkpoint request (CHECKPOINT_SIGNAL): `checkpoint_requested()` turns True,
     and `callback` (when given) runs in the main thread, between two Python statements. Call
@@ -95,6 +116,8 @@ def _write(path: str) -> None:
     payload = {"step": int(_last.get("step", 0)), "metrics": dict(_last.get("metrics", {})), "time": time.time()}
     if _checkpoint_step is not None:
         payload["checkpoint_step"] = _checkpoint_step
+    if _done:
+        payload["done"] = True
     tmp = f"{path}.tmp"
     with open(tmp, "w") as fh:
         json.dump(payload, fh)

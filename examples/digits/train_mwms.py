@@ -26,8 +26,10 @@ DEFAULTS = {
 }
 
 try:  # nomadtf's progress channel is optional: the script must also run on its own.
+    from nomadtf import progress
     from nomadtf.progress import report
 except ImportError:
+    progress = None
 
     def report(**_metrics):
         pass
@@ -126,6 +128,10 @@ def main():
         if done % params["checkpoint_every"] == 0 or done == params["steps"]:
             manager.save(checkpoint_number=done)
 
+    if is_chief and progress is not None:
+        # The loop is over: the evaluation and TensorFlow's shutdown (the first worker's
+        # waits on its peers) are no hang.
+        progress.done()
     if is_chief:
         logits = model(x_test)
         accuracy = float(np.mean(np.argmax(logits.numpy(), axis=1) == y_test))

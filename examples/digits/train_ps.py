@@ -10,7 +10,6 @@ Keras 3 cannot `fit` under ParameterServerStrategy, hence the custom loop.
 
 import json
 import os
-import time
 
 import numpy as np
 import tensorflow as tf
@@ -24,9 +23,6 @@ DEFAULTS = {
     "momentum": 0.9,
     "log_every": 50,
     "checkpoint_every": 50,
-    # Fault injection for recovery demos and tests: at this step, once per model_dir,
-    # stop making progress forever (a "hung" training). 0 = never.
-    "hang_once_at_step": 0,
 }
 
 try:  # nomadtf's progress channel is optional: the script must also run on its own.
@@ -37,15 +33,6 @@ except ImportError:
 
     def report(**_metrics):
         pass
-
-
-def hang_once(marker):
-    if os.path.exists(marker):
-        return
-    open(marker, "w").close()
-    print("fault injection: hanging now", flush=True)
-    while True:
-        time.sleep(60)
 
 
 def load_data():
@@ -150,9 +137,9 @@ def main():
             manager.save(checkpoint_number=done, options=io_options)
             if progress is not None:
                 progress.checkpointed(done)
-        if done == params["hang_once_at_step"]:
-            hang_once(os.path.join(model_dir, "hung-once"))
 
+    if progress is not None:
+        progress.done()  # the loop is over: the evaluation below is no hang
     logits = model(x_test)
     accuracy = float(np.mean(np.argmax(logits.numpy(), axis=1) == y_test))
     print(f"final_accuracy={accuracy:.3f}", flush=True)

@@ -258,17 +258,23 @@ class HangClock:
     timeout_s: float
     step: int | None = None
     changed_at: float = 0.0
+    # The code said its training loop is over (`progress.done()`): a final evaluation, saving
+    # the model and TensorFlow's own shutdown report no step and take what they take.
+    finished: bool = False
 
     def observe(self, step: int | None, now: float) -> None:
         if step is not None and step != self.step:
             self.step, self.changed_at = step, now
 
+    def finish(self) -> None:
+        self.finished = True
+
     def restart(self, now: float) -> None:
         """A new child: it has the whole timeout again, and must report before it is judged."""
-        self.step, self.changed_at = None, now
+        self.step, self.changed_at, self.finished = None, now, False
 
     def hung(self, now: float) -> bool:
-        return self.step is not None and now - self.changed_at > self.timeout_s
+        return self.step is not None and not self.finished and now - self.changed_at > self.timeout_s
 
     def due(self) -> float | None:
-        return None if self.step is None else self.changed_at + self.timeout_s
+        return None if self.step is None or self.finished else self.changed_at + self.timeout_s

@@ -51,8 +51,10 @@ class ProgressWatch:
         PUT /v1/kv/nomadtf/<ns>/<job>/<run>/progress (outside the watched prefix)
         """
         progress = read_progress(str(self.path))
-        if progress and progress != self.last:
+        if progress and progress != self.last:  # a restarted child's first report changes it
             self.hang.observe(progress.get("step"), now)
+            if progress.get("done"):
+                self.hang.finish()
             self.last = progress
         # A new checkpoint goes out at once: a preemption or a growth waits on it, and every
         # step run after it until the stop is lost. Otherwise at most every PUBLISH_S, and a

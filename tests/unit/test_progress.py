@@ -31,3 +31,19 @@ def test_outside_nomadtf_nothing_is_written_and_an_unreadable_file_reads_as_none
     assert list(tmp_path.iterdir()) == []
     (tmp_path / "half.json").write_text('{"step": ')
     assert progress.read(str(tmp_path / "half.json")) is None and progress.read(str(tmp_path / "absent.json")) is None
+
+
+def test_done_is_written_at_once_with_the_last_step_and_stays_in_every_later_write(tmp_path, monkeypatch):
+    path = tmp_path / "p.json"
+    clock = [100.0]
+    monkeypatch.setenv("NOMADTF_PROGRESS_FILE", str(path))
+    monkeypatch.setattr(progress, "_last_write", 0.0)
+    monkeypatch.setattr(progress, "_done", False)
+    monkeypatch.setattr(progress, "_last", {})
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    progress.report(step=7, loss=0.5)
+    assert "done" not in progress.read(str(path))
+    clock[0] = 100.1  # within the second that drops a report: done is not dropped
+    progress.done()
+    written = progress.read(str(path))
+    assert written["done"] is True and written["step"] == 7 and written["metrics"] == {"loss": 0.5}

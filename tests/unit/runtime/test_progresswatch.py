@@ -78,3 +78,26 @@ def test_no_new_step_for_the_hang_timeout_is_a_hang_and_a_restart_forgives_it(tm
     watch.restart(now=104.0)  # a new child: it must report before it is judged
     assert watch.tick(now=200.0) is False
     assert watch.timeout_s == 3.0
+
+
+def _done(path, step: int) -> None:
+    """The last report and `done()` from a child process of its own, as training code ends its loop."""
+    code = f"from nomadtf import progress; progress.report(step={step}); progress.done()"
+    subprocess.run([sys.executable, "-c", code], env={"NOMADTF_PROGRESS_FILE": str(path), "PYTHONPATH": ":".join(sys.path)}, check=True)
+
+
+def test_code_that_said_its_loop_is_done_is_never_hung_and_its_next_attempt_is_judged_afresh(tmp_path):
+    """A final evaluation or TensorFlow's shutdown (a mirrored first worker's waits on its
+    peers) may outlast the hang timeout: after `progress.done()` silence is no hang. A
+    restarted child starts from the same file, done and all, and is judged once it reports."""
+    watch = _watch(tmp_path, Discovery(), timeout_s=3.0)
+    watch.restart(now=0.0)
+    _done(watch.path, 40)
+    assert watch.tick(now=1.0) is False
+    assert watch.tick(now=60.0) is False  # a minute of silence after done: no hang
+    assert watch.last["done"] is True and watch.last["step"] == 40
+    watch.restart(now=61.0)  # the next attempt: the file still says done, from the last one
+    assert watch.tick(now=70.0) is False  # it has not reported yet
+    _report(watch.path, 10)
+    assert watch.tick(now=71.0) is False
+    assert watch.tick(now=75.0) is True  # its own silence is judged again
