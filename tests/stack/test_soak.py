@@ -141,7 +141,7 @@ def _settled(look, timeout: float):
 def test_parameter_server_soak(stack, tmp_path):
     """One fault of every kind (each role's code, a `nomadtf task`, Consul, a hang) in a
     random order and at random moments, more while time is left."""
-    _soak(stack, tmp_path, "parameter_server", steps=14000, faults=6, extra=4, min_soak_s=90)
+    _soak(stack, tmp_path, "parameter_server", steps=7000, faults=6, extra=4, min_soak_s=60)
 
 
 def test_mirrored_soak(stack, tmp_path):
