@@ -9,7 +9,9 @@ must match exactly one pattern below:
 - ON_STACK: needs the shared local stack and changes nothing on it; tests/stack/test_docs.py
   runs it in process.
 - RUN_BY: starts or stops jobs, stacks or VMs, or needs the several-client stack; the named
-  test (`path::function`) runs it, so it is not run twice.
+  test (`path::function`) runs it, so it is not run twice. The test runs the docs' own text:
+  it gets the command from `shown_argv(pattern)` (or `shown_argvs`), never types it again, so
+  a changed doc changes what is tested (RUN_ELSEWHERE: the few that cannot, and why).
 
 A command that matches none, a pattern that matches no command, and a named test that does
 not exist all fail tests/unit/test_docs.py.
@@ -117,6 +119,15 @@ RUN_BY: dict[str, str] = {
         "tests/unit/devstack/test_vagrant.py::test_vagrant_validates_the_vagrantfile",
 }
 
+# RUN_BY commands whose test cannot take them from shown_argv, and how the docs' text is
+# still the one run.
+RUN_ELSEWHERE: dict[str, str] = {
+    r"nomadtf dev up": "bash scripts/example runs it; tests/unit/test_docs.py checks the script's commands are the docs'",
+    r"nomadtf run examples/digits/job.json --var entrypoint.workdir=\$PWD/examples/digits":
+        "bash scripts/example runs it; tests/unit/test_docs.py checks the script's commands are the docs'",
+    r"/opt/nomadtf/venv/bin/nomadtf run examples/digits/job.json( --var \S+)+": "inside a Vagrant VM: no hypervisor here",
+}
+
 SHELL_OPERATORS = {"&&", "||", ";", "|"}
 
 
@@ -192,6 +203,68 @@ def shown_commands(files: list[Path] = DOC_FILES, root: Path = REPO) -> list[Sho
             for argv in invocations(shlex.split(line, comments=True)):
                 shown.append(Shown(argv, f"{path.relative_to(root)}:{number}"))
     return shown
+
+
+def shown_argvs(pattern: str) -> list[list[str]]:
+    """Every distinct command the docs show that `pattern` (a RUN_BY key) matches, as the
+    arguments after `nomadtf`, ready to run from anywhere: `$PWD` (the docs run from the
+    repository's root) expanded to it, and a relative path that exists there made absolute."""
+    assert pattern in RUN_BY, f"{pattern!r} is not a RUN_BY pattern (tests/docs_commands.py)"
+    found: list[list[str]] = []
+    for shown in shown_commands():
+        if not re.fullmatch(pattern, shown.text):
+            continue
+        argv = [_from_root(arg) for arg in shown.argv[1:]]
+        if argv not in found:
+            found.append(argv)
+    assert found, f"no command in the docs matches {pattern!r}"
+    return found
+
+
+def shown_argv(pattern: str, names: dict[str, str] | None = None) -> list[str]:
+    """The one command the docs show that `pattern` (a RUN_BY key) matches (shown_argvs), with
+    `names` swapping whole arguments the docs name for the test's own: a job `digits` becomes
+    the test's `digits-ab12cd`."""
+    variants = shown_argvs(pattern)
+    assert len(variants) == 1, f"the docs show {len(variants)} commands for {pattern!r}: use shown_argvs"
+    return [(names or {}).get(arg, arg) for arg in variants[0]]
+
+
+def _from_root(arg: str) -> str:
+    arg = arg.replace("$PWD", str(REPO)).replace("${PWD}", str(REPO))
+    if not arg.startswith("-") and "/" in arg and "=" not in arg and (REPO / arg).exists():
+        return str(REPO / arg)
+    return arg
+
+
+def runs_the_docs_text(test_id: str, pattern: str) -> bool:
+    """Whether the test `test_id` gets `pattern`'s command from shown_argv/shown_argvs: a call
+    with that pattern in the test function (its decorators too) or in a function of the same
+    module that it calls, or the pattern handed to such a function that asks the docs."""
+    path, _, name = test_id.partition("::")
+    tree = ast.parse((REPO / path).read_text())
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    test = functions.get(name.split("[")[0])
+    if test is None:
+        return False
+    def calls(function: ast.FunctionDef) -> list[ast.Call]:
+        return [node for node in ast.walk(function) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)]
+
+    def gives_pattern(call: ast.Call) -> bool:
+        return any(isinstance(arg, ast.Constant) and arg.value == pattern for arg in call.args)
+
+    def asks_the_docs(function: ast.FunctionDef) -> bool:
+        return any(call.func.id in ("shown_argv", "shown_argvs") for call in calls(function))
+
+    helpers = [functions[call.func.id] for call in calls(test) if call.func.id in functions]
+    for function in [test, *helpers]:
+        for call in calls(function):
+            if call.func.id in ("shown_argv", "shown_argvs") and gives_pattern(call):
+                return True
+            # A helper of the module handed the pattern, which asks the docs with it.
+            if call.func.id in functions and gives_pattern(call) and asks_the_docs(functions[call.func.id]):
+                return True
+    return False
 
 
 def classify(shown: Shown) -> list[tuple[str, str | None]]:

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import requests
 
+from tests.docs_commands import shown_argv
 from tests.faults import processes
-from tests.helpers import EXAMPLES, JOBS, allocations, nomadtf, purge, task_log, unique, wait_until, write_job
+from tests.helpers import JOBS, allocations, nomadtf, purge, task_log, unique, wait_until, write_job
 
 pytestmark = pytest.mark.stack
 
@@ -125,10 +126,9 @@ def test_training_reads_through_the_data_service_while_a_data_worker_and_the_dis
 def test_the_data_service_example_trains_through_the_service_to_the_end(stack):
     """examples/data-service as the guide runs it, a few steps of it."""
     name = unique("dsvc-example")
-    workdir = EXAMPLES / "data-service"
     try:
-        out = nomadtf("run", str(workdir / "job.json"), "--var", f"name={name}", "--var", f"entrypoint.workdir={workdir}",
-                      "--var", "context.steps=20", "--var", "context.heavy=5", "--var", "context.log_every=10", "--timeout", "6m")
+        out = nomadtf(*shown_argv(r"nomadtf run examples/data-service/job.json --var entrypoint.workdir=\$PWD/examples/data-service"),
+                      "--var", f"name={name}", "--var", "context.steps=20", "--var", "context.heavy=5", "--var", "context.log_every=10", "--timeout", "6m")
         assert out.returncode == 0, out.stdout + out.stderr
         for worker in (a for a in allocations(name) if a["TaskGroup"] == "worker"):
             text = task_log(worker["ID"], "worker")

@@ -24,6 +24,7 @@ from nomadtf.devstack import probes, processes
 from nomadtf.devstack import stack as stack_mod
 from nomadtf.devstack.record import adopt_legacy, claim_state_dir
 from nomadtf.errors import DevStackError, PortInUseError
+from tests.docs_commands import shown_argv, shown_argvs
 from tests.helpers import nomad, nomadtf, purge, submit_raw, wait_until
 
 
@@ -148,16 +149,16 @@ def test_up_twice_is_a_noop_and_status_hides_the_token(stack):
 
 @pytest.mark.stack
 @pytest.mark.parametrize(
-    "options", [["--gpus", "6", "--mig", "2", "--docker"], ["--gpus", "6", "--docker"], ["--gpus", "6"], ["--docker"]], ids=" ".join
+    "argv", shown_argvs(r"nomadtf dev up --gpus 6( --mig 2)?( --docker)?") + shown_argvs(r"nomadtf dev up --docker"), ids=" ".join
 )
-def test_dev_up_as_the_docs_show_it_finds_the_running_stack_and_leaves_it_alone(stack, options):
+def test_dev_up_as_the_docs_show_it_finds_the_running_stack_and_leaves_it_alone(stack, argv):
     """The docs' `nomadtf dev up --gpus 6 [--mig 2] [--docker]` and `nomadtf dev up --docker`,
     run as commands on the session's stack (the same shape: 6 fake GPUs, 2 MIG slices and its
     Docker daemon; a count left out means as it runs): exit 0, say it is already up, and
     restart nothing."""
     assert (stack.recorded_gpus(), stack.recorded_mig(), stack.recorded_docker()) == (6, 2, True)  # the shape the docs show
     before = [(c.name, c.pid) for c in stack.components()]
-    out = nomadtf("dev", "up", *options, timeout=120)
+    out = nomadtf(*argv, timeout=120)
     assert out.returncode == 0, out.stderr
     assert f"is already up ({stack.state_dir})" in out.stderr, out.stderr
     assert [(c.name, c.pid) for c in stack.components()] == before
@@ -202,7 +203,7 @@ def test_down_leaves_no_process_and_up_comes_back(stack):
     started = [p for c in stack.components() for p in processes.tree(psutil.Process(c.pid))]
     try:
         # --single: the several-client stack the session may hold (secure_cluster) stays up.
-        out = subprocess.run([sys.executable, "-m", "nomadtf", "dev", "down", "--single"], capture_output=True, text=True)
+        out = subprocess.run([sys.executable, "-m", "nomadtf", *shown_argv(r"nomadtf dev down"), "--single"], capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
         assert not any(processes.pid_alive(p) for p in pids)
         # The agents are this test process's children: until it reaps them they are zombies,

@@ -22,6 +22,7 @@ import requests
 
 from nomadtf.devstack import images
 from tests import faults
+from tests.docs_commands import shown_argv
 from tests.helpers import (
     OTHER_TF,
     TEAM_UIDS,
@@ -88,7 +89,7 @@ def test_dev_image_build_prints_the_image_on_its_last_line_and_reuses_the_cached
     and the reference on the last line is the one driver.image takes; the key-less alias a
     job.json on this machine names (examples/docker/job.json) is the same image."""
     started = time.monotonic()
-    out = nomadtf("dev", "image", "build", timeout=300)
+    out = nomadtf(*shown_argv(r"nomadtf dev image build"), timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.strip().splitlines()[-1] == task_image
     assert "is built already" in out.stderr and time.monotonic() - started < 60, out.stderr
@@ -105,12 +106,12 @@ def test_dev_image_build_without_a_docker_stack_names_the_command_that_starts_on
 
 
 def test_the_docker_example_trains_with_every_task_in_a_container_of_its_memory(stack, docker_client, task_image, tmp_path):
+    """The docs' command as it is: the example names the key-less alias of the session's image."""
     job = json.loads(EXAMPLE.read_text())
     job_id = unique("docker")
-    job.update(name=job_id, driver={"name": "docker", "image": task_image})
-    job["context"]["steps"] = 300
     with ContainerWatch(docker_client, job_id) as watch:
-        out = nomadtf("run", str(write_job(tmp_path, job)), "--timeout", "8m")
+        out = nomadtf(*shown_argv(r"nomadtf run examples/docker/job\.json"), "--var", f"name={job_id}", "--var", "context.steps=300",
+                      "--timeout", "8m")
     try:
         assert out.returncode == 0, out.stdout + out.stderr
         assert "succeeded" in out.stdout + out.stderr
@@ -124,7 +125,7 @@ def test_the_docker_example_trains_with_every_task_in_a_container_of_its_memory(
                 assert attrs["HostConfig"]["CpuShares"] == job["roles"][role]["cpu"], (role, attrs["HostConfig"]["CpuShares"])
                 assert not attrs["HostConfig"]["CpuQuota"], (role, attrs["HostConfig"]["CpuQuota"])
                 assert attrs["HostConfig"]["NetworkMode"] == "host"
-                assert attrs["Config"]["Image"] == task_image
+                assert attrs["Image"] == docker_client.images.get(task_image).id
         logs = all_logs(job_id)
         # The chief's own report of its accuracy (train_ps.py) and the versions line (item 5).
         assert float(re.findall(r"final_accuracy=([0-9.]+)", out.stdout + out.stderr + logs)[-1]) >= ACCURACY_FLOOR
@@ -405,7 +406,7 @@ def test_two_tensorflow_versions_as_two_images_train_side_by_side(stack, docker_
 
     # The second image (the session built it in the background, as conftest.py builds the
     # first) through the command the docs show: found, and named on its last line.
-    built = nomadtf("dev", "image", "build", "--tf", OTHER_TF, timeout=900)
+    built = nomadtf(*shown_argv(r"nomadtf dev image build --tf 2\.20\.0"), timeout=900)
     assert built.returncode == 0, built.stdout + built.stderr
     other_image = built.stdout.strip().splitlines()[-1]
     assert other_image == other_tf_image and other_image.startswith(f"nomadtf:tf{OTHER_TF}-cpu-"), built.stdout

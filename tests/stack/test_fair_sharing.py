@@ -23,6 +23,7 @@ from nomadtf import wire
 from nomadtf.admission import policy as policies
 from nomadtf.admission import suspension
 from nomadtf.client.queued import read_board
+from tests.docs_commands import shown_argvs
 from tests.helpers import REPO, nomad, nomadtf, probe_job, unique, wait_until, write_job
 from tests.stack.test_queueing import (
     cluster_cpu,
@@ -87,6 +88,11 @@ def set_policy(tmp_path: Path, value: dict) -> None:
     assert out.returncode == 0, out.stderr
     digest = policies.parse(path.read_text()).digest()
     wait_until(lambda: read_board().policy == digest, 30, "the controller to apply the policy")
+
+
+def _docs_policy_command(verb: str) -> list[str]:
+    """docs/guide/queueing.md's `nomadtf admission policy set …` or `… clear`, as shown."""
+    return next(argv for argv in shown_argvs(r"nomadtf admission policy (set examples/sharing/policy\.json|clear)") if argv[2] == verb)
 
 
 def clear_policy() -> None:
@@ -225,7 +231,7 @@ def test_the_documented_policy_is_stored_shown_applied_and_cleared(stack, tmp_pa
     shown = page.split("this one is `examples/sharing/policy.json`", 1)[1].split("```json\n", 1)[1].split("```", 1)[0]
     assert json.loads(shown) == json.loads(example.read_text())
     try:
-        out = nomadtf("admission", "policy", "set", "examples/sharing/policy.json", timeout=60, cwd=REPO)
+        out = nomadtf(*_docs_policy_command("set"), timeout=60)
         assert out.returncode == 0 and "sharing policy stored: 2 namespace(s) listed" in out.stderr, out.stderr
         expected = policies.parse(example.read_text())
         shown = nomadtf("admission", "policy", "show", timeout=60)
@@ -243,7 +249,7 @@ def test_the_documented_policy_is_stored_shown_applied_and_cleared(stack, tmp_pa
         assert "namespaces.team-a.max_priority: a whole number from 1 to 100, got 0" in out.stderr
         assert json.loads(nomadtf("admission", "policy", "show", timeout=60).stdout) == expected.to_json()  # unchanged
     finally:
-        out = nomadtf("admission", "policy", "clear", timeout=60)
+        out = nomadtf(*_docs_policy_command("clear"), timeout=60)
     assert out.returncode == 0 and "sharing policy cleared" in out.stderr, out.stderr
     shown = nomadtf("admission", "policy", "show", timeout=60)
     assert json.loads(shown.stdout) == policies.Policy().to_json() and "no sharing policy is stored" in shown.stderr

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests import faults
+from tests.docs_commands import shown_argv
 from tests.helpers import EXAMPLES, allocations, nomadtf, purge, task_log, unique, wait_until, write_job
 
 pytestmark = [pytest.mark.stack]
@@ -40,9 +41,8 @@ def _worker_logs(job_id: str) -> dict[int, dict[str, str]]:
 def test_keras_on_jax_trains_on_two_processes(stack):
     job_id = unique("keras-jax")
     started = time.monotonic()
-    out = nomadtf("run", str(EXAMPLES / "jax" / "job.json"), "--var", f"name={job_id}",
-                  "--var", f"entrypoint.workdir={EXAMPLES / 'jax'}", "--var", "context.epochs=3",
-                  "--timeout", "12m", timeout=900)  # fmt: skip
+    out = nomadtf(*shown_argv(r"nomadtf run examples/jax/job.json --var entrypoint.workdir=\$PWD/examples/jax"),
+                  "--var", f"name={job_id}", "--var", "context.epochs=3", "--timeout", "12m", timeout=900)  # fmt: skip
     wall = time.monotonic() - started
     try:
         logs = _worker_logs(job_id)

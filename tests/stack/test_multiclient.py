@@ -31,6 +31,7 @@ from nomadtf.devstack.cluster import ClusterStack
 from nomadtf.job.validate import normalize
 from nomadtf.servers.consul import ConsulDiscovery
 from tests import chaos, cluster_access, faults, node_loss
+from tests.docs_commands import shown_argv
 from tests.helpers import nomadtf, probe_job, unique, wait_until, write_job
 from tests.stack.test_recovery import ACCURACY_FLOOR
 from tests.stack.test_task import FakeAlloc
@@ -109,13 +110,13 @@ def test_three_ready_clients_each_with_its_own_address_class_meta_and_consul_age
 
 @pytest.mark.stack
 def test_dev_cli_sees_the_cluster(cluster):
-    up = nomadtf("dev", "up", "--clients", str(CLIENTS), "--secure", timeout=60)
+    up = nomadtf(*shown_argv(r"nomadtf dev up --clients 3 --secure"), timeout=60)
     assert up.returncode == 0 and "already up" in up.stderr, up.stderr
     status = nomadtf("dev", "status", "--cluster", timeout=60)
     assert status.returncode == 0, status.stdout + status.stderr
     assert re.search(rf"nomad-client-3\s+running .*{re.escape(netns.client_ip(3))}.* node ready", status.stdout), status.stdout
     assert cluster.root_token() not in status.stdout + status.stderr
-    env = nomadtf("dev", "env", "--cluster", timeout=60).stdout
+    env = nomadtf(*shown_argv(r"nomadtf dev env --cluster"), timeout=60).stdout
     assert f"export NOMAD_ADDR=https://{netns.SERVER_IP}:4646" in env
     assert f"export CONSUL_HTTP_ADDR=https://{netns.SERVER_IP}:8501" in env
     assert f"export NOMAD_CACERT={cluster.secure_state.ca_file}" in env and "export CONSUL_HTTP_TOKEN=" in env
@@ -325,9 +326,9 @@ def test_gpu_workers_land_on_the_gpu_client_and_the_chief_elsewhere_sees_none(cl
 
 @pytest.mark.stack
 def test_dev_cli_up_with_gpu_clients_finds_the_cluster_and_status_shows_its_gpus(cluster):
-    up = nomadtf("dev", "up", "--clients", str(CLIENTS), "--gpus", str(GPUS), "--gpu-clients", str(GPU_CLIENT), "--secure", timeout=60)
+    up = nomadtf(*shown_argv(r"nomadtf dev up --clients 3 --gpus 2 --gpu-clients 3 --secure"), timeout=60)
     assert up.returncode == 0 and "already up" in up.stderr, up.stderr
-    status = nomadtf("dev", "status", "--cluster", timeout=60)
+    status = nomadtf(*shown_argv(r"nomadtf dev status --cluster"), timeout=60)
     assert f"several-client stack: {CLIENTS} clients with {GPUS} fake GPUs on client {GPU_CLIENT}" in status.stdout, status.stdout
     other = nomadtf("dev", "up", "--clients", str(CLIENTS), "--gpus", "0", "--secure", timeout=60)
     assert other.returncode == 1, other.stderr

@@ -21,6 +21,7 @@ import requests
 from nomadtf import wire
 from nomadtf.devstack import stack as stack_mod
 from tests.cluster_access import nomad_token
+from tests.docs_commands import shown_argv
 from tests.helpers import EXAMPLES, nomadtf, unique
 
 pytestmark = pytest.mark.stack
@@ -42,7 +43,7 @@ def _run_example(tmp_path, env: dict, profile: dict, through_consul: bool) -> tu
     path = tmp_path / "cluster-profile.json"
     path.write_text(json.dumps(profile))
     if through_consul:
-        stored = nomadtf("acl", "profile", str(path), env=env, timeout=60)
+        stored = nomadtf(*shown_argv(r"nomadtf acl profile cluster-profile.json", {"cluster-profile.json": str(path)}), env=env, timeout=60)
         assert stored.returncode == 0, stored.stdout + stored.stderr
         shown = nomadtf("acl", "profile", env=env, timeout=60)
         assert shown.returncode == 0 and json.loads(shown.stdout) == profile, shown.stdout + shown.stderr
@@ -50,13 +51,13 @@ def _run_example(tmp_path, env: dict, profile: dict, through_consul: bool) -> tu
         env = {**env, "NOMADTF_CLUSTER_PROFILE": str(path)}
     name = unique("profile-secrets")
     job_vars = ["--var", f"name={name}"]
-    applied = nomadtf("acl", "apply", str(EXAMPLE), *job_vars, "--allow-policy", "nomadtf-digits-read", env=env, timeout=60)
+    applied = nomadtf(*shown_argv(r"nomadtf acl apply examples/secrets/job.json"), *job_vars, "--allow-policy", "nomadtf-digits-read", env=env, timeout=60)
     assert applied.returncode == 0, applied.stdout + applied.stderr
     # Smaller CPU asks than the example's 2300 MHz: the shared stacks run other tests' jobs.
     small = [arg for role in ("chief", "worker", "ps") for arg in ("--var", f"roles.{role}.cpu=200")]
     result = nomadtf(
-        "run", str(EXAMPLE), *job_vars, "--var", f"entrypoint.workdir={EXAMPLES / 'digits'}", "--var", "context.steps=200",
-        *small, "--timeout", "6m", env=env, timeout=420,
+        *shown_argv(r"nomadtf run examples/secrets/job.json --var entrypoint.workdir=\$PWD/examples/digits"), *job_vars,
+        "--var", "context.steps=200", *small, "--timeout", "6m", env=env, timeout=420,
     )
     return name, result.stdout + result.stderr, result.returncode, env
 

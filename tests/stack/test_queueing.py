@@ -31,6 +31,7 @@ from nomadtf.job import capacity
 from nomadtf.job.answers import Allocation, Node, held_by_job
 from nomadtf.servers.consulhttp import consul_client
 from nomadtf.servers.nomad import NomadAPI
+from tests.docs_commands import shown_argv, shown_argvs
 from tests.helpers import (
     allocations,
     nomad,
@@ -137,11 +138,12 @@ def test_two_teams_at_once_both_succeed_one_after_the_other_and_the_second_says_
     del spec["namespace"]
     path = write_job(tmp_path, spec)  # the same job.json for both teams, as docs/guide/queueing.md shows
     try:
+        # The page's two commands, one per team, with its job.json being this one.
+        shown = {argv[-1].removeprefix("namespace="): [str(path) if arg == "job.json" else arg for arg in argv]
+                 for argv in shown_argvs(r"nomadtf run job.json --var namespace=team-[ab]")}
+        assert sorted(shown) == [TEAM_A, TEAM_B], shown
         with ThreadPoolExecutor(2) as pool:
-            futures = {
-                ns: pool.submit(nomadtf, "run", str(path), "--var", f"namespace={ns}", "--timeout", "3m", timeout=240)
-                for ns in (TEAM_A, TEAM_B)
-            }
+            futures = {ns: pool.submit(nomadtf, *argv, "--timeout", "3m", timeout=240) for ns, argv in shown.items()}
             results = {ns: future.result() for ns, future in futures.items()}
         for namespace, out in results.items():
             assert out.returncode == 0, (namespace, out.stderr)
@@ -489,7 +491,7 @@ def test_a_run_not_placed_whole_is_given_back_and_requeued_then_succeeds_without
         purge(name)
         purge(thief)
         # The stack's controller again, deployed as an operator does (docs/guide/queueing.md).
-        deployed = nomadtf("admission", "deploy", "--count", "2")
+        deployed = nomadtf(*shown_argv(r"nomadtf admission deploy"))
         assert deployed.returncode == 0 and f"deployed {wire.ADMISSION_SERVICE_JOB} (2 replicas)" in deployed.stderr, deployed.stderr
         wait_until(read_leader, 60, "the redeployed controller to lead")
 

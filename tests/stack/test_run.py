@@ -18,8 +18,8 @@ import pytest
 import requests
 
 from nomadtf.devstack import stack as stack_mod
+from tests.docs_commands import shown_argv
 from tests.helpers import (
-    EXAMPLES,
     all_logs,
     allocations,
     consul_kv_dump,
@@ -49,9 +49,10 @@ def _chief_alloc(job_id: str) -> dict:
     return [a for a in allocations(job_id) if a["TaskGroup"] == "chief"][-1]
 
 
-def _run_example(job_file: str, job_id: str, *overrides: str, timeout: str = "8m"):
-    """`nomadtf run` of an example with its code where this checkout has it."""
-    args = ["run", str(EXAMPLES / job_file), "--var", f"name={job_id}", "--var", f"entrypoint.workdir={EXAMPLES / 'digits'}"]
+def _run_example(pattern: str, job_id: str, *overrides: str, timeout: str = "8m"):
+    """The docs' `nomadtf run` of an example (tests/docs_commands.py RUN_BY `pattern`), under
+    the test's own job name and with its overrides."""
+    args = shown_argv(pattern) + ["--var", f"name={job_id}"]
     for override in overrides:
         args += ["--var", override]
     return nomadtf(*args, "--timeout", timeout)
@@ -61,7 +62,7 @@ def _run_example(job_file: str, job_id: str, *overrides: str, timeout: str = "8m
 def test_parameter_server_example_trains_to_the_end(stack):
     job_id = unique("digits")
     started = time.monotonic()
-    out = _run_example("digits/job.json", job_id)
+    out = _run_example(r"nomadtf run examples/digits/job.json --var entrypoint.workdir=\$PWD/examples/digits", job_id)
     wall = time.monotonic() - started
     try:
         assert out.returncode == 0, out.stdout + out.stderr
@@ -76,9 +77,9 @@ def test_parameter_server_example_trains_to_the_end(stack):
         assert "cluster complete after" in chief_err
         print(f"\n[measure] PS example: {wall:.1f}s wall, accuracy {accuracy}")
         # Logs stay readable after the job finished.
-        logs = nomadtf("logs", job_id, "--role", "chief")
+        logs = nomadtf(*shown_argv(r"nomadtf logs digits --role chief", {"digits": job_id}))
         assert logs.returncode == 0 and "final_accuracy=" in logs.stdout
-        status = nomadtf("status", job_id)
+        status = nomadtf(*shown_argv(r"nomadtf status digits", {"digits": job_id}))
         assert status.returncode == 0 and "chief" in status.stdout and "complete" in status.stdout
         listing = nomadtf("status")
         assert job_id in listing.stdout
@@ -89,7 +90,7 @@ def test_parameter_server_example_trains_to_the_end(stack):
 @pytest.mark.tf
 def test_multi_worker_mirrored_example_trains_and_completes(stack):
     job_id = unique("mwms")
-    out = _run_example("digits/job-mwms.json", job_id, "context.steps=200")
+    out = _run_example(r"nomadtf run examples/digits/job-mwms.json --var entrypoint.workdir=\$PWD/examples/digits", job_id, "context.steps=200")
     try:
         assert out.returncode == 0, out.stdout + out.stderr
         _assert_all_complete(job_id)
@@ -101,7 +102,8 @@ def test_multi_worker_mirrored_example_trains_and_completes(stack):
 @pytest.mark.tf
 def test_legacy_server_main_gets_the_server_and_context(stack, tmp_path):
     job_id = unique("legacy")
-    out = _run_example("legacy/job.json", job_id, 'context={"team": "vision", "lr": 0.1}', timeout="6m")
+    out = _run_example(r"nomadtf run examples/legacy/job.json --var entrypoint.workdir=\$PWD/examples/digits", job_id,
+                       'context={"team": "vision", "lr": 0.1}', timeout="6m")
     try:
         assert out.returncode == 0, out.stdout + out.stderr
         logs = all_logs(job_id)
@@ -177,7 +179,7 @@ def test_moving_a_parameter_server_rebuilds_the_chiefs_tf_config(stack, tmp_path
         assert configs[-1]["task"] == {"type": "chief", "index": 0}
         print(f"\n[measure] {mode}: ps moved -> chief TF_CONFIG rebuilt in {elapsed:.1f}s")
     finally:
-        nomadtf("stop", job_id, "--purge")
+        nomadtf(*shown_argv(r"nomadtf stop digits --purge", {"digits": job_id}))
 
 
 
@@ -220,7 +222,7 @@ def test_detach_returns_at_once_and_stop_stops_only_that_job(stack, tmp_path):
         assert time.monotonic() - started < 15
         assert f"nomadtf status {name}" in out.stdout
     try:
-        stopped = nomadtf("stop", job_id)
+        stopped = nomadtf(*shown_argv(r"nomadtf stop digits", {"digits": job_id}))
         assert stopped.returncode == 0, stopped.stderr
         assert nomad(f"job/{job_id}")["Stop"] is True
         assert nomad(f"job/{other}")["Stop"] is False
@@ -258,7 +260,7 @@ def test_logs_follow_streams_until_the_task_ends(stack, tmp_path):
     try:
         wait_until(lambda: [a for a in allocations(job_id) if a["TaskGroup"] == "chief" and a["ClientStatus"] == "running"], 60, "the chief to run")
         started = time.monotonic()
-        follow = nomadtf("logs", job_id, "--role", "chief", "--follow", timeout=120)
+        follow = nomadtf(*shown_argv(r"nomadtf logs digits --role chief --follow", {"digits": job_id}), timeout=120)
         assert follow.returncode == 0, follow.stderr
         assert "TF_CONFIG=" in follow.stdout and f"job={job_id}" in follow.stdout
         assert time.monotonic() - started < 100  # it returned when the task ended, not at the timeout
@@ -328,8 +330,8 @@ def test_scale_resizes_the_workers_and_restarts_the_chief_once_per_change(stack,
         )
         wait_until(lambda: _chief_tf_configs(name), 180, "the chief's first TF_CONFIG")
         assert len(_chief_tf_configs(name)[-1]["cluster"]["worker"]) == 2
-        for count in (3, 1):
-            out = nomadtf("scale", name, f"worker={count}")
+        for count in (3, 1):  # the docs' `scale digits worker=3`, then down to one
+            out = nomadtf(*shown_argv(r"nomadtf scale digits worker=3", {"digits": name, "worker=3": f"worker={count}"}))
             assert out.returncode == 0, out.stderr
             wait_until(lambda c=count: len(_chief_tf_configs(name)[-1]["cluster"]["worker"]) == c, 180, f"{count} workers in TF_CONFIG")
         configs = _chief_tf_configs(name)
@@ -356,7 +358,7 @@ def test_all_workers_success_waits_for_the_last_worker(stack, tmp_path):
         out = nomadtf("run", str(write_job(tmp_path, spec)), "--timeout", "3m")
         assert out.returncode == 0, out.stderr
         first = nomadtf("logs", name, "--role", "worker", "--index", "0", "--stderr").stdout
-        last = nomadtf("logs", name, "--role", "worker", "--index", "1", "--stderr").stdout
+        last = nomadtf(*shown_argv(r"nomadtf logs digits --role worker --index 1 --stderr", {"digits": name})).stdout
         assert "the job succeeds once every worker has" in first, first
         assert "job marked succeeded" in last, last
         assert "probe finished" in nomadtf("logs", name, "--role", "worker", "--index", "1").stdout

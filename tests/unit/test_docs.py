@@ -14,7 +14,7 @@ import pytest
 
 from nomadtf import wire
 from tests import docs_commands
-from tests.docs_commands import DOC_FILES, OFFLINE, ON_STACK, RUN_BY, classify, defined, run_shown
+from tests.docs_commands import DOC_FILES, OFFLINE, ON_STACK, RUN_BY, RUN_ELSEWHERE, classify, defined, run_shown
 from tests.helpers import EXAMPLES, REPO
 
 SHOWN = docs_commands.shown_commands()
@@ -41,6 +41,39 @@ def test_every_shown_command_is_run_or_mapped_to_the_test_that_runs_it():
     assert not unused, f"patterns no doc shows any more: {unused}"
     missing = sorted({test for test in RUN_BY.values() if not defined(test)})
     assert not missing, f"mapped tests that do not exist: {missing}"
+
+
+def test_each_test_that_runs_a_shown_command_takes_it_from_the_docs():
+    """RUN_BY's tests run the docs' own text (shown_argv), not a copy that could drift from it."""
+    assert set(RUN_ELSEWHERE) <= set(RUN_BY)
+    retyped = [f"{test} types {pattern!r} again" for pattern, test in RUN_BY.items()
+               if pattern not in RUN_ELSEWHERE and not docs_commands.runs_the_docs_text(test, pattern)]
+    assert not retyped, "use tests/docs_commands.shown_argv:\n" + "\n".join(retyped)
+
+
+def test_a_test_that_types_the_command_itself_is_caught(tmp_path, monkeypatch):
+    module = tmp_path / "tests" / "stack" / "test_x.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(
+        "def _helper(job):\n    return shown_argv(r'nomadtf stop digits', {'digits': job})\n\n"
+        "def test_from_the_docs():\n    _helper('j')\n\n"
+        "def test_typed():\n    nomadtf('stop', 'j')\n\n"
+        "def _run(pattern):\n    return shown_argv(pattern)\n\n"
+        "def test_through_a_helper():\n    _run(r'nomadtf stop digits --purge')\n"
+    )
+    monkeypatch.setattr(docs_commands, "REPO", tmp_path)
+    assert docs_commands.runs_the_docs_text("tests/stack/test_x.py::test_from_the_docs", r"nomadtf stop digits")
+    assert not docs_commands.runs_the_docs_text("tests/stack/test_x.py::test_typed", r"nomadtf stop digits")
+    assert not docs_commands.runs_the_docs_text("tests/stack/test_x.py::test_from_the_docs", r"nomadtf stop digits --purge")
+    assert docs_commands.runs_the_docs_text("tests/stack/test_x.py::test_through_a_helper", r"nomadtf stop digits --purge")
+
+
+def test_shown_argv_gives_the_docs_command_ready_to_run_with_the_tests_own_names():
+    argv = docs_commands.shown_argv(r"nomadtf run examples/digits/job-mwms.json --var entrypoint.workdir=\$PWD/examples/digits")
+    assert argv == ["run", str(REPO / "examples/digits/job-mwms.json"), "--var", f"entrypoint.workdir={REPO}/examples/digits"]
+    assert docs_commands.shown_argv(r"nomadtf stop digits", {"digits": "digits-ab12cd"}) == ["stop", "digits-ab12cd"]
+    with pytest.raises(AssertionError, match="not a RUN_BY pattern"):
+        docs_commands.shown_argv(r"nomadtf stop everything")
 
 
 def test_a_mapping_to_a_test_that_does_not_exist_is_caught():

@@ -17,6 +17,7 @@ import pytest
 
 from nomadtf.devstack import binaries, gobuild, layout, wiring
 from nomadtf.errors import BinaryError
+from tests.docs_commands import shown_argv
 from tests.helpers import REPO, nomadtf
 
 VAGRANT_DIR = REPO / "vagrant"
@@ -204,7 +205,7 @@ def test_with_go_named_every_go_command_fetches_that_go_and_without_it_none(tmp_
 
 
 def test_dev_binaries_finds_what_dev_up_uses():
-    out = nomadtf("dev", "binaries", timeout=120)
+    out = nomadtf(*shown_argv(r"nomadtf dev binaries"), timeout=120)
     assert out.returncode == 0, out.stderr
     found = dict(line.split(": ", 1) for line in out.stdout.splitlines())
     assert sorted(found) == ["bao", "consul", "nomad"]
