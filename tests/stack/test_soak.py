@@ -145,11 +145,11 @@ def test_parameter_server_soak(stack, tmp_path):
 
 
 def test_mirrored_soak(stack, tmp_path):
-    _soak(stack, tmp_path, "multi_worker_mirrored", steps=7500, faults=5, extra=3, min_soak_s=90)
+    _soak(stack, tmp_path, "multi_worker_mirrored", steps=4500, faults=5, extra=3, min_soak_s=90)
 
 
 @pytest.mark.docker
 def test_parameter_server_soak_in_containers(stack, tmp_path, task_image):
     """A short soak with every task in a container: the same faults (kill -9 of the code and of
     `nomadtf task`, which takes its container with it; Consul restarts; hangs) heal the same."""
-    _soak(stack, tmp_path, "parameter_server", steps=9000, faults=4, extra=3, min_soak_s=60, image=task_image)
+    _soak(stack, tmp_path, "parameter_server", steps=5000, faults=4, extra=3, min_soak_s=60, image=task_image)
