@@ -105,10 +105,15 @@ def test_training_reads_through_the_data_service_while_a_data_worker_and_the_dis
         assert "succeeded" in text, text
         assert "data_worker[1]" in text and "data_dispatcher[0]" in text, text  # shown like every role
 
-        # The training code started once per worker: nothing of the service restarted it.
+        # The training code started once per worker: nothing of the service restarted it. The
+        # first worker's code, whose end decides the outcome, ran to its end; another worker's
+        # may still be leaving its last collective when the job succeeds, and is then stopped
+        # after the straggler grace (runtime/policy.py), its last line unwritten.
         for worker in workers:
-            assert len(re.findall(r"generation \d+: starting ", log_of(worker, "stderr"))) == 1, log_of(worker, "stderr")
-            assert "done after" in log_of(worker), log_of(worker)
+            stderr = log_of(worker, "stderr")
+            assert len(re.findall(r"generation \d+: starting ", stderr)) == 1, stderr
+            first = worker["Name"].endswith("worker[0]")
+            assert "done after" in log_of(worker) or (not first and "the job succeeded" in stderr), (log_of(worker), stderr[-3000:])
         # The data roles stopped with the training, cleanly (a failed one would be a warning).
         def data_roles_ended() -> bool:
             data = [a for a in allocations(name) if a["TaskGroup"].startswith("data_")]
