@@ -14,7 +14,16 @@ import pytest
 
 from nomadtf import wire
 from tests import docs_commands
-from tests.docs_commands import DOC_FILES, OFFLINE, ON_STACK, RUN_BY, RUN_ELSEWHERE, classify, defined, run_shown
+from tests.docs_commands import (
+    DOC_FILES,
+    OFFLINE,
+    ON_STACK,
+    RUN_BY,
+    RUN_ELSEWHERE,
+    classify,
+    defined,
+    run_shown,
+)
 from tests.helpers import EXAMPLES, REPO
 
 SHOWN = docs_commands.shown_commands()
