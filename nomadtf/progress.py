@@ -83,13 +83,13 @@ def checkpointed(step: int) -> None:
 
 def done() -> None:
     """The training loop is over: written at once, and from then on no silence of this code
-    is a hang (hang detection watches the next attempt afresh)."""
+    is a hang (hang detection watches the next attempt afresh). Code that never reported a
+    step writes nothing: it was never judged, and a report of step 0 would stand in the run's
+    progress for the task that does report (the latest report of any task is the one kept)."""
     global _done, _last_write
     _done = True
-    _last.setdefault("step", 0)
-    _last.setdefault("metrics", {})
     path = os.environ.get("NOMADTF_PROGRESS_FILE")
-    if path:
+    if path and "step" in _last:
         _last_write = time.monotonic()
         _write(path)
 

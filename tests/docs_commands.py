@@ -247,6 +247,7 @@ def runs_the_docs_text(test_id: str, pattern: str) -> bool:
     test = functions.get(name.split("[")[0])
     if test is None:
         return False
+
     def calls(function: ast.FunctionDef) -> list[ast.Call]:
         return [node for node in ast.walk(function) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)]
 

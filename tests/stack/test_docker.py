@@ -198,9 +198,9 @@ def _answer(url: str) -> str | None:
 def test_a_killed_container_heals_and_the_job_succeeds(stack, docker_client, task_image, tmp_path):
     """`docker kill` (SIGKILL, nothing can clean up) of the chief's container mid-training:
     Nomad restarts the task, the cluster re-forms from Consul, the chief resumes from its
-    checkpoint, and the run still succeeds. The chief only: what a role's restart brings back
-    is the same in a container as in a process (tests/stack/test_recovery.py kills each role),
-    and the containers' soak (test_soak.py) kills every role's code and supervisor there."""
+    checkpoint, and the run still succeeds. The chief only: the containers' soak
+    (test_soak.py) kills every role's code and `nomadtf task` in containers, and checks after
+    each fault that only what the recovery policy restarts is new."""
     role = "chief"
     job = json.loads(EXAMPLE.read_text())
     job_id = unique(f"docker-kill-{role}")

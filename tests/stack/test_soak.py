@@ -7,8 +7,8 @@ cost more than one checkpoint interval of progress, each fault replaced only the
 the recovery policy restarts (a parameter server's crash restarts the chief's code; a
 worker's or the chief's restarts nobody else; a Consul restart restarts nobody; under
 multi-worker mirrored every worker restarts) and Nomad restarted only a killed `nomadtf
-task`, and once the job ended none of its processes and none of its Consul sessions is left. The seed is printed first; replay a
-failure with NOMADTF_SOAK_SEED=<seed>. Each run writes its faults and figures to
+task`, and once the job ended none of its processes and none of its Consul sessions is
+left. The seed is printed first; replay a failure with NOMADTF_SOAK_SEED=<seed>. Each run writes its faults and figures to
 tests/.soak/<job>.json (and every task's logs next to it).
 """
 

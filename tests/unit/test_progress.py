@@ -47,3 +47,13 @@ def test_done_is_written_at_once_with_the_last_step_and_stays_in_every_later_wri
     progress.done()
     written = progress.read(str(path))
     assert written["done"] is True and written["step"] == 7 and written["metrics"] == {"loss": 0.5}
+
+
+def test_done_without_a_report_writes_nothing(tmp_path, monkeypatch):
+    """A worker that never reports must not put a step 0 in the run's progress."""
+    path = tmp_path / "p.json"
+    monkeypatch.setenv("NOMADTF_PROGRESS_FILE", str(path))
+    monkeypatch.setattr(progress, "_done", False)
+    monkeypatch.setattr(progress, "_last", {})
+    progress.done()
+    assert not path.exists()
