@@ -6,7 +6,9 @@ RuntimeError), "exit" (exit code), "checkpoint_step" (write a TensorFlow-style
 `checkpoint` index naming that step into the model dir), "sleep_by_index" ({"1": 5}: that
 task index sleeps this long instead), "report_sigterm" (print the time a SIGTERM arrives,
 then exit 0, as code that saves a checkpoint on SIGTERM would), "allocate_mb" (hold that
-many MiB, touched, 32 MiB at a time: past the task's memory limit the kernel kills it).
+many MiB, touched, 32 MiB at a time: past the task's memory limit the kernel kills it),
+"report_step" (report that training step through nomadtf.progress, arming hang detection),
+"done" (then call nomadtf.progress.done(): the sleep after it is no hang).
 """
 
 import hashlib
@@ -75,6 +77,13 @@ for _ in range(context.get("allocate_mb", 0) // 32):
     time.sleep(0.02)
 if held:
     print(f"probe holds {len(held) * 32} MiB", flush=True)
+if "report_step" in context:
+    from nomadtf import progress
+
+    progress.report(step=context["report_step"])
+    if context.get("done"):
+        progress.done()
+    print(f"probe reported step {context['report_step']}{' and done' if context.get('done') else ''}", flush=True)
 while context.get("until_file") and not os.path.exists(context["until_file"]):
     time.sleep(0.2)
 sleep = context.get("sleep", 0)

@@ -22,7 +22,18 @@ from nomadtf.client.runview import versions_of_run
 from nomadtf.servers.consul import ConsulDiscovery
 from nomadtf.servers.nomad import NomadAPI
 from tests import faults
-from tests.helpers import EXAMPLES, JOBS, allocations, nomadtf, purge, unique, wait_until, write_job
+from tests.helpers import (
+    EXAMPLES,
+    JOBS,
+    allocations,
+    nomadtf,
+    probe_job,
+    purge,
+    task_log,
+    unique,
+    wait_until,
+    write_job,
+)
 
 pytestmark = [pytest.mark.stack, pytest.mark.tf]
 
@@ -133,5 +144,24 @@ def test_code_that_raises_on_every_start_fails_in_bounded_time(stack, tmp_path):
         # permanent failure usually ends the run before Nomad reschedules.
         assert 1 <= len(chief_allocs) <= 2
         assert time.monotonic() - started < 240
+    finally:
+        purge(name)
+
+
+def test_code_that_said_done_is_not_taken_for_hung_while_it_ends(stack, tmp_path):
+    """Code that reported a step, then called `progress.done()`, and then takes longer than
+    hang_timeout to end (a final evaluation, TensorFlow's shutdown) runs to its end once: no
+    hang, no restart, the run succeeds. Without `done()` the same silence is a hang."""
+    name = unique("rec-done")
+    spec = probe_job(name, context={"report_step": 7, "done": True, "sleep": 12})
+    spec["recovery"] = {"restart_attempts": 1, "restart_delay": "1s", "reschedule_attempts": 0, "hang_timeout": "3s"}
+    out = nomadtf("run", str(write_job(tmp_path, spec)), "--timeout", "4m")
+    try:
+        assert out.returncode == 0, out.stderr
+        chief = [a for a in allocations(name) if a["TaskGroup"] == "chief"]
+        stdout = "".join(task_log(a["ID"], "chief") for a in chief)
+        stderr = "".join(task_log(a["ID"], "chief", "stderr") for a in chief)
+        assert stdout.count("probe reported step 7 and done") == 1 and "probe finished" in stdout, stdout
+        assert "(hang)" not in stderr, stderr[-3000:]
     finally:
         purge(name)
