@@ -17,7 +17,8 @@ The 4-, 16- and 64-task layouts are `multi_worker_mirrored`, where every task ru
 (64 bare TensorFlow servers would not fit on a 2-core machine); the growth from 4 to 16 and
 from 16 to 64 tasks is printed as ratios and as the exponent k of N^k (1 linear, 2
 quadratic). The full run adds a 4-task `parameter_server` job (chief, 2 workers, ps), whose
-tasks watch three services instead of one. The targets are printed beside the figures,
+tasks watch three services instead of one (its workers and ps serve with the probe jobs'
+stand-in for TensorFlow's server, tests/jobs/stand_in: the control plane is measured here). The targets are printed beside the figures,
 never asserted.
 
 Needs the local stack: `nomadtf dev up && eval "$(nomadtf dev env)"`, then
@@ -91,7 +92,8 @@ def mirrored(workers: int) -> Layout:
     return Layout("multi_worker_mirrored", {"worker": {"count": workers, "cpu": PROBE_CPU_MHZ, "memory": PROBE_MEMORY_MB}})
 
 
-# Workers and ps run a bare TensorFlow server: more memory than the probe.
+# Workers and ps run a bare server (the probe jobs' stand-in for TensorFlow's, tests/jobs/stand_in);
+# the memory left room for TensorFlow's own.
 PARAMETER_SERVER = Layout(
     "parameter_server",
     {

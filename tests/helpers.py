@@ -15,6 +15,8 @@ import requests
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
 JOBS = Path(__file__).resolve().parent / "jobs"
+# A stand-in for TensorFlow's bare servers in probe jobs (its docstring says why).
+STAND_IN = JOBS / "stand_in"
 # The one extra TensorFlow version the tests use, beside this installation's: an environment
 # (test_environments.py) and an image (test_docker.py; conftest.py builds it).
 OTHER_TF = "2.20.0"
@@ -48,7 +50,9 @@ def probe_job(name: str, strategy: str = "parameter_server", context: dict | Non
     spec = {
         "name": name,
         "strategy": strategy,
-        "entrypoint": {"script": "probe.py", "workdir": str(JOBS)},
+        # The ps and worker of a parameter-server probe job run bare servers nobody talks to:
+        # the stand-in serves there, without TensorFlow's import (tests/jobs/stand_in).
+        "entrypoint": {"script": "probe.py", "workdir": str(JOBS), "pythonpath": [str(STAND_IN)]},
         "context": context or {},
         "roles": roles,
         "recovery": {"restart_attempts": 0, "reschedule_attempts": 0},

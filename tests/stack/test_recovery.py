@@ -25,6 +25,7 @@ from tests import faults
 from tests.helpers import (
     EXAMPLES,
     JOBS,
+    STAND_IN,
     allocations,
     nomadtf,
     probe_job,
@@ -129,7 +130,7 @@ def test_code_that_raises_on_every_start_fails_in_bounded_time(stack, tmp_path):
     name = unique("rec-raise")
     spec = {
         "name": name,
-        "entrypoint": {"script": "probe.py", "workdir": str(JOBS)},
+        "entrypoint": {"script": "probe.py", "workdir": str(JOBS), "pythonpath": [str(STAND_IN)]},
         "context": {"raise": True},
         "roles": {r: {"count": 1, "cpu": 200, "memory": 600} for r in ("chief", "worker", "ps")},
         "recovery": {"restart_attempts": 2, "restart_delay": "1s", "reschedule_attempts": 1, "reschedule_delay": "5s"},

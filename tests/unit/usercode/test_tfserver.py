@@ -23,15 +23,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_a_bare_server_listens_where_tf_config_puts_it_until_it_is_stopped():
+# The real TensorFlow, and the stand-in the probe jobs of the stack tests put first on their
+# PYTHONPATH (tests/jobs/stand_in): it must serve as TensorFlow's server does, or those tests
+# would prove less than they say.
+TENSORFLOWS = [
+    pytest.param([], "(TensorFlow 2.", id="tensorflow"),
+    pytest.param([os.path.join(ROOT, "jobs", "stand_in")], "(TensorFlow stand-in)", id="stand-in"),
+]
+
+
+@pytest.mark.parametrize("path, version", TENSORFLOWS)
+def test_a_bare_server_listens_where_tf_config_puts_it_until_it_is_stopped(path, version):
     port = _free_port()
     tf_config = {"cluster": {"ps": [f"127.0.0.1:{port}"], "worker": [f"127.0.0.1:{_free_port()}"]}, "task": {"type": "ps", "index": 0}}
-    env = {**os.environ, "PYTHONPATH": ROOT, "TF_CONFIG": json.dumps(tf_config), "NOMADTF_ROLE": "ps", "NOMADTF_INDEX": "0",
-           "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*path, ROOT]), "TF_CONFIG": json.dumps(tf_config), "NOMADTF_ROLE": "ps",
+           "NOMADTF_INDEX": "0", "TF_CPP_MIN_LOG_LEVEL": "2"}
     proc = subprocess.Popen([sys.executable, "-m", "nomadtf.usercode.tfserver", "server"], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         line = proc.stdout.readline()  # printed once the server has started
-        assert line.startswith("nomadtf: TensorFlow server ps[0] at grpc://") and "(TensorFlow 2." in line, line
+        assert line.startswith("nomadtf: TensorFlow server ps[0] at grpc://") and version in line, line
         with socket.create_connection(("127.0.0.1", port), timeout=5):
             pass  # gRPC accepts on the port TF_CONFIG gave our task
         time.sleep(0.5)
