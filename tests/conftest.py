@@ -89,11 +89,33 @@ def _build_image(client, tf_version: str | None) -> str:
     return images.build(client, lambda message: sys.stderr.write(f"[image] {message}\n"), tf_version=tf_version, yield_cpu=True)
 
 
+def _build_marked(client, tf_version: str | None, ref: str | None) -> str:
+    from tests import images
+
+    try:
+        return _build_image(client, tf_version)
+    finally:
+        if ref:
+            images.mark_done(ref)
+
+
 def _start_image_builds(dev: DevStack, versions: list[str | None]) -> None:
+    """Each build is marked underway from its submission (they run one after the other) for
+    the several-client session, which copies the image from this daemon rather than build it
+    again (tests/images.py)."""
+    from nomadtf.devstack import images as dev_images
+    from nomadtf.errors import DevStackError
+    from tests import images
+
     builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="images")
     client = dev.daemon.client(timeout=900)
     for version in versions:
-        _image_builds[version] = builder.submit(_build_image, client, version)
+        try:
+            ref = dev_images.reference(version)
+            images.mark_underway(ref)
+        except DevStackError:
+            ref = None  # the build says why, in the test that needs the image
+        _image_builds[version] = builder.submit(_build_marked, client, version, ref)
     builder.shutdown(wait=False)
 
 
@@ -116,9 +138,14 @@ def other_tf_image(docker_client) -> str:
 
 
 # A test that stops and restarts the stack (marker `restarts_stack`) runs after the others,
-# so no test, and no image build in the background, sees its servers go away.
+# so no test, and no image build in the background, sees its servers go away. The several-
+# client stack's container tests run last of theirs: their image comes from the single-node
+# session's build, which then has had the longest time to end (tests/images.py).
 def pytest_collection_modifyitems(items):
-    items.sort(key=lambda item: item.get_closest_marker("restarts_stack") is not None)
+    items.sort(key=lambda item: (
+        item.get_closest_marker("restarts_stack") is not None,
+        item.get_closest_marker("cluster") is not None and item.get_closest_marker("docker") is not None,
+    ))
 
 
 # The several-client test bed, shaped like a production cluster: three clients, fake GPUs on

@@ -132,7 +132,8 @@ def prune_older(client, ref: str, progress: Progress) -> None:
             progress(f"kept {old}: {exc.explanation or exc}")
 
 
-def _exists(client, ref: str) -> bool:
+def present(client, ref: str) -> bool:
+    """Whether the daemon `client` has the image `ref`."""
     import docker
 
     try:
@@ -158,7 +159,7 @@ def _run(argv: list[str], what: str, yield_cpu: bool = False) -> None:
 def build_base(client, progress: Progress, yield_cpu: bool = False) -> str:
     """The Debian base image, made once: debootstrap → a tarball → `docker import`."""
     tag = base_tag()
-    if _exists(client, tag):
+    if present(client, tag):
         return tag
     if shutil.which("debootstrap") is None:
         raise DevStackError("`dev image build` makes its base with debootstrap: install Debian's debootstrap (scripts/setup does)")
@@ -186,22 +187,32 @@ def _wheelhouse(dest: Path, root: Path, spec: ImageSpec, progress: Progress, yie
     _run([*pip, "download", "--only-binary=:all:", "--dest", str(dest), str(wheel), spec.requirement, *EXTRA_REQUIREMENTS], "pip download", yield_cpu)
 
 
-def build(client, progress: Progress, tf_version: str | None = None, gpu: bool = False, yield_cpu: bool = False) -> str:
-    """Find or build the image for TensorFlow `tf_version` (None: this installation's) and
-    return its reference. `yield_cpu`: build at the lowest CPU priority, for a build beside
-    work that must not wait for it (the test suite builds its images so, in the background)."""
+def _spec(tf_version: str | None, gpu: bool) -> ImageSpec:
     if f"{sys.version_info.major}.{sys.version_info.minor}" != CONTAINER_PYTHON:
         raise DevStackError(f"the image's Python is {CONTAINER_PYTHON} (Debian {SUITE}) and its wheels come from this pip: run nomadtf under Python {CONTAINER_PYTHON}")
     version = tf_version or installed_tensorflow()
     if version is None:
         raise DevStackError("no TensorFlow in this installation to match: pass --tf VERSION (e.g. --tf 2.21.0)")
-    spec = ImageSpec(version, gpu)
+    return ImageSpec(version, gpu)
+
+
+def reference(tf_version: str | None = None, gpu: bool = False) -> str:
+    """The reference `build` gives this checkout's image, without building anything: what
+    to look for in a daemon that may have it already."""
+    return image_tag(_spec(tf_version, gpu), base_tag(), sources_digest(repo_root()))
+
+
+def build(client, progress: Progress, tf_version: str | None = None, gpu: bool = False, yield_cpu: bool = False) -> str:
+    """Find or build the image for TensorFlow `tf_version` (None: this installation's) and
+    return its reference. `yield_cpu`: build at the lowest CPU priority, for a build beside
+    work that must not wait for it (the test suite builds its images so, in the background)."""
+    spec = _spec(tf_version, gpu)
     root = repo_root()
     base = build_base(client, progress, yield_cpu)
     ref = image_tag(spec, base, sources_digest(root))
     alias_tag = f"tf{spec.tf_version}-{spec.flavour}"
     alias = f"{REPOSITORY}:{alias_tag}"
-    if _exists(client, ref):
+    if present(client, ref):
         client.images.get(ref).tag(REPOSITORY, alias_tag)  # the alias may name an older build of this version
         progress(f"{ref} is built already (also tagged {alias})")
         return ref
@@ -233,7 +244,7 @@ def copy(source, target, ref: str, progress: Progress, to: str = "another daemon
     client), unless it has it: the several-client stack has a daemon per client and no
     registry between them. The image streams from one to the other (`docker save | docker
     load`, in chunks: a TensorFlow image is about 2 GB); its key-less alias comes along."""
-    if _exists(target, ref):
+    if present(target, ref):
         return
     progress(f"copying {ref} to {to}")
     started = time.monotonic()

@@ -10,11 +10,17 @@ It trains until the file context["until_file"] exists, then `steps_after` more s
 writes the number of steps done so far to context["step_file"] (worker 0): the test breaks
 the service meanwhile and watches the training go on. The decision to stop is all-reduced,
 so both workers stop at the same step (a collective left waiting would hang).
+
+context["step_pause"] (seconds, default 0): a pause after each step. The test waits tens of
+seconds for each fault to heal while the training goes on; at full speed the two workers
+would take the CPU that the healing (Nomad's restart, the dispatcher's journal, the data
+worker's registration) needs on a small machine.
 """
 
 import json
 import os
 import sys
+import time
 
 import tensorflow as tf
 import tf_keras as keras
@@ -62,6 +68,7 @@ class Gate(keras.callbacks.Callback):
             print(f"step={self.step} loss={logs['loss']:.4f}", flush=True)
         if self.stop_at is not None and self.step >= self.stop_at:
             self.model.stop_training = True
+        time.sleep(params.get("step_pause", 0))
 
 
 gate = Gate()

@@ -42,7 +42,7 @@ def test_training_reads_through_the_data_service_while_a_data_worker_and_the_dis
         "name": name,
         "strategy": "multi_worker_mirrored",
         "entrypoint": {"script": "data_service.py", "workdir": str(JOBS)},
-        "context": {"until_file": str(gate), "step_file": str(step_file), "steps_after": 30},
+        "context": {"until_file": str(gate), "step_file": str(step_file), "steps_after": 30, "step_pause": 0.05},
         "roles": {
             "worker": {"count": 2, "cpu": 300, "memory": 1200},
             "data_dispatcher": {"count": 1, "cpu": 100, "memory": 800},

@@ -497,17 +497,11 @@ def test_node_loss_under_tf_training_resumes_within_one_checkpoint(cluster, tmp_
 
 @pytest.fixture(scope="session")
 def cluster_image(cluster) -> str:
-    """The task image, found or built by client 1's own daemon and copied to the others': the
-    clients share no registry, and the single-node stack's daemon belongs to the other xdist
-    worker (conftest.py), which may be restarting it."""
-    from nomadtf.devstack import images
+    """The task image in every client's daemon (the clients share no registry): copied from
+    the single-node session's build when there is one, else built here (tests/images.py)."""
+    from tests import images
 
-    first, *others = cluster.docker_daemons()
-    source = first.client(timeout=900)
-    image = images.build(source, lambda message: _progress(f"[image] {message}"))
-    for daemon in others:
-        images.copy(source, daemon.client(timeout=900), image, _progress, to=daemon.host)
-    return image
+    return images.for_clients([daemon.client(timeout=900) for daemon in cluster.docker_daemons()], lambda message: _progress(f"[image] {message}"))
 
 
 # ---- partition: a ps whose client goes silent ---------------------------------------------------

@@ -24,6 +24,20 @@ def test_the_tag_changes_with_every_input_and_names_the_version():
     assert images.image_tag(images.ImageSpec("2.21.0", gpu=True), base, "sources-1").startswith("nomadtf:tf2.21.0-gpu-")
 
 
+def test_the_reference_of_a_checkout_follows_its_sources_and_the_version(tmp_path, monkeypatch):
+    """What the several-client tests look for in the single-node stack's daemon
+    (tests/images.py) before they build: this checkout's tag for the version."""
+    for name in images._SOURCES:
+        (tmp_path / name).write_text(name)
+    monkeypatch.setattr(images, "repo_root", lambda: tmp_path)
+    first = images.reference("2.21.0")
+    assert re.fullmatch(r"nomadtf:tf2\.21\.0-cpu-[0-9a-f]{10}", first)
+    assert images.reference("2.21.0") == first
+    assert images.reference("2.20.0") != first
+    (tmp_path / "Dockerfile").write_text("changed")
+    assert images.reference("2.21.0") != first
+
+
 def test_requirements_of_the_two_flavours():
     assert images.ImageSpec("2.21.0").requirement == "tensorflow-cpu==2.21.0"
     assert images.ImageSpec("2.21.0", gpu=True).requirement == "tensorflow[and-cuda]==2.21.0"
