@@ -138,14 +138,20 @@ def other_tf_image(docker_client) -> str:
 
 
 # A test that stops and restarts the stack (marker `restarts_stack`) runs after the others,
-# so no test, and no image build in the background, sees its servers go away. The several-
-# client stack's container tests run last of theirs: their image comes from the single-node
-# session's build, which then has had the longest time to end (tests/images.py).
+# so no test, and no image build in the background, sees its servers go away. The tests that
+# need a task image run last of the others: the builds, at the lowest priority on a busy
+# machine, have then had the longest time to end (on a fresh machine the second image was
+# still building when the container tests came, and the session waited minutes for it). The
+# several-client stack's container test copies the single-node session's build
+# (tests/images.py), so it too runs last of its session.
+def _needs_an_image(item) -> bool:
+    if item.get_closest_marker("cluster") is not None:
+        return item.get_closest_marker("docker") is not None
+    return any(name in item.fixturenames for name in IMAGE_FIXTURES)
+
+
 def pytest_collection_modifyitems(items):
-    items.sort(key=lambda item: (
-        item.get_closest_marker("restarts_stack") is not None,
-        item.get_closest_marker("cluster") is not None and item.get_closest_marker("docker") is not None,
-    ))
+    items.sort(key=lambda item: (item.get_closest_marker("restarts_stack") is not None, _needs_an_image(item)))
 
 
 # The several-client test bed, shaped like a production cluster: three clients, fake GPUs on
