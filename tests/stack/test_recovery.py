@@ -24,8 +24,6 @@ from nomadtf.servers.nomad import NomadAPI
 from tests import faults
 from tests.helpers import (
     EXAMPLES,
-    JOBS,
-    STAND_IN,
     allocations,
     nomadtf,
     probe_job,
@@ -128,13 +126,8 @@ def test_worker_rescheduled_on_a_new_port_rejoins_through_the_chief(job):
 
 def test_code_that_raises_on_every_start_fails_in_bounded_time(stack, tmp_path):
     name = unique("rec-raise")
-    spec = {
-        "name": name,
-        "entrypoint": {"script": "probe.py", "workdir": str(JOBS), "pythonpath": [str(STAND_IN)]},
-        "context": {"raise": True},
-        "roles": {r: {"count": 1, "cpu": 200, "memory": 600} for r in ("chief", "worker", "ps")},
-        "recovery": {"restart_attempts": 2, "restart_delay": "1s", "reschedule_attempts": 1, "reschedule_delay": "5s"},
-    }
+    spec = probe_job(name, context={"raise": True})
+    spec["recovery"] = {"restart_attempts": 2, "restart_delay": "1s", "reschedule_attempts": 1, "reschedule_delay": "5s"}
     started = time.monotonic()
     out = nomadtf("run", str(write_job(tmp_path, spec)), "--timeout", "5m")
     try:
